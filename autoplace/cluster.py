@@ -1,0 +1,386 @@
+"""Cluster: devices, memory, links between every pair, and collective costs.
+
+A link between devices ``i`` and ``j`` costs ``alpha + nbytes / bandwidth`` seconds
+(the alpha-beta model, ``beta = 1 / bandwidth``). Collectives over ``p`` devices use
+the alpha-beta-gamma formulas (Thakur et al. 2005; gamma = seconds per byte reduced):
+
+* ring all-reduce: ``2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma``
+* tree all-reduce (reduce + broadcast over a binary tree):
+  ``2 ceil(log2 p) (alpha + n beta) + ceil(log2 p) n gamma``
+* parameter server (one server, ``p - 1`` workers pushing then pulling):
+  ``2 (alpha + (p-1) n beta) + (p-1) n gamma``
+* all-gather / reduce-scatter (ring): ``(p-1) alpha + (p-1)/p n beta`` (+ gamma term
+  for reduce-scatter), where ``n`` is the size of the whole gathered tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autoplace.errors import AutoplaceError
+
+__all__ = ["Device", "Cluster", "PRESETS", "preset", "resolve", "parse_bytes", "format_bytes"]
+
+CLUSTER_FORMAT = "autoplace.cluster/1"
+GiB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """One device.
+
+    Attributes:
+        name: torch device string (``"cuda:0"``, ``"cpu"``).
+        kind: device kind, the key of per-op costs (``"h100"``, ``"h200"``, ``"cpu"``).
+        memory_bytes: physical memory.
+        memory_cap_bytes: a cap below ``memory_bytes`` (enforced on real GPUs), or None.
+        peak_flops: achievable dense FLOP/s for the training dtype.
+        memory_bandwidth: achievable bytes/s of device memory.
+        launch_overhead_s: fixed cost per op (kernel launch, Python dispatch).
+    """
+
+    name: str
+    kind: str
+    memory_bytes: int
+    memory_cap_bytes: int | None = None
+    peak_flops: float = 1e12
+    memory_bandwidth: float = 50e9
+    launch_overhead_s: float = 5e-6
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """Memory a plan may use: the cap when set, else the physical memory."""
+        if self.memory_cap_bytes is None:
+            return self.memory_bytes
+        return min(self.memory_bytes, self.memory_cap_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """Devices plus link latency/bandwidth for every ordered pair.
+
+    Attributes:
+        name: preset name or label.
+        devices: the devices, index = device index in plans.
+        alpha_s: ``alpha_s[i][j]`` latency of a copy from i to j, seconds.
+        bandwidth: ``bandwidth[i][j]`` bytes/s of a copy from i to j.
+        gamma_s_per_byte: reduction compute cost per byte in collectives.
+        collective_alpha_s: per-step latency of collectives (NCCL launch + sync).
+        collective_bandwidth: bus bandwidth collectives reach, bytes/s (None: the
+            slowest link's).
+    """
+
+    name: str
+    devices: tuple[Device, ...]
+    alpha_s: tuple[tuple[float, ...], ...]
+    bandwidth: tuple[tuple[float, ...], ...]
+    gamma_s_per_byte: float = 0.0
+    collective_alpha_s: float = 10e-6
+    collective_bandwidth: float | None = None
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.devices)
+        if n == 0:
+            raise AutoplaceError("a cluster needs at least one device")
+        for label, m in (("alpha_s", self.alpha_s), ("bandwidth", self.bandwidth)):
+            if len(m) != n or any(len(row) != n for row in m):
+                raise AutoplaceError(f"cluster {self.name!r}: {label} must be {n}x{n}")
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    @property
+    def device_kinds(self) -> list[str]:
+        """Distinct device kinds, in device order."""
+        return list(dict.fromkeys(d.kind for d in self.devices))
+
+    @property
+    def is_cpu(self) -> bool:
+        return all(d.kind == "cpu" for d in self.devices)
+
+    def torch_device(self, i: int) -> str:
+        """The torch device string of device ``i`` in this process."""
+        return self.devices[i].name
+
+    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` from device ``src`` to ``dst`` (0 on the same device)."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        return self.alpha_s[src][dst] + nbytes / self.bandwidth[src][dst]
+
+    def _bus(self, group: list[int] | None) -> tuple[float, float, int]:
+        idx = list(range(self.num_devices)) if group is None else list(group)
+        p = len(idx)
+        if self.collective_bandwidth is not None:
+            bw = self.collective_bandwidth
+        elif p > 1:
+            bw = min(self.bandwidth[i][j] for i in idx for j in idx if i != j)
+        else:
+            bw = math.inf
+        alpha = self.collective_alpha_s
+        if p > 1:
+            alpha = max(alpha, max(self.alpha_s[i][j] for i in idx for j in idx if i != j))
+        return alpha, 1.0 / bw, p
+
+    def allreduce_time(
+        self, nbytes: float, group: list[int] | None = None, algorithm: str = "ring"
+    ) -> float:
+        """Seconds to all-reduce ``nbytes`` over ``group`` (all devices when None)."""
+        alpha, beta, p = self._bus(group)
+        if p <= 1 or nbytes <= 0:
+            return 0.0
+        g = self.gamma_s_per_byte
+        if algorithm == "ring":
+            return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta + (p - 1) / p * nbytes * g
+        if algorithm == "tree":
+            steps = math.ceil(math.log2(p))
+            return 2 * steps * (alpha + nbytes * beta) + steps * nbytes * g
+        if algorithm in ("ps", "parameter_server"):
+            return 2 * (alpha + (p - 1) * nbytes * beta) + (p - 1) * nbytes * g
+        raise AutoplaceError(
+            f"unknown all-reduce algorithm {algorithm!r}; valid: ring, tree, ps"
+        )
+
+    def allgather_time(self, nbytes: float, group: list[int] | None = None) -> float:
+        """Seconds to all-gather a tensor of ``nbytes`` in total (ring)."""
+        alpha, beta, p = self._bus(group)
+        if p <= 1 or nbytes <= 0:
+            return 0.0
+        return (p - 1) * alpha + (p - 1) / p * nbytes * beta
+
+    def reduce_scatter_time(self, nbytes: float, group: list[int] | None = None) -> float:
+        """Seconds to reduce-scatter a tensor of ``nbytes`` in total (ring)."""
+        alpha, beta, p = self._bus(group)
+        if p <= 1 or nbytes <= 0:
+            return 0.0
+        return (p - 1) * alpha + (p - 1) / p * nbytes * (beta + self.gamma_s_per_byte)
+
+    # ------------------------------------------------------------- variations
+    def with_memory_cap(self, cap_bytes: int | None) -> Cluster:
+        """The same cluster with every device capped at ``cap_bytes`` (None removes caps)."""
+        devs = tuple(replace(d, memory_cap_bytes=cap_bytes) for d in self.devices)
+        name = self.name if cap_bytes is None else f"{self.name.split('@')[0]}@{format_bytes(cap_bytes)}"
+        return replace(self, devices=devs, name=name)
+
+    def subset(self, indices: list[int]) -> Cluster:
+        """The cluster restricted to ``indices`` (renumbered from 0)."""
+        return replace(
+            self,
+            devices=tuple(self.devices[i] for i in indices),
+            alpha_s=tuple(tuple(self.alpha_s[i][j] for j in indices) for i in indices),
+            bandwidth=tuple(tuple(self.bandwidth[i][j] for j in indices) for i in indices),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """What a plan records about the cluster it was made for."""
+        return {
+            "name": self.name,
+            "num_devices": self.num_devices,
+            "device_kinds": [d.kind for d in self.devices],
+            "memory_bytes": [d.usable_memory_bytes for d in self.devices],
+        }
+
+    # -------------------------------------------------------------------- json
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = CLUSTER_FORMAT
+        d["devices"] = [asdict(x) for x in self.devices]
+        d["alpha_s"] = [list(r) for r in self.alpha_s]
+        d["bandwidth"] = [list(r) for r in self.bandwidth]
+        return d
+
+    @classmethod
+    def from_json(cls, data: Any) -> Cluster:
+        if not isinstance(data, dict) or data.get("format") != CLUSTER_FORMAT:
+            raise AutoplaceError(
+                f"not a cluster file: expected a JSON object with \"format\": \"{CLUSTER_FORMAT}\""
+            )
+        try:
+            devices = tuple(Device(**d) for d in data["devices"])
+            return cls(
+                name=str(data["name"]),
+                devices=devices,
+                alpha_s=tuple(tuple(float(x) for x in r) for r in data["alpha_s"]),
+                bandwidth=tuple(tuple(float(x) for x in r) for r in data["bandwidth"]),
+                gamma_s_per_byte=float(data.get("gamma_s_per_byte", 0.0)),
+                collective_alpha_s=float(data.get("collective_alpha_s", 10e-6)),
+                collective_bandwidth=data.get("collective_bandwidth"),
+                calibration=dict(data.get("calibration", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise AutoplaceError(f"cluster file is malformed: {e!r}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Cluster:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise AutoplaceError(f"cannot read cluster file {path}: {e}") from None
+        return cls.from_json(data)
+
+    # ---------------------------------------------------------------- builders
+    @classmethod
+    def uniform(
+        cls,
+        name: str,
+        device: Device,
+        n: int,
+        *,
+        alpha_s: float,
+        bandwidth: float,
+        collective_bandwidth: float | None = None,
+        gamma_s_per_byte: float = 0.0,
+        names: list[str] | None = None,
+    ) -> Cluster:
+        """``n`` copies of ``device`` fully connected by identical links."""
+        devs = tuple(
+            replace(device, name=(names[i] if names else device.name.replace("{i}", str(i))))
+            for i in range(n)
+        )
+        a = tuple(tuple(0.0 if i == j else alpha_s for j in range(n)) for i in range(n))
+        b = tuple(tuple(math.inf if i == j else bandwidth for j in range(n)) for i in range(n))
+        return cls(
+            name=name,
+            devices=devs,
+            alpha_s=a,
+            bandwidth=b,
+            collective_bandwidth=collective_bandwidth,
+            gamma_s_per_byte=gamma_s_per_byte,
+        )
+
+    @classmethod
+    def detect(cls) -> Cluster:
+        """The devices of this machine: every visible CUDA GPU, else two CPU devices."""
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            n = torch.cuda.device_count()
+            props = torch.cuda.get_device_properties(0)
+            kind = _gpu_kind(props.name)
+            base = _GPU_SPECS.get(kind, _GPU_SPECS["h100"])
+            dev = replace(base, name="cuda:{i}", kind=kind, memory_bytes=int(props.total_memory))
+            link = _LINKS.get(kind, _LINKS["h100"])
+            return cls.uniform(f"detect-{kind}x{n}", dev, n, **link)
+        return preset("cpu-x2")
+
+    def __repr__(self) -> str:
+        kinds = ",".join(self.device_kinds)
+        mem = format_bytes(min(d.usable_memory_bytes for d in self.devices))
+        return f"Cluster({self.name!r}, {self.num_devices}x {kinds}, {mem} each)"
+
+
+# ------------------------------------------------------------------- presets
+# Achievable (not datasheet) rates for bf16 training: ~60% of dense peak.
+_GPU_SPECS: dict[str, Device] = {
+    "h100": Device(name="cuda:{i}", kind="h100", memory_bytes=80 * GiB,
+                   peak_flops=600e12, memory_bandwidth=2.8e12, launch_overhead_s=8e-6),
+    "h200": Device(name="cuda:{i}", kind="h200", memory_bytes=141 * GiB,
+                   peak_flops=600e12, memory_bandwidth=4.0e12, launch_overhead_s=8e-6),
+    "a100": Device(name="cuda:{i}", kind="a100", memory_bytes=80 * GiB,
+                   peak_flops=250e12, memory_bandwidth=1.6e12, launch_overhead_s=8e-6),
+    "a100-pcie": Device(name="cuda:{i}", kind="a100-pcie", memory_bytes=40 * GiB,
+                        peak_flops=230e12, memory_bandwidth=1.3e12, launch_overhead_s=8e-6),
+}
+_NVLINK4 = dict(alpha_s=10e-6, bandwidth=300e9, collective_bandwidth=250e9)
+_LINKS: dict[str, dict[str, float]] = {
+    "h100": _NVLINK4,
+    "h200": _NVLINK4,
+    "a100": dict(alpha_s=10e-6, bandwidth=200e9, collective_bandwidth=180e9),
+    "a100-pcie": dict(alpha_s=15e-6, bandwidth=20e9, collective_bandwidth=16e9),
+}
+_CPU = Device(name="cpu", kind="cpu", memory_bytes=8 * GiB, peak_flops=50e9,
+              memory_bandwidth=10e9, launch_overhead_s=20e-6)
+
+
+def _gpu_kind(name: str) -> str:
+    n = name.lower()
+    if "h200" in n:
+        return "h200"
+    if "h100" in n:
+        return "h100"
+    if "a100" in n:
+        return "a100-pcie" if "pcie" in n else "a100"
+    return re.sub(r"[^a-z0-9]+", "-", n).strip("-") or "gpu"
+
+
+def _gpu_preset(kind: str, n: int) -> Cluster:
+    return Cluster.uniform(f"{kind}x{n}", _GPU_SPECS[kind], n, **_LINKS[kind])
+
+
+def _cpu_preset(n: int) -> Cluster:
+    return Cluster.uniform(f"cpu-x{n}", _CPU, n, alpha_s=50e-6, bandwidth=5e9)
+
+
+PRESETS: dict[str, Any] = {
+    **{f"h100x{n}": (lambda n=n: _gpu_preset("h100", n)) for n in (1, 2, 4, 8)},
+    **{f"h200x{n}": (lambda n=n: _gpu_preset("h200", n)) for n in (1, 2, 4, 8)},
+    **{f"a100x{n}": (lambda n=n: _gpu_preset("a100", n)) for n in (2, 4, 8)},
+    **{f"a100-pcie-x{n}": (lambda n=n: _gpu_preset("a100-pcie", n)) for n in (2, 4)},
+    **{f"cpu-x{n}": (lambda n=n: _cpu_preset(n)) for n in (1, 2, 4)},
+}
+
+
+def preset(name: str) -> Cluster:
+    """A named preset cluster; the error lists the valid names."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise AutoplaceError(
+            f"unknown cluster preset {name!r}; valid: {', '.join(PRESETS)}, detect, or a JSON path"
+        ) from None
+
+
+def resolve(spec: str | Cluster, memory_cap: str | int | None = None) -> Cluster:
+    """A cluster from a preset name, ``"detect"``, or a JSON file path; optionally capped."""
+    if isinstance(spec, Cluster):
+        cluster = spec
+    elif spec == "detect":
+        cluster = Cluster.detect()
+    elif spec in PRESETS:
+        cluster = preset(spec)
+    elif spec.endswith(".json") or Path(spec).is_file():
+        cluster = Cluster.load(spec)
+    else:
+        cluster = preset(spec)  # raises with the valid names
+    if memory_cap is not None:
+        cluster = cluster.with_memory_cap(parse_bytes(memory_cap))
+    return cluster
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
+          "mib": 2**20, "g": GiB, "gb": GiB, "gib": GiB, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"16GB"`` -> bytes (binary units: 1 GB = 2**30 bytes)."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise AutoplaceError(
+            f"cannot read a memory size from {text!r}; write a number with a unit, like 16GB or 512MB"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: float) -> str:
+    """Bytes as a short human string (``16GB``)."""
+    for unit, size in (("TB", 2**40), ("GB", GiB), ("MB", 2**20), ("KB", 2**10)):
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
+    return f"{int(n)}B"

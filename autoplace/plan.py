@@ -1,0 +1,431 @@
+"""Plan: the one exchange format between planners, the simulator and the executor.
+
+A plan says, for one replica of the model:
+
+* ``groups``: op name -> group id (groups are numbered ``0 .. G-1``);
+* ``placement``: group id -> *local* device index in ``0 .. devices_per_replica-1``;
+* ``parallel``: the hybrid split (:class:`ParallelConfig`);
+* ``recompute``: group ids whose activations are recomputed in backward.
+
+Device numbering. With ``parallel.data = d``, replica ``r`` uses cluster devices
+``r * k + local`` for ``local`` in ``0 .. k-1`` where ``k = max(placement) + 1``.
+With ``parallel.pipeline = p > 1`` the placement must use exactly devices
+``0 .. p-1``, each holding one contiguous run of ops in topological order, in
+order (stage ``s`` on local device ``s``); every stage runs in its own process
+under ``torch.distributed.pipelining``. With ``pipeline == 1`` and several local
+devices, the replica runs in one process (any DAG placement; microbatches flow
+through it).
+
+JSON (``"format": "autoplace.plan/1"``), never pickle::
+
+    {"format": "autoplace.plan/1",
+     "groups": {"op": 0, ...}, "placement": [0, 1, ...],
+     "parallel": {"data": 1, "pipeline": 1, "microbatches": 1,
+                  "schedule": "gpipe", "shard": "none"},
+     "recompute": [3, 4],
+     "model": {"spec": "gpt-tiny", "options": {}, "fingerprint": "...", "num_ops": 123},
+     "cluster": {...}, "predicted": {...} | null, "measured": {...} | null,
+     "planner": {"name": "expert", ...}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoplace.errors import PlanError
+
+if TYPE_CHECKING:
+    from autoplace.cluster import Cluster
+    from autoplace.graph import OpGraph
+
+__all__ = ["ParallelConfig", "Plan", "PLAN_FORMAT", "SCHEDULES", "SHARD_MODES"]
+
+PLAN_FORMAT = "autoplace.plan/1"
+SCHEDULES = ("gpipe", "1f1b")
+SHARD_MODES = ("none", "zero2", "fsdp")
+_TOP_KEYS = {"format", "groups", "placement", "parallel", "recompute", "model", "cluster",
+             "predicted", "measured", "planner"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """The hybrid split of a plan.
+
+    Attributes:
+        data: data-parallel degree (replicas).
+        pipeline: pipeline stages run by torch.distributed.pipelining (1 = none).
+        microbatches: microbatches per step, per replica.
+        schedule: pipeline schedule, ``gpipe`` or ``1f1b``.
+        shard: ``none`` (DDP), ``zero2`` (gradients and optimizer state sharded) or
+            ``fsdp`` (parameters sharded too); only with ``data > 1``.
+    """
+
+    data: int = 1
+    pipeline: int = 1
+    microbatches: int = 1
+    schedule: str = "gpipe"
+    shard: str = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("data", "pipeline", "microbatches"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PlanError(f"parallel.{name} must be an integer >= 1, got {v!r}")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(
+                f"parallel.schedule {self.schedule!r} is not valid; valid: {', '.join(SCHEDULES)}"
+            )
+        if self.shard not in SHARD_MODES:
+            raise PlanError(
+                f"parallel.shard {self.shard!r} is not valid; valid: {', '.join(SHARD_MODES)}"
+            )
+        if self.pipeline > 1 and self.microbatches < self.pipeline:
+            raise PlanError(
+                f"a {self.pipeline}-stage pipeline needs at least {self.pipeline} microbatches, "
+                f"got {self.microbatches}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": self.data, "pipeline": self.pipeline, "microbatches": self.microbatches,
+                "schedule": self.schedule, "shard": self.shard}
+
+    @classmethod
+    def from_json(cls, d: Any) -> ParallelConfig:
+        if not isinstance(d, dict):
+            raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
+        unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard"}
+        if unknown:
+            raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
+        return cls(**d)
+
+    def describe(self) -> str:
+        parts = []
+        if self.data > 1:
+            parts.append(f"dp={self.data}" + ("" if self.shard == "none" else f"/{self.shard}"))
+        if self.pipeline > 1:
+            parts.append(f"pp={self.pipeline}/{self.schedule}")
+        if self.microbatches > 1:
+            parts.append(f"mb={self.microbatches}")
+        return " ".join(parts) or "single"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Op groups, a device per group, and the hybrid split. See the module docstring."""
+
+    groups: dict[str, int]
+    placement: tuple[int, ...]
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    recompute: frozenset[int] = frozenset()
+    model: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
+    predicted: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
+    planner: dict[str, Any] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- builders
+    @classmethod
+    def from_assignment(
+        cls,
+        graph: OpGraph,
+        device_of_op: dict[str, int],
+        *,
+        parallel: ParallelConfig | None = None,
+        planner: str = "manual",
+        cluster: Cluster | None = None,
+        **planner_info: Any,
+    ) -> Plan:
+        """A plan with one group per distinct device (ops in topological order)."""
+        missing = [op.name for op in graph if op.name not in device_of_op]
+        if missing:
+            raise PlanError(f"assignment misses {len(missing)} ops, e.g. {missing[:3]}")
+        devices = sorted(set(device_of_op.values()))
+        gid = {d: i for i, d in enumerate(devices)}
+        return cls(
+            groups={op.name: gid[device_of_op[op.name]] for op in graph},
+            placement=tuple(devices),
+            parallel=parallel or ParallelConfig(),
+            model=model_info(graph),
+            cluster=cluster.summary() if cluster is not None else {},
+            planner={"name": planner, **planner_info},
+        )
+
+    @classmethod
+    def from_groups(
+        cls,
+        graph: OpGraph,
+        groups: dict[str, int],
+        placement: list[int] | tuple[int, ...],
+        *,
+        parallel: ParallelConfig | None = None,
+        recompute: set[int] | frozenset[int] = frozenset(),
+        planner: str = "manual",
+        cluster: Cluster | None = None,
+        **planner_info: Any,
+    ) -> Plan:
+        """A plan from a grouping and a device per group."""
+        return cls(
+            groups=dict(groups),
+            placement=tuple(int(d) for d in placement),
+            parallel=parallel or ParallelConfig(),
+            recompute=frozenset(recompute),
+            model=model_info(graph),
+            cluster=cluster.summary() if cluster is not None else {},
+            planner={"name": planner, **planner_info},
+        )
+
+    @classmethod
+    def single(cls, graph: OpGraph, device: int = 0, **kw: Any) -> Plan:
+        """Everything on one device."""
+        return cls.from_assignment(graph, {op.name: device for op in graph}, **kw)
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_groups(self) -> int:
+        return len(self.placement)
+
+    @property
+    def devices_per_replica(self) -> int:
+        return (max(self.placement) + 1) if self.placement else 1
+
+    @property
+    def num_devices(self) -> int:
+        """Devices the plan needs: replicas x devices per replica."""
+        return self.parallel.data * self.devices_per_replica
+
+    def device_of(self, op: str) -> int:
+        """Local device index of ``op``."""
+        return self.placement[self.groups[op]]
+
+    def device_map(self) -> dict[str, int]:
+        """op name -> local device index."""
+        return {op: self.placement[g] for op, g in self.groups.items()}
+
+    def replica_devices(self, replica: int) -> list[int]:
+        """Cluster device indices used by ``replica``."""
+        k = self.devices_per_replica
+        return [replica * k + i for i in range(k)]
+
+    def with_parallel(self, **changes: Any) -> Plan:
+        return replace(self, parallel=replace(self.parallel, **changes))
+
+    def with_predicted(self, predicted: dict[str, Any] | None) -> Plan:
+        return replace(self, predicted=predicted)
+
+    def with_measured(self, measured: dict[str, Any] | None) -> Plan:
+        return replace(self, measured=measured)
+
+    def describe(self) -> str:
+        used = sorted(set(self.placement))
+        return (
+            f"{self.planner.get('name', '?')}: {self.num_groups} groups on devices {used}, "
+            f"{self.parallel.describe()}"
+        )
+
+    # ---------------------------------------------------------------- validate
+    def validate(self, graph: OpGraph, cluster: Cluster | None = None) -> None:
+        """Raise :class:`PlanError` naming the first way this plan does not fit."""
+        fp = self.model.get("fingerprint")
+        if fp is not None and fp != graph.fingerprint:
+            raise PlanError(
+                f"plan was made for another graph: plan fingerprint {fp}, this model's "
+                f"{graph.fingerprint} (model {self.model.get('spec', '?')!r}, "
+                f"{self.model.get('num_ops', '?')} ops in the plan vs {len(graph)} here)"
+            )
+        unknown = [op for op in self.groups if op not in graph]
+        if unknown:
+            raise PlanError(f"plan names {len(unknown)} ops not in the graph, e.g. {unknown[:3]}")
+        missing = [op.name for op in graph if op.name not in self.groups]
+        if missing:
+            raise PlanError(f"plan does not place {len(missing)} ops, e.g. {missing[:3]}")
+        g = self.num_groups
+        bad = {op: gid for op, gid in self.groups.items() if not (0 <= gid < g)}
+        if bad:
+            op, gid = next(iter(bad.items()))
+            raise PlanError(f"op {op!r} is in group {gid}, but groups are 0..{g - 1}")
+        bad_rc = sorted(x for x in self.recompute if not (0 <= x < g))
+        if bad_rc:
+            raise PlanError(f"recompute names group {bad_rc[0]}, but groups are 0..{g - 1}")
+        if any(d < 0 for d in self.placement):
+            raise PlanError(f"device index {min(self.placement)} is negative")
+        if cluster is not None:
+            need = self.num_devices
+            if need > cluster.num_devices:
+                raise PlanError(
+                    f"plan needs {need} devices ({self.parallel.data} replicas x "
+                    f"{self.devices_per_replica} devices), but cluster {cluster.name!r} has "
+                    f"{cluster.num_devices}: device index {max(self.placement)} is out of range"
+                    if self.parallel.data == 1
+                    else f"plan needs {need} devices ({self.parallel.data} replicas x "
+                    f"{self.devices_per_replica} devices), but cluster {cluster.name!r} has "
+                    f"{cluster.num_devices}"
+                )
+        par = self.parallel
+        if par.shard != "none" and par.data == 1:
+            raise PlanError(f"parallel.shard={par.shard!r} needs parallel.data > 1")
+        if par.pipeline > 1:
+            self._validate_chain(graph)
+        elif par.microbatches > 1:
+            _check_divisible(par.microbatches, "microbatches")
+
+    def _validate_chain(self, graph: OpGraph) -> None:
+        p = self.parallel.pipeline
+        used = sorted(set(self.placement))
+        if used != list(range(p)):
+            raise PlanError(
+                f"a {p}-stage pipeline must place ops on local devices 0..{p - 1}, "
+                f"one stage each; the plan uses devices {used}"
+            )
+        stage_seq = [self.device_of(op.name) for op in graph]
+        last = -1
+        for op, s in zip(graph.order, stage_seq):
+            if s < last:
+                raise PlanError(
+                    f"pipeline stages do not form a chain: op {op!r} is on stage {s} after an op "
+                    f"of stage {last} (each stage must be one contiguous run of ops in "
+                    f"topological order, stage 0 first)"
+                )
+            last = s
+        for u, v, _ in graph.edges:
+            su, sv = self.device_of(u), self.device_of(v)
+            if sv < su:
+                raise PlanError(
+                    f"pipeline stages do not form a chain: {u!r} (stage {su}) feeds "
+                    f"{v!r} (stage {sv}), a backward edge"
+                )
+
+    # -------------------------------------------------------------------- json
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "groups": dict(self.groups),
+            "placement": list(self.placement),
+            "parallel": self.parallel.to_json(),
+            "recompute": sorted(self.recompute),
+            "model": self.model,
+            "cluster": self.cluster,
+            "predicted": self.predicted,
+            "measured": self.measured,
+            "planner": self.planner,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Plan:
+        """A plan from parsed JSON; raises :class:`PlanError` on anything malformed."""
+        if not isinstance(data, dict):
+            raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
+        if data.get("format") != PLAN_FORMAT:
+            raise PlanError(
+                f"not an autoplace plan: \"format\" is {data.get('format')!r}, "
+                f"expected {PLAN_FORMAT!r}"
+            )
+        unknown = set(data) - _TOP_KEYS
+        if unknown:
+            raise PlanError(f"unknown keys in plan: {sorted(unknown)}")
+        groups = data.get("groups")
+        if not isinstance(groups, dict) or not groups:
+            raise PlanError("\"groups\" must be a non-empty object of op name -> group id")
+        for k, v in groups.items():
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise PlanError(f"group of op {k!r} must be an integer, got {v!r}")
+        placement = data.get("placement")
+        if not isinstance(placement, list) or not placement:
+            raise PlanError("\"placement\" must be a non-empty list of device indices")
+        for i, d in enumerate(placement):
+            if not isinstance(d, int) or isinstance(d, bool):
+                raise PlanError(f"placement of group {i} must be an integer, got {d!r}")
+            if d < 0:
+                raise PlanError(f"placement of group {i} is {d}: device indices are >= 0")
+        recompute = data.get("recompute", [])
+        if not isinstance(recompute, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in recompute
+        ):
+            raise PlanError("\"recompute\" must be a list of group ids")
+        for key in ("model", "cluster", "planner"):
+            if not isinstance(data.get(key, {}), dict):
+                raise PlanError(f"\"{key}\" must be an object")
+        for key in ("predicted", "measured"):
+            if data.get(key) is not None and not isinstance(data[key], dict):
+                raise PlanError(f"\"{key}\" must be an object or null")
+        parallel = ParallelConfig.from_json(data.get("parallel", {}))
+        try:
+            plan = cls(
+                groups={str(k): v for k, v in groups.items()},
+                placement=tuple(placement),
+                parallel=parallel,
+                recompute=frozenset(recompute),
+                model=dict(data.get("model", {})),
+                cluster=dict(data.get("cluster", {})),
+                predicted=data.get("predicted"),
+                measured=data.get("measured"),
+                planner=dict(data.get("planner", {})),
+            )
+        except TypeError as e:
+            raise PlanError(f"plan is malformed: {e}") from None
+        g = plan.num_groups
+        bad = [gid for gid in groups.values() if not 0 <= gid < g]
+        if bad:
+            raise PlanError(f"group id {bad[0]} is out of range: placement has {g} groups")
+        return plan
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON atomically (a crash never leaves half a file)."""
+        path = Path(path)
+        text = json.dumps(self.to_json(), indent=1, default=_json_default)
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Plan:
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise PlanError(f"plan is not valid JSON: {e}") from None
+        return cls.from_json(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """Read a plan file; raises :class:`PlanError` naming the problem."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise PlanError(f"cannot read plan file {path}: {e.strerror or e}") from None
+        try:
+            return cls.loads(raw)
+        except PlanError as e:
+            raise PlanError(f"{path}: {e}") from None
+
+
+def model_info(graph: OpGraph) -> dict[str, Any]:
+    """The ``model`` block of a plan for ``graph`` (spec and options from the capture)."""
+    info = dict(getattr(graph, "spec", None) or {})
+    info.setdefault("spec", graph.name)
+    info.setdefault("options", {})
+    info["fingerprint"] = graph.fingerprint
+    info["num_ops"] = len(graph)
+    return info
+
+
+def _check_divisible(n: int, what: str) -> None:
+    if n < 1 or not math.isfinite(n):
+        raise PlanError(f"{what} must be >= 1")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
