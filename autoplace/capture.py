@@ -1,0 +1,393 @@
+"""Capture: ``nn.Module`` + example inputs -> :class:`~autoplace.graph.OpGraph`.
+
+Two tracers, tried in order:
+
+1. ``torch.fx`` symbolic tracing with the default tracer: ``torch.nn`` modules
+   (``Linear``, ``LSTM``, ``Conv2d``...) stay whole as one ``call_module`` op; user
+   modules are traced through. ``graph.module`` is the traced ``GraphModule``; it
+   shares every parameter object with the model.
+2. ``torch.export.export(strict=False)`` (training IR) when fx fails (control flow,
+   shape-dependent Python, Hugging Face models) or its graph does not run. Ops are
+   aten ops (``linear``, ``layer_norm``, ``scaled_dot_product_attention``...), each
+   with the ``module_path`` of the ``nn.Module`` it came from (``nn_module_stack``),
+   so grouping can merge them back by module. ``graph.module`` is ``ep.module()``
+   minus its input-guard call: a runnable ``GraphModule`` whose parameters *are*
+   the model's parameter objects (export keeps references), so it trains with
+   autograd and updates the model. ``graph.capture_method`` says which tracer won.
+
+Shapes, dtypes, bytes and FLOPs come from running the graph once on fake tensors
+(``FakeTensorMode``: no memory, no compute, so a model built on the ``meta``
+device captures in seconds) under ``torch.utils.flop_counter.FlopCounterMode``.
+Per-kind rules (activation bytes kept for backward, FLOPs the counter misses)
+live in :mod:`autoplace._op_rules`.
+
+``autocast_dtype`` (``"bfloat16"``): the fake run happens under
+``torch.autocast("cpu", dtype)``, so every op's output dtype, and hence every
+output / edge / activation byte count, is what autocast produces: matmul, linear,
+conv, attention and RNN outputs in the low dtype, elementwise ops following their
+inputs, reductions and normalisations as autocast's fp32 list says. The inputs a
+matmul-like op keeps for backward are counted at the low dtype too (autocast
+keeps the cast copy). CPU and CUDA autocast lists differ in a few ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import warnings
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from autoplace import _op_rules as rules
+from autoplace.errors import AutoplaceError, CaptureError
+from autoplace.graph import OpGraph, OpNode
+
+__all__ = ["capture", "capture_workload"]
+
+_AUTOCAST_DTYPES = ("bfloat16", "float16")
+
+
+def capture(
+    model: nn.Module,
+    example_inputs: Any,
+    loss_fn: Any = None,
+    *,
+    name: str = "model",
+    autocast_dtype: str | None = None,
+) -> OpGraph:
+    """Capture ``model``'s forward on ``example_inputs`` as an :class:`OpGraph`.
+
+    Args:
+        model: any ``nn.Module``; its parameters may live on ``meta``.
+        example_inputs: a tuple of positional inputs (a single tensor is wrapped);
+            tensors may be real or ``meta``; only their shapes and dtypes matter.
+        loss_fn: accepted for symmetry with workloads; the loss is not part of the
+            graph (the executor applies it to the graph's output).
+        name: graph name (the workload name).
+        autocast_dtype: ``"bfloat16"`` / ``"float16"`` to count bytes as autocast
+            produces them, or None for the model's own dtypes.
+
+    Returns:
+        The graph, with ``graph.module`` (a ``torch.fx.GraphModule``; node names are
+        op names) and ``graph.capture_method`` (``"fx"`` or ``"export"``).
+
+    Raises:
+        CaptureError: neither tracer could capture the model; the message names the
+            offending op or source line.
+    """
+    del loss_fn
+    if autocast_dtype is not None and autocast_dtype not in _AUTOCAST_DTYPES:
+        raise AutoplaceError(
+            f"autocast_dtype {autocast_dtype!r} is not valid; valid: {', '.join(_AUTOCAST_DTYPES)} "
+            "or None"
+        )
+    args = example_inputs if isinstance(example_inputs, tuple) else (
+        tuple(example_inputs) if isinstance(example_inputs, list) else (example_inputs,)
+    )
+    fx_error = None
+    try:
+        gm = _fx_trace(model)
+    except Exception as e:  # any tracer failure means: try export
+        fx_error = _describe(e)
+    else:
+        try:
+            graph = _build(gm, args, name, autocast_dtype, "fx")
+        except _PropagationError as e:
+            fx_error = str(e)
+        else:
+            return graph
+    try:
+        gm = _export(model, args)
+    except Exception as e:
+        raise CaptureError(
+            f"cannot capture {name!r} ({type(model).__name__}): torch.fx failed: {fx_error}; "
+            f"torch.export failed: {_describe(e)}"
+        ) from None
+    try:
+        return _build(gm, args, name, autocast_dtype, "export")
+    except _PropagationError as e:
+        raise CaptureError(
+            f"cannot capture {name!r} ({type(model).__name__}): torch.fx failed: {fx_error}; "
+            f"the exported graph does not run on fake tensors: {e}"
+        ) from None
+
+
+def capture_workload(workload: Any, batch_size: int | None = None) -> OpGraph:
+    """Capture a :class:`~autoplace.workloads.Workload` at ``batch_size`` (default: its own).
+
+    Example inputs are made on the device of the model's parameters (``meta`` for a
+    model built there). Sets ``graph.spec`` (a copy of ``workload.spec``) and
+    ``graph.batch_size``; counts bytes at ``workload.autocast_dtype``.
+    """
+    bs = int(batch_size or workload.batch_size)
+    first = next(iter(workload.model.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    inputs = workload.example_inputs(bs, device)
+    graph = capture(workload.model, inputs, workload.loss_fn, name=workload.name,
+                    autocast_dtype=workload.autocast_dtype)
+    graph.spec = dict(workload.spec)
+    graph.batch_size = bs
+    return graph
+
+
+# ------------------------------------------------------------------ tracing
+def _fx_trace(model: nn.Module) -> fx.GraphModule:
+    tracer = fx.Tracer()
+    tracer.record_stack_traces = True
+    g = tracer.trace(model)
+    return fx.GraphModule(tracer.root, g, type(model).__name__)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence export's warnings and its graph dumps in the log (errors still raise)."""
+    loggers = [logging.getLogger(n) for n in ("torch", "torch.fx.experimental.symbolic_shapes",
+                                              "torch._export", "torch.export")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, lvl in zip(loggers, levels):
+            lg.setLevel(lvl)
+
+
+def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
+    with _quiet():
+        ep = torch.export.export(model, args, strict=False)
+        gm = ep.module()
+    # input guards and metadata asserts check nothing the planner needs: drop them
+    for node in list(gm.graph.nodes):
+        is_guard = node.op == "call_module" and node.target == "_guards_fn"
+        is_assert = node.op == "call_function" and str(node.target).startswith("aten._assert")
+        if (is_guard or is_assert) and not node.users:
+            gm.graph.erase_node(node)
+    if hasattr(gm, "_guards_fn"):
+        delattr(gm, "_guards_fn")
+    gm.recompile()
+    return gm
+
+
+def _describe(e: BaseException) -> str:
+    """A short message from a tracer exception: its first line plus the user source line."""
+    text = str(e).strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(
+        ("def ", "    "))), "")
+    m = re.search(r"The following call raised this error:\s*\n\s*(File [^\n]+)\n\s*([^\n]+)", text)
+    where = f" at {m.group(1).strip()}: {m.group(2).strip()}" if m else ""
+    return f"{type(e).__name__}: {first[:300]}{where}"
+
+
+# -------------------------------------------------------- fake propagation
+class _PropagationError(Exception):
+    pass
+
+
+class _Prop(fx.Interpreter):
+    """Runs every node on fake tensors, recording FLOPs per node from a FlopCounterMode."""
+
+    def __init__(self, gm: fx.GraphModule, counter: Any) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.counter = counter
+        self.flops: dict[str, float] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        before = self.counter.get_total_flops()
+        try:
+            out = super().run_node(n)
+        except Exception as e:
+            where = ""
+            if n.stack_trace:
+                lines = [ln.strip() for ln in n.stack_trace.strip().splitlines() if ln.strip()]
+                where = " at " + " ".join(lines[-2:])
+            raise _PropagationError(
+                f"op {n.name!r} ({n.op} {_target_name(n)}){where}: {type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            ) from e
+        self.flops[n.name] = float(self.counter.get_total_flops() - before)
+        return out
+
+
+class _Runner(nn.Module):
+    """Lets ``torch.func.functional_call`` swap the GraphModule's tensors for fakes."""
+
+    def __init__(self, gm: fx.GraphModule, prop: _Prop) -> None:
+        super().__init__()
+        self.gm = gm
+        self._prop = [prop]
+
+    def forward(self, *args: Any) -> Any:
+        return self._prop[0].run(*args)
+
+
+def _propagate(gm: fx.GraphModule, args: tuple, autocast_dtype: str | None):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(t: torch.Tensor, requires_grad: bool = False) -> torch.Tensor:
+        with mode:  # every tensor becomes a storage-less CPU fake of the same layout
+            f = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype,
+                                    device="cpu")
+        return f.requires_grad_(requires_grad) if t.is_floating_point() else f
+
+    tensors = {n: fake(p, p.requires_grad) for n, p in gm.named_parameters()}
+    tensors.update({n: fake(b) for n, b in gm.named_buffers()})
+    flat_args = [fake(a) if isinstance(a, torch.Tensor) else a for a in pytree.tree_leaves(args)]
+    counter = FlopCounterMode(display=False)
+    prop = _Prop(gm, counter)
+    runner = _Runner(gm, prop)
+    cast = (torch.autocast("cpu", dtype=getattr(torch, autocast_dtype)) if autocast_dtype
+            else contextlib.nullcontext())
+    try:
+        with _quiet(), mode, counter, cast:
+            torch.func.functional_call(runner, {f"gm.{k}": v for k, v in tensors.items()},
+                                       tuple(flat_args), strict=False, tie_weights=True)
+    except _PropagationError:
+        raise
+    except Exception as e:
+        raise _PropagationError(_describe(e)) from e
+    return prop.env, prop.flops
+
+
+# ---------------------------------------------------------------- building
+def _target_name(n: fx.Node) -> str:
+    t = n.target
+    if isinstance(t, str):
+        return t
+    if isinstance(t, torch._ops.OpOverload):
+        return str(t)
+    try:
+        return fx.node._get_qualified_name(t)
+    except Exception:
+        return getattr(t, "__name__", repr(t))
+
+
+def _kind(n: fx.Node, gm: fx.GraphModule) -> str:
+    if n.op == "placeholder":
+        return "input"
+    if n.op == "get_attr":
+        return "param"
+    if n.op == "output":
+        return "output"
+    if n.op == "call_module":
+        return type(gm.get_submodule(n.target)).__name__
+    if n.op == "call_method":
+        return str(n.target)
+    t = n.target
+    if isinstance(t, torch._ops.OpOverload):
+        return t._opname
+    if isinstance(t, torch._ops.OpOverloadPacket):
+        return t._qualified_op_name.split("::")[-1]
+    return getattr(t, "__name__", str(t)).lstrip("_") or str(t)
+
+
+def _module_path(n: fx.Node) -> str:
+    if n.op == "call_module":
+        return str(n.target)
+    if n.op == "get_attr":
+        return str(n.target).rpartition(".")[0]
+    stack = n.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"^L\['self'\]\.?", "", str(path))  # strict-export spelling
+    return re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return int(t.numel()) * t.element_size()
+
+
+def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | None,
+           method: str) -> OpGraph:
+    env, counted = _propagate(gm, args, autocast_dtype)
+    low_itemsize = torch.empty((), dtype=getattr(torch, autocast_dtype)).element_size() \
+        if autocast_dtype else None
+    canonical = {id(p): n for n, p in gm.named_parameters()}
+    owned: set[int] = set()
+    ops: list[OpNode] = []
+    edges: list[tuple[str, str, int]] = []
+    info: dict[str, OpNode] = {}
+    for n in gm.graph.nodes:
+        kind = _kind(n, gm)
+        outs = [] if n.op == "output" else _tensors(env.get(n))
+        params: list[nn.Parameter] = []
+        submod = None
+        if n.op == "call_module":
+            submod = gm.get_submodule(n.target)
+            params = list(submod.parameters())
+        elif n.op == "get_attr":
+            attr = env.get(n)
+            real = _fetch(gm, n.target)
+            if isinstance(real, nn.Parameter):
+                params = [real]
+            del attr
+        pbytes = 0
+        pnames = []
+        for p in params:
+            pnames.append(canonical.get(id(p), ""))
+            if id(p) not in owned:  # tied weights: bytes counted once, at the first user
+                owned.add(id(p))
+                pbytes += _nbytes(p)
+        in_nodes = list(dict.fromkeys(n.all_input_nodes))
+        for src in in_nodes:
+            edges.append((src.name, n.name, info[src.name].output_bytes))
+        ctx = rules.OpContext(
+            kind=kind,
+            node=n,
+            submod=submod,
+            args=_materialize(n.args, env),
+            kwargs=_materialize(n.kwargs, env),
+            outputs=outs,
+            act_inputs=[
+                t for src in in_nodes if info[src.name].kind != "param"
+                for t in _tensors(env.get(src))
+            ],
+            low_itemsize=low_itemsize,
+        )
+        flops = counted.get(n.name, 0.0)
+        if flops == 0.0 and n.op not in ("placeholder", "get_attr", "output"):
+            flops = rules.fallback_flops(ctx)
+        op = OpNode(
+            name=n.name,
+            kind=kind,
+            target=_target_name(n),
+            module_path=_module_path(n),
+            output_shapes=tuple(tuple(int(s) for s in t.shape) for t in outs),
+            output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outs),
+            output_bytes=sum(_nbytes(t) for t in outs),
+            param_bytes=pbytes,
+            param_names=tuple(x for x in pnames if x),
+            activation_bytes=0 if n.op in ("placeholder", "get_attr", "output")
+            else int(rules.activation_bytes(ctx)),
+            flops=float(flops),
+        )
+        info[n.name] = op
+        ops.append(op)
+    graph = OpGraph(name, ops, edges, module=gm)
+    graph.capture_method = method
+    return graph
+
+
+def _fetch(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _materialize(a: Any, env: dict) -> Any:
+    return fx.node.map_arg(a, lambda x: env.get(x))

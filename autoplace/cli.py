@@ -1,0 +1,537 @@
+"""The ``autoplace`` command: the only face of the library.
+
+Each subcommand has one ``@dataclass(kw_only=True)`` config whose field docs
+(``metadata["help"]``) become its ``--help``. Errors the user can act on
+(:class:`~autoplace.errors.AutoplaceError`) print one line and exit with status 2,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplace.errors import AutoplaceError
+
+__all__ = ["main"]
+
+
+def opt(default: Any, help: str, **kw: Any) -> Any:
+    """A config field with its ``--help`` line."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+def req(help: str, **kw: Any) -> Any:
+    """A required config field (a positional argument unless ``flag=True``)."""
+    return field(metadata={"help": help, "required": True, **kw})
+
+
+# --------------------------------------------------------------------- configs
+@dataclass(kw_only=True)
+class ModelArgs:
+    model: str = opt("gpt-tiny", "zoo workload name or package.module:factory")
+    batch_size: int | None = opt(None, "global batch size (default: the workload's)")
+    option: list[str] = opt([], "workload option KEY=VALUE (repeatable)", action="append")
+
+
+@dataclass(kw_only=True)
+class ClusterArgs:
+    cluster: str = opt("detect", "cluster preset name, 'detect', or a cluster JSON path")
+    memory_cap: str | None = opt(None, "cap every device's memory, e.g. 16GB")
+
+
+@dataclass(kw_only=True)
+class ModelsConfig:
+    json: bool = opt(False, "print JSON")
+
+
+@dataclass(kw_only=True)
+class CaptureConfig(ModelArgs):
+    json: bool = opt(False, "print JSON (num_ops, num_edges, fingerprint, param_bytes, flops)")
+    out: str | None = opt(None, "write the OpGraph as JSON to this path", flag="-o")
+    top: int = opt(20, "rows of the op table")
+
+
+@dataclass(kw_only=True)
+class ClusterConfig(ClusterArgs):
+    list: bool = opt(False, "list the presets")
+    preset: str | None = opt(None, "preset to write")
+    detect: bool = opt(False, "describe this machine's devices")
+    out: str | None = opt(None, "write the cluster JSON here", flag="-o")
+    cluster: str = opt("detect", "(unused; use --preset or --detect)")
+
+
+@dataclass(kw_only=True)
+class SimulateConfig(ClusterArgs):
+    plan: str = req("plan JSON file", positional=True)
+    cluster: str | None = opt(None, "cluster (default: the one the plan was made for)")
+    json: bool = opt(False, "print JSON (step_time_s, peak_memory_bytes, oom, lower_bound_s)")
+
+
+@dataclass(kw_only=True)
+class ShowConfig(ClusterArgs):
+    plan: str = req("plan JSON file", positional=True)
+    cluster: str | None = opt(None, "cluster (default: the one the plan was made for)")
+    gantt: str | None = opt(None, "write a Gantt chart of the simulated step (PNG)")
+    picture: str | None = opt(None, "write a placement picture (PNG)")
+
+
+@dataclass(kw_only=True)
+class PlanConfig(ModelArgs, ClusterArgs):
+    planner: str = opt("hybrid-dp", "planner name (see --list), or 'auto'")
+    policy: str | None = opt(None, "a trained policy checkpoint: place the model zero-shot")
+    out: str = opt("plan.json", "where to write the plan", flag="-o")
+    list: bool = opt(False, "list the planners")
+    seed: int = opt(0, "random seed")
+    budget: str = opt("5m", "time budget of the auto planner (e.g. 90s, 5m)")
+
+
+@dataclass(kw_only=True)
+class CompareConfig(ModelArgs, ClusterArgs):
+    planners: str | None = opt(None, "comma-separated planner names (default: all)")
+    execute: bool = opt(False, "also execute every plan for real and add the measured column")
+    steps: int = opt(10, "steps per executed plan")
+    json: str | None = opt(None, "write the rows as JSON to this path")
+    plot: str | None = opt(None, "write a bar chart (PNG)")
+
+
+@dataclass(kw_only=True)
+class RunConfig(ClusterArgs):
+    plan: str = req("plan JSON file", positional=True)
+    cluster: str = opt("detect", "cluster preset, 'detect' or JSON path (devices used)")
+    steps: int = opt(10, "training steps to measure")
+    warmup: int = opt(2, "warm-up steps not counted in the step time")
+    report: str | None = opt(None, "write the RunReport JSON here")
+    write_measured: bool = opt(False, "fill the plan file's 'measured' block")
+    no_reference: bool = opt(False, "skip the unpartitioned reference loss")
+    checkpoint_dir: str | None = opt(None, "save checkpoints here")
+    resume: bool = opt(False, "resume from --checkpoint-dir")
+    seed: int = opt(0, "data seed")
+    curve: str | None = opt(None, "write a training-curve plot (PNG)")
+
+
+@dataclass(kw_only=True)
+class TrainConfig(ModelArgs, ClusterArgs):
+    policy: str = opt("seq2seq", "seq2seq, hierarchical or gnn")
+    backend: str = opt("sim", "reward backend: sim or real")
+    budget: str = opt("2000ep", "training budget: episodes (2000ep), updates (100up) or time (5m)")
+    out: str = opt("runs/train", "output directory (checkpoint, TensorBoard, best_plan.json)")
+    max_groups: int = opt(32, "groups the graph is coarsened to")
+    seed: int = opt(0, "random seed")
+    resume: bool = opt(False, "resume from the checkpoint in --out")
+
+
+@dataclass(kw_only=True)
+class ProfileConfig(ModelArgs, ClusterArgs):
+    out: str = opt("profile.json", "write the profiled OpGraph (and link speeds) here", flag="-o")
+    repeats: int = opt(5, "timed repeats per op")
+
+
+@dataclass(kw_only=True)
+class DemoConfig(ModelArgs, ClusterArgs):
+    model: str = opt("gpt-small", "zoo workload name or package.module:factory")
+    out: str = opt("runs/demo", "output directory")
+    budget: str = opt("60s", "policy training budget")
+    steps: int = opt(6, "training steps executed for real per plan")
+    policy: str = opt("gnn", "policy to train: seq2seq, hierarchical or gnn")
+
+
+# ------------------------------------------------------------------ helpers
+def _model(cfg: ModelArgs, device: Any = None):
+    from autoplace import workloads
+
+    options: dict[str, Any] = {}
+    for kv in cfg.option:
+        if "=" not in kv:
+            raise AutoplaceError(f"--option takes KEY=VALUE, got {kv!r}")
+        k, v = kv.split("=", 1)
+        try:
+            options[k] = json.loads(v)
+        except ValueError:
+            options[k] = v
+    if cfg.batch_size is not None:
+        options["batch_size"] = cfg.batch_size
+    return workloads.get(cfg.model, device=device, **options)
+
+
+def _graph_of(workload):
+    from autoplace.capture import capture_workload
+
+    return capture_workload(workload)
+
+
+def _cluster(spec: str, cap: str | None):
+    from autoplace.cluster import resolve
+
+    return resolve(spec, cap)
+
+
+def _plan_cluster(plan, spec: str | None, cap: str | None):
+    """The cluster for a plan: given, or rebuilt from the plan's cluster summary."""
+    from autoplace.cluster import PRESETS, resolve
+
+    if spec is not None:
+        return resolve(spec, cap)
+    name = str(plan.cluster.get("name", "")).split("@")[0]
+    if name in PRESETS:
+        c = resolve(name)
+        mem = plan.cluster.get("memory_bytes")
+        if mem and min(mem) < min(d.memory_bytes for d in c.devices):
+            c = c.with_memory_cap(int(min(mem)))
+        return resolve(c, cap)
+    return resolve("detect", cap)
+
+
+def _workload_of_plan(plan, device: Any = None):
+    from autoplace import workloads
+
+    spec = plan.model.get("spec")
+    if not spec:
+        raise AutoplaceError("the plan records no model spec; it cannot be rebuilt")
+    return workloads.get(spec, device=device, seed=int(plan.model.get("seed", 0)),
+                         **plan.model.get("options", {}))
+
+
+def _print_table(rows: list[list[Any]], header: list[str]) -> None:
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for j, r in enumerate(cells):
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.2f}"
+
+
+def _gb(b: float) -> str:
+    return f"{b / 2**30:.2f}"
+
+
+# ----------------------------------------------------------------- commands
+def cmd_models(cfg: ModelsConfig) -> int:
+    from autoplace import workloads
+
+    workloads.names()
+    rows = [[name, desc] for name, (_, _, desc) in workloads.ZOO.items()]
+    if cfg.json:
+        print(json.dumps([{"name": n, "description": d} for n, d in rows]))
+    else:
+        _print_table(rows, ["model", "description"])
+    return 0
+
+
+def cmd_capture(cfg: CaptureConfig) -> int:
+    wl = _model(cfg, device="meta")
+    t0 = time.perf_counter()
+    g = _graph_of(wl)
+    dt = time.perf_counter() - t0
+    summary = {
+        "model": wl.name, "num_ops": len(g), "num_edges": g.nx.number_of_edges(),
+        "fingerprint": g.fingerprint, "param_bytes": g.param_bytes, "flops": g.flops,
+        "activation_bytes": g.activation_bytes, "capture_time_s": round(dt, 3),
+    }
+    if cfg.out:
+        g.save(cfg.out)
+    if cfg.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{wl.name}: {len(g)} ops, {summary['num_edges']} edges, "
+          f"{g.param_bytes / 2**20:.1f} MiB params, {g.flops / 1e9:.2f} GFLOP forward, "
+          f"fingerprint {g.fingerprint} ({dt:.2f} s)")
+    ops = sorted(g, key=lambda o: -o.flops)[: cfg.top]
+    _print_table(
+        [[o.name, o.kind, o.module_path, "x".join(map(str, o.output_shapes[0])) if o.output_shapes
+          else "", f"{o.flops / 1e6:.1f}", f"{o.param_bytes / 2**20:.2f}"] for o in ops],
+        ["op", "kind", "module", "output", "MFLOP", "param MiB"],
+    )
+    return 0
+
+
+def cmd_cluster(cfg: ClusterConfig) -> int:
+    from autoplace.cluster import PRESETS, Cluster, preset, resolve
+
+    if cfg.list:
+        rows = []
+        for name in PRESETS:
+            c = preset(name)
+            d = c.devices[0]
+            rows.append([name, c.num_devices, d.kind, _gb(d.memory_bytes),
+                         f"{d.peak_flops / 1e12:.0f}", f"{c.bandwidth[0][-1] / 1e9:.0f}"
+                         if c.num_devices > 1 else "-"])
+        _print_table(rows, ["preset", "devices", "kind", "memory GiB", "TFLOP/s", "link GB/s"])
+        return 0
+    c = Cluster.detect() if cfg.detect or not cfg.preset else resolve(cfg.preset)
+    c = resolve(c, cfg.memory_cap)
+    if cfg.out:
+        c.save(cfg.out)
+        print(f"wrote {cfg.out}: {c!r}")
+    else:
+        print(json.dumps(c.to_json(), indent=1))
+    return 0
+
+
+def _load_plan_and_graph(path: str):
+    from autoplace.plan import Plan
+
+    plan = Plan.load(path)
+    wl = _workload_of_plan(plan, device="meta")
+    graph = _graph_of(wl)
+    return plan, wl, graph
+
+
+def cmd_simulate(cfg: SimulateConfig) -> int:
+    plan, _, graph = _load_plan_and_graph(cfg.plan)
+    from autoplace.sim import simulate
+
+    cluster = _plan_cluster(plan, cfg.cluster, cfg.memory_cap)
+    res = simulate(graph, plan, cluster)
+    out = {"step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
+           "oom": res.oom, "oom_devices": res.oom_devices, "lower_bound_s": res.lower_bound_s,
+           "busy_time_s": res.busy_time_s, "cluster": cluster.name}
+    if cfg.json:
+        print(json.dumps(out))
+    else:
+        print(f"{plan.describe()} on {cluster.name}: step {_ms(res.step_time_s)} ms "
+              f"(lower bound {_ms(res.lower_bound_s)} ms), peak GiB "
+              f"{' / '.join(_gb(b) for b in res.peak_memory_bytes)}"
+              + (f", OUT OF MEMORY on devices {res.oom_devices}" if res.oom else ""))
+    return 0
+
+
+def cmd_show(cfg: ShowConfig) -> int:
+    from autoplace import viz
+    from autoplace.sim import simulate
+
+    plan, _, graph = _load_plan_and_graph(cfg.plan)
+    cluster = _plan_cluster(plan, cfg.cluster, cfg.memory_cap)
+    print(plan.describe())
+    counts: dict[int, int] = {}
+    for op in plan.groups:
+        counts[plan.device_of(op)] = counts.get(plan.device_of(op), 0) + 1
+    for d in sorted(counts):
+        print(f"  device {d}: {counts[d]} ops")
+    if cfg.gantt:
+        res = simulate(graph, plan, cluster, timeline=True)
+        viz.gantt(res.timeline, cfg.gantt, title=f"{plan.describe()} on {cluster.name}: "
+                  f"{_ms(res.step_time_s)} ms")
+        print(f"wrote {cfg.gantt}")
+    if cfg.picture:
+        viz.placement_picture(graph, plan, cfg.picture)
+        print(f"wrote {cfg.picture}")
+    return 0
+
+
+def cmd_plan(cfg: PlanConfig) -> int:
+    from autoplace import baselines
+
+    if cfg.list:
+        for name in [*baselines.names(), "auto"]:
+            print(name)
+        return 0
+    wl = _model(cfg, device="meta")
+    graph = _graph_of(wl)
+    cluster = _cluster(cfg.cluster, cfg.memory_cap)
+    t0 = time.perf_counter()
+    if cfg.policy:
+        from autoplace.policies import place
+
+        plan = place(cfg.policy, graph, cluster)
+    elif cfg.planner == "auto":
+        from autoplace.auto import auto_plan
+
+        plan = auto_plan(wl.spec, cluster, budget=cfg.budget, progress=True)
+    else:
+        plan = baselines.get(cfg.planner)(graph, cluster, seed=cfg.seed)
+    from autoplace.sim import simulate
+
+    res = simulate(graph, plan, cluster)
+    plan = plan.with_predicted({"step_time_s": res.step_time_s,
+                                "peak_memory_bytes": res.peak_memory_bytes, "oom": res.oom,
+                                "lower_bound_s": res.lower_bound_s})
+    plan.save(cfg.out)
+    print(f"{plan.describe()} -> {cfg.out} (simulated {_ms(res.step_time_s)} ms"
+          + (", OOM" if res.oom else "") + f", search {time.perf_counter() - t0:.2f} s)")
+    return 0
+
+
+def cmd_compare(cfg: CompareConfig) -> int:
+    from autoplace.compare import compare, format_table
+
+    wl = _model(cfg, device="meta")
+    graph = _graph_of(wl)
+    cluster = _cluster(cfg.cluster, cfg.memory_cap)
+    execute = None
+    if cfg.execute:
+        from autoplace.executor import launch
+
+        def execute(plan):
+            return launch.run_plan(plan, cluster=cluster, steps=cfg.steps, reference=False)
+
+    planners = cfg.planners.split(",") if cfg.planners else None
+    rows = compare(graph, cluster, planners, execute=execute, progress=True)
+    print(f"{wl.name} on {cluster.name} ({cluster.num_devices} devices)")
+    print(format_table(rows))
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "plan"}
+                                              for r in rows], indent=1))
+    if cfg.plot:
+        from autoplace import viz
+
+        viz.bar_chart(rows, cfg.plot, title=f"{wl.name} on {cluster.name}")
+    return 0
+
+
+def cmd_run(cfg: RunConfig) -> int:
+    from autoplace.executor import launch
+    from autoplace.plan import Plan
+
+    plan = Plan.load(cfg.plan)
+    cluster = _cluster(cfg.cluster, cfg.memory_cap)
+    report = launch.run_plan(
+        plan, cluster=cluster, steps=cfg.steps, warmup=cfg.warmup,
+        reference=not cfg.no_reference, checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
+        seed=cfg.seed, progress=True,
+    )
+    if cfg.report:
+        Path(cfg.report).write_text(json.dumps(report.to_json(), indent=1))
+    if report.error:
+        print(f"error: {report.error}", file=sys.stderr)
+        return 3
+    print(f"{plan.describe()}: step {_ms(report.step_time_s)} ms (median of "
+          f"{len(report.step_times_s)}), {report.samples_per_s:.1f} samples/s, peak GiB "
+          f"{' / '.join(_gb(b) for b in report.peak_memory_bytes)}")
+    if report.reference_loss:
+        print(f"loss {report.loss[-1]:.6f} vs reference {report.reference_loss[-1]:.6f} "
+              f"(max rel diff {report.max_loss_rel_diff:.2e})")
+    if cfg.write_measured:
+        plan.with_measured({"step_time_s": report.step_time_s,
+                            "peak_memory_bytes": report.peak_memory_bytes,
+                            "device_names": report.device_names,
+                            "torch_version": report.torch_version}).save(cfg.plan)
+    if cfg.curve:
+        from autoplace import viz
+
+        viz.training_curve({"plan": report.loss, "reference": report.reference_loss or []},
+                           cfg.curve, ylabel="loss")
+    return 0
+
+
+def cmd_train(cfg: TrainConfig) -> int:
+    from autoplace.policies import train
+
+    wl = _model(cfg, device="meta")
+    cluster = _cluster(cfg.cluster, cfg.memory_cap)
+    res = train(wl.spec, cluster, policy=cfg.policy, backend=cfg.backend, budget=cfg.budget,
+                out_dir=cfg.out, seed=cfg.seed, max_groups=cfg.max_groups, resume=cfg.resume,
+                progress=True)
+    print(f"best plan: {res.best_plan.describe()}, {_ms(res.best_step_time_s)} ms -> "
+          f"{Path(cfg.out) / 'best_plan.json'}")
+    return 0
+
+
+def cmd_profile(cfg: ProfileConfig) -> int:
+    from autoplace.profile import profile
+
+    wl = _model(cfg)
+    cluster = _cluster(cfg.cluster, cfg.memory_cap)
+    graph = profile(wl, [d.name for d in cluster.devices][:1], repeats=cfg.repeats)
+    graph.save(cfg.out)
+    print(f"profiled {len(graph)} ops on {cluster.devices[0].name} -> {cfg.out}")
+    return 0
+
+
+def cmd_demo(cfg: DemoConfig) -> int:
+    from autoplace.demo import run_demo
+
+    run_demo(cfg)
+    return 0
+
+
+COMMANDS: dict[str, tuple[type, Callable[[Any], int], str]] = {
+    "models": (ModelsConfig, cmd_models, "list the model zoo"),
+    "capture": (CaptureConfig, cmd_capture, "capture a model's op graph and summarise it"),
+    "cluster": (ClusterConfig, cmd_cluster, "list presets, detect devices, write cluster JSON"),
+    "plan": (PlanConfig, cmd_plan, "make a plan with a planner or a trained policy"),
+    "compare": (CompareConfig, cmd_compare, "run every planner and print one table"),
+    "simulate": (SimulateConfig, cmd_simulate, "simulate one training step of a plan"),
+    "show": (ShowConfig, cmd_show, "describe a plan; Gantt chart and placement picture"),
+    "run": (RunConfig, cmd_run, "execute a plan as real training and report"),
+    "train": (TrainConfig, cmd_train, "train a placement policy with REINFORCE"),
+    "profile": (ProfileConfig, cmd_profile, "measure per-op times on this machine's devices"),
+    "demo": (DemoConfig, cmd_demo, "the whole chain on a default workload (README's main job)"),
+}
+
+
+def _add_args(parser: argparse.ArgumentParser, cls: type) -> None:
+    for f in dataclasses.fields(cls):
+        meta = dict(f.metadata)
+        help_ = meta.pop("help", "")
+        if meta.pop("positional", False):
+            parser.add_argument(f.name, help=help_)
+            continue
+        names = [f"--{f.name.replace('_', '-')}"]
+        if "flag" in meta:
+            names.insert(0, meta.pop("flag"))
+        meta.pop("required", None)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if meta.get("action") == "append":
+            parser.add_argument(*names, default=[], action="append", help=help_, dest=f.name)
+        elif isinstance(default, bool):
+            parser.add_argument(*names, action="store_true", default=default, help=help_,
+                                dest=f.name)
+        else:
+            typ = int if isinstance(default, int) or "int" in str(f.type) else str
+            parser.add_argument(*names, type=typ, default=default, dest=f.name,
+                                help=f"{help_} (default: {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="autoplace",
+        description="Find and run the fastest way to train a PyTorch model on a set of devices.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (cls, _, help_) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        _add_args(sp, cls)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    cls, fn, _ = COMMANDS[args.command]
+    cfg = cls(**{k: v for k, v in vars(args).items() if k != "command"})
+    try:
+        return fn(cfg)
+    except AutoplaceError as e:
+        print(f"autoplace: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autoplace: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI never shows a traceback unless asked
+        if os.environ.get("AUTOPLACE_DEBUG"):
+            raise
+        print(f"autoplace: internal error: {type(e).__name__}: {e} "
+              "(set AUTOPLACE_DEBUG=1 to see the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

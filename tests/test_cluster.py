@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoplace.cluster import PRESETS, Cluster, parse_bytes, preset, resolve
+from autoplace.errors import AutoplaceError
+
+
+def test_presets_named_in_issue():
+    for name in ("h100x2", "h100x8", "h200x2", "a100-pcie-x4", "cpu-x2"):
+        c = preset(name)
+        assert c.num_devices == int(name.rsplit("x", 1)[1])
+
+
+def test_unknown_preset_lists_valid():
+    with pytest.raises(AutoplaceError, match="valid: .*h100x2"):
+        resolve("h900x2")
+
+
+def test_memory_cap_and_json(tmp_path):
+    c = resolve("h200x2", memory_cap="16GB")
+    assert all(d.usable_memory_bytes == 16 * 2**30 for d in c.devices)
+    path = tmp_path / "c.json"
+    c.save(path)
+    again = resolve(str(path))
+    assert again == c
+
+
+def test_parse_bytes():
+    assert parse_bytes("16GB") == 16 * 2**30
+    assert parse_bytes("512 MB") == 512 * 2**20
+    assert parse_bytes("1.5g") == int(1.5 * 2**30)
+    with pytest.raises(AutoplaceError, match="like 16GB"):
+        parse_bytes("lots")
+
+
+def test_collective_formulas():
+    c = Cluster.uniform("t", preset("cpu-x1").devices[0], 4, alpha_s=1e-5, bandwidth=1e9,
+                        gamma_s_per_byte=1e-10)
+    n, p, a, b, g = 1e8, 4, 1e-5, 1e-9, 1e-10
+    assert math.isclose(c.allreduce_time(n), 2 * (p - 1) * a + 2 * (p - 1) / p * n * b
+                        + (p - 1) / p * n * g)
+    assert math.isclose(c.allreduce_time(n, algorithm="tree"), 2 * 2 * (a + n * b) + 2 * n * g)
+    assert math.isclose(c.allreduce_time(n, algorithm="ps"), 2 * (a + 3 * n * b) + 3 * n * g)
+    assert math.isclose(c.allgather_time(n), 3 * a + 0.75 * n * b)
+    assert c.allreduce_time(n, group=[0]) == 0.0
+    assert c.transfer_time(0, 1, n) == pytest.approx(a + n * b)
+    assert c.transfer_time(1, 1, n) == 0.0
+    with pytest.raises(AutoplaceError, match="valid: ring, tree, ps"):
+        c.allreduce_time(n, algorithm="butterfly")
+
+
+def test_detect_on_cpu():
+    c = Cluster.detect()
+    assert c.num_devices >= 1
+    assert len(PRESETS) >= 10
