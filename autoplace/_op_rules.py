@@ -1,0 +1,214 @@
+"""Per-op-kind rules used by capture: activation bytes kept for backward, and FLOPs
+for ops ``FlopCounterMode`` does not count.
+
+Kinds are module class names (fx path: ``Linear``, ``LSTM``) or function / method /
+aten op names (``linear``, ``matmul``, ``add_``, ``scaled_dot_product_attention``).
+FLOPs: a multiply-add is 2. Counted FLOPs (matmul, conv, attention) come from
+``torch.utils.flop_counter``; when it reports 0 the hand formulas below apply:
+
+* Linear / matmul family: ``2 * numel(out) * K`` (K the contracted size)
+* Conv: ``2 * numel(out) * Cin/groups * prod(kernel)``
+* LSTM / GRU / RNN: ``2 * T * B * (numel(W_ih) + numel(W_hh))`` summed over layers and
+  directions (gates of every step)
+* scaled-dot-product attention: ``2 * numel(q) * S + 2 * numel(out) * S``
+* Embedding and data movement (views, cat, copies, factories): 0
+* anything else: ``numel(out) * per-element factor`` (1, or :data:`ELEMENT_FLOPS`)
+
+Activation bytes (what autograd keeps for backward; a per-kind estimate):
+
+* view-like and data-movement ops, ``add``/``sub``, factories: 0
+* matmul / linear / conv / attention: the non-parameter inputs (at the autocast
+  dtype when one is given: autocast keeps the cast copy)
+* activations and softmax (``relu``, ``gelu``, ``softmax``...): the output
+* normalisation, ``mul``/``div``, pooling: the inputs
+* Embedding: the indices; dropout: a one-byte mask per element
+* LSTM / GRU / RNN: the input plus, per layer and direction and step, the gates and
+  the cell / hidden state (``T * B * (G + 2) * H`` elements, G = 4 / 3 / 1)
+* unknown modules: their inputs; unknown functions: their output
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+VIEW_KINDS = frozenset({
+    "getitem", "getattr", "size", "dim", "numel", "view", "reshape", "permute", "transpose",
+    "t", "expand", "expand_as", "view_as", "unsqueeze", "squeeze", "flatten", "unflatten",
+    "split", "split_with_sizes", "chunk", "unbind", "contiguous", "detach", "narrow", "slice",
+    "select", "alias", "as_strided", "_unsafe_view", "Flatten", "Unflatten", "Identity",
+    "movedim", "swapaxes", "sym_size", "type_as", "to", "_to_copy", "clone", "copy_", "float",
+    "half", "bfloat16", "type", "lift_fresh_copy", "cat", "stack", "zeros", "ones", "empty",
+    "full", "arange", "zeros_like", "ones_like", "empty_like", "full_like", "new_zeros",
+    "new_ones", "new_empty", "new_full", "tensor", "scalar_tensor", "repeat", "index_select",
+    "roll", "pad", "floordiv", "_assert_tensor_metadata", "gather", "index", "scatter",
+})
+#: compute ops whose backward needs no saved tensor (only shapes or a mask)
+NO_SAVE_KINDS = frozenset({
+    "add", "iadd", "sub", "isub", "neg", "cumsum", "masked_fill", "where", "eq", "ne", "lt",
+    "le", "gt", "ge", "and_", "__and__", "or_", "__or__", "invert", "logical_not", "tril",
+    "triu", "mean", "sum", "diff",
+})
+ZERO_FLOP_KINDS = VIEW_KINDS | {
+    "Embedding", "embedding", "EmbeddingBag", "Dropout", "dropout", "native_dropout",
+}
+MATMUL_KINDS = frozenset({"Linear", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm",
+                          "einsum", "Bilinear", "mv", "addmv", "dot", "LazyLinear"})
+CONV_KINDS = frozenset({"Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+                        "ConvTranspose3d", "conv1d", "conv2d", "conv3d", "convolution",
+                        "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                        "_convolution"})
+RNN_GATES = {"LSTM": 4, "lstm": 4, "GRU": 3, "gru": 3, "RNN": 1, "rnn_tanh": 1, "rnn_relu": 1}
+ATTENTION_KINDS = frozenset({"scaled_dot_product_attention", "MultiheadAttention",
+                             "_scaled_dot_product_flash_attention",
+                             "_scaled_dot_product_efficient_attention"})
+SAVE_OUTPUT_KINDS = frozenset({
+    "relu", "ReLU", "relu_", "gelu", "GELU", "silu", "SiLU", "silu_", "sigmoid", "Sigmoid",
+    "tanh", "Tanh", "softmax", "Softmax", "log_softmax", "LogSoftmax", "_softmax", "exp",
+    "elu", "ELU", "leaky_relu", "LeakyReLU", "hardtanh", "ReLU6", "Mish", "mish", "softplus",
+    "Softplus", "hardswish", "Hardswish",
+})
+SAVE_INPUT_KINDS = frozenset({
+    "LayerNorm", "layer_norm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "batch_norm",
+    "GroupNorm", "group_norm", "RMSNorm", "rms_norm", "InstanceNorm2d", "instance_norm",
+    "mul", "imul", "div", "pow", "rsqrt", "sqrt", "var",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "max_pool1d", "max_pool2d", "max_pool3d",
+    "AdaptiveAvgPool2d", "adaptive_avg_pool2d", "AvgPool2d", "avg_pool2d", "norm",
+    "cross_entropy", "mse_loss", "nll_loss", "CrossEntropyLoss", "MSELoss",
+})
+#: forward FLOPs per output element of elementwise / reduction ops the counter misses
+ELEMENT_FLOPS = {
+    "softmax": 5, "Softmax": 5, "log_softmax": 5, "LogSoftmax": 5, "_softmax": 5,
+    "layer_norm": 8, "LayerNorm": 8, "batch_norm": 8, "BatchNorm1d": 8, "BatchNorm2d": 8,
+    "BatchNorm3d": 8, "group_norm": 8, "GroupNorm": 8, "RMSNorm": 6, "rms_norm": 6,
+    "gelu": 8, "GELU": 8, "silu": 4, "SiLU": 4, "tanh": 4, "Tanh": 4, "sigmoid": 4,
+    "Sigmoid": 4,
+}
+
+
+@dataclass
+class OpContext:
+    """What the rules may look at for one op (tensors are fake: shapes and dtypes only)."""
+
+    kind: str
+    node: Any
+    submod: nn.Module | None
+    args: Any
+    kwargs: Any
+    outputs: list[torch.Tensor]
+    act_inputs: list[torch.Tensor]  # tensor inputs not produced by a parameter fetch
+    low_itemsize: int | None  # element size of the autocast dtype, or None
+
+
+def _base(kind: str) -> str:
+    """In-place variants (``add_``) follow their op's rule."""
+    if kind.endswith("_") and not kind.startswith("_") and kind not in VIEW_KINDS:
+        return kind[:-1]
+    return kind
+
+
+def _bytes(ts: list[torch.Tensor], itemsize: int | None = None) -> int:
+    total = 0
+    for t in ts:
+        size = itemsize if (itemsize and t.is_floating_point()) else t.element_size()
+        total += int(t.numel()) * size
+    return total
+
+
+def _numel(ts: list[torch.Tensor]) -> int:
+    return sum(int(t.numel()) for t in ts)
+
+
+def _rnn_shape(ctx: OpContext) -> tuple[int, list[tuple[int, int]], int, int] | None:
+    """(steps x batch, [(numel W_ih, numel W_hh)], hidden, gates) of an RNN op, or None."""
+    gates = RNN_GATES.get(ctx.kind)
+    x = ctx.args[0] if ctx.args else None
+    if gates is None or not isinstance(x, torch.Tensor):
+        return None
+    if isinstance(ctx.submod, nn.RNNBase):
+        m = ctx.submod
+        weights = dict(m.named_parameters())
+        pairs = [(weights[f"weight_ih_l{k}{s}"].numel(), weights[f"weight_hh_l{k}{s}"].numel())
+                 for k in range(m.num_layers)
+                 for s in ([""] + (["_reverse"] if m.bidirectional else []))]
+        return x.numel() // m.input_size, pairs, m.hidden_size, gates
+    # aten.lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, ...)
+    params = ctx.args[2] if len(ctx.args) > 2 else []
+    has_bias = bool(ctx.args[3]) if len(ctx.args) > 3 else True
+    stride = 4 if has_bias else 2
+    ws = [p for p in params if isinstance(p, torch.Tensor)]
+    if len(ws) < 2:
+        return None
+    pairs = [(ws[i].numel(), ws[i + 1].numel()) for i in range(0, len(ws) - 1, stride)]
+    hidden = ws[1].shape[-1]
+    return x.numel() // ws[0].shape[-1], pairs, hidden, gates
+
+
+def fallback_flops(ctx: OpContext) -> float:
+    """Forward FLOPs of an op ``FlopCounterMode`` reported 0 for (see module docstring)."""
+    kind, out = ctx.kind, ctx.outputs
+    base = _base(kind)
+    if base in ZERO_FLOP_KINDS or not out:
+        return 0.0
+    a = ctx.args
+    if base in MATMUL_KINDS:
+        if isinstance(ctx.submod, nn.Linear):
+            return 2.0 * _numel(out) * ctx.submod.in_features
+        x = next((t for t in a if isinstance(t, torch.Tensor)), None)
+        if base in ("linear",) and len(a) > 1 and isinstance(a[1], torch.Tensor):
+            return 2.0 * _numel(out) * a[1].shape[-1]
+        if x is not None and x.dim() > 0 and base != "einsum":
+            k = x.shape[-1] if base not in ("addmm", "baddbmm", "addmv") else a[1].shape[-1]
+            return 2.0 * _numel(out) * k
+    if base in CONV_KINDS:
+        w = ctx.submod.weight if isinstance(ctx.submod, nn.modules.conv._ConvNd) else (
+            a[1] if len(a) > 1 and isinstance(a[1], torch.Tensor) else None)
+        if w is not None:
+            per_out = math.prod(w.shape[1:])
+            if "Transpose" in kind or "transpose" in kind:  # weight is [Cin, Cout/g, k...]
+                return 2.0 * _numel(ctx.act_inputs[:1]) * math.prod(w.shape[1:])
+            return 2.0 * _numel(out) * per_out
+    rnn = _rnn_shape(ctx)
+    if rnn is not None:
+        tb, pairs, _, _ = rnn
+        return 2.0 * tb * sum(wi + wh for wi, wh in pairs)
+    if base in ATTENTION_KINDS and len(a) >= 3 and all(isinstance(t, torch.Tensor) for t in a[:3]):
+        q, k = a[0], a[1]
+        s = k.shape[-2]
+        return 2.0 * q.numel() * s + 2.0 * out[0].numel() * s
+    return float(_numel(out) * ELEMENT_FLOPS.get(kind, 1))
+
+
+def activation_bytes(ctx: OpContext) -> int:
+    """Bytes autograd keeps for this op's backward (see module docstring)."""
+    kind, out, ins = ctx.kind, ctx.outputs, ctx.act_inputs
+    base = _base(kind)
+    if base in VIEW_KINDS or base in NO_SAVE_KINDS:
+        return 0
+    if base in MATMUL_KINDS or base in CONV_KINDS:
+        return _bytes(ins, ctx.low_itemsize)
+    if base in ATTENTION_KINDS:
+        if kind == "MultiheadAttention" and out:
+            extra = _bytes(out[1:]) if len(out) > 1 else 0
+            return 4 * _bytes(ins[:1], ctx.low_itemsize) + _bytes(out[:1]) + extra
+        return _bytes(ins, ctx.low_itemsize) + _bytes(out[:1])
+    rnn = _rnn_shape(ctx)
+    if rnn is not None:
+        tb, pairs, hidden, gates = rnn
+        itemsize = out[0].element_size() if out else 4
+        return _bytes(ins[:1]) + len(pairs) * tb * (gates + 2) * hidden * itemsize
+    if base in SAVE_OUTPUT_KINDS:
+        return _bytes(out[:1])
+    if base in SAVE_INPUT_KINDS:
+        return _bytes(ins)
+    if base in ("Embedding", "embedding", "EmbeddingBag"):
+        return _bytes([t for t in ins if not t.is_floating_point()])
+    if base in ("Dropout", "dropout", "native_dropout", "Dropout1d", "Dropout2d"):
+        return _numel(out[:1])
+    if ctx.submod is not None:
+        return _bytes(ins)
+    return _bytes(out)

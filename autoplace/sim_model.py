@@ -1,0 +1,319 @@
+"""Cost and memory model shared by the simulator's scalar and vectorised paths.
+
+Everything here is plain data derived from an :class:`OpGraph`, a :class:`Plan` and a
+:class:`Cluster`; the event loops live in ``sim_local`` (one process, any DAG
+placement), ``sim_pipeline`` (torch.distributed.pipelining stages) and ``sim_batch``
+(the numpy path over many plans). Both the scalar and the batch path compute times
+with the formulas below, so they agree to rounding.
+
+Op time under a batch split. A profiled op time ``t`` on a device with launch
+overhead ``o`` is read as a fixed part ``min(t, o)`` plus a part ``t - min(t, o)``
+that scales with the batch. An op run on ``1 / (m d)`` of the batch (``m``
+microbatches, ``d`` replicas) takes ``(t - min(t, o)) / (m d) + min(t, o)``: equal to
+``t`` when nothing is split, and small microbatches pay the overhead each time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.cluster import Cluster
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
+
+#: bytes of memory traffic per parameter byte of a fused AdamW step (reads p, g, m, v;
+#: writes p, m, v).
+UPDATE_TRAFFIC_PER_PARAM_BYTE = 7.0
+#: AdamW keeps two fp32 moments per parameter.
+OPTIMIZER_STATE_PER_PARAM_BYTE = 2.0
+#: DDP's default ``bucket_cap_mb=25``.
+BUCKET_BYTES = 25 * 2**20
+
+
+def ensure_costs(graph: OpGraph, cluster: Cluster) -> None:
+    """Fill missing per-kind costs with :func:`autoplace.costs.estimate_costs`."""
+    if any(not graph.has_costs(kind) for kind in cluster.device_kinds):
+        from autoplace.costs import estimate_costs
+
+        estimate_costs(graph, cluster)
+
+
+@dataclass
+class GraphArrays:
+    """Structure of a graph as index lists and arrays (cached on the graph)."""
+
+    n: int
+    names: list[str]
+    preds: list[list[int]]
+    succs: list[list[int]]
+    edge_src: np.ndarray  # int64 [E], sorted by (src, dst)
+    edge_dst: np.ndarray
+    edge_bytes: np.ndarray  # float64 [E]
+    param_bytes: np.ndarray  # float64 [n]
+    act_bytes: np.ndarray
+    out_bytes: np.ndarray
+    block_key: list[str]  # FSDP unit key per op (module path up to the first integer)
+
+
+def graph_arrays(graph: OpGraph) -> GraphArrays:
+    """Index form of ``graph`` (computed once per graph: the structure never changes)."""
+    cached = graph.__dict__.get("_sim_arrays")
+    if cached is not None and cached.n == len(graph):
+        return cached
+    idx = graph.index
+    n = len(graph)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    succs: list[list[int]] = [[] for _ in range(n)]
+    edges = graph.edges
+    for u, v, _ in edges:
+        preds[idx[v]].append(idx[u])
+        succs[idx[u]].append(idx[v])
+    ops = graph.ops
+    arrays = GraphArrays(
+        n=n,
+        names=list(graph.order),
+        preds=preds,
+        succs=succs,
+        edge_src=np.array([idx[u] for u, _, _ in edges], dtype=np.int64),
+        edge_dst=np.array([idx[v] for _, v, _ in edges], dtype=np.int64),
+        edge_bytes=np.array([b for _, _, b in edges], dtype=np.float64),
+        param_bytes=np.array([op.param_bytes for op in ops], dtype=np.float64),
+        act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
+        out_bytes=np.array([op.output_bytes for op in ops], dtype=np.float64),
+        block_key=[_block_key(op.module_path) for op in ops],
+    )
+    graph.__dict__["_sim_arrays"] = arrays
+    return arrays
+
+
+def _block_key(module_path: str) -> str:
+    """``"transformer.h.3.attn"`` -> ``"transformer.h.3"``: the FSDP unit an op belongs to."""
+    parts = module_path.split(".") if module_path else [""]
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+@dataclass
+class CostTables:
+    """Per device kind op times, and per cluster device rates (rebuilt per call: cheap)."""
+
+    kinds: list[str]
+    fwd: np.ndarray  # [num_kinds, n] seconds for the whole batch
+    bwd: np.ndarray
+    kind_of_device: np.ndarray  # [N] index into kinds
+    overhead: np.ndarray  # [N] launch overhead, seconds
+    mem_bandwidth: np.ndarray  # [N] bytes/s
+    usable_memory: np.ndarray  # [N] bytes
+    alpha: np.ndarray  # [N, N] link latency
+    inv_bw: np.ndarray  # [N, N] seconds per byte (0 on the diagonal)
+
+
+def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
+    """Op times per device kind and device/link rates of ``cluster``."""
+    kinds = cluster.device_kinds
+    bw = np.array(cluster.bandwidth, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        inv = np.where(np.isfinite(bw) & (bw > 0), 1.0 / bw, 0.0)
+    np.fill_diagonal(inv, 0.0)
+    alpha = np.array(cluster.alpha_s, dtype=np.float64)
+    np.fill_diagonal(alpha, 0.0)
+    return CostTables(
+        kinds=kinds,
+        fwd=np.stack([graph.fwd_times(k) for k in kinds]),
+        bwd=np.stack([graph.bwd_times(k) for k in kinds]),
+        kind_of_device=np.array([kinds.index(d.kind) for d in cluster.devices], dtype=np.int64),
+        overhead=np.array([d.launch_overhead_s for d in cluster.devices], dtype=np.float64),
+        mem_bandwidth=np.array([d.memory_bandwidth for d in cluster.devices], dtype=np.float64),
+        usable_memory=np.array([d.usable_memory_bytes for d in cluster.devices], dtype=np.float64),
+        alpha=alpha,
+        inv_bw=inv,
+    )
+
+
+def scaled(t: np.ndarray, overhead: np.ndarray | float, share: np.ndarray | float) -> np.ndarray:
+    """Time of an op run on ``share`` of the batch (see the module docstring)."""
+    fixed = np.minimum(t, overhead)
+    return (t - fixed) * share + fixed
+
+
+def affine_collective(cluster: Cluster, kind: str, group: list[int]) -> tuple[float, float]:
+    """``(c0, c1)`` with ``time(nbytes) = c0 + c1 * nbytes`` for ``nbytes > 0``.
+
+    The cluster's collective formulas are affine in the size; reading them as two
+    coefficients lets the scalar and the vectorised path use one formula.
+    """
+    fn = {
+        "allreduce": cluster.allreduce_time,
+        "allgather": cluster.allgather_time,
+        "reducescatter": cluster.reduce_scatter_time,
+    }[kind]
+    if len(group) <= 1:
+        return 0.0, 0.0
+    a, b = float(2**20), float(2**30)
+    ta, tb = fn(a, group), fn(b, group)
+    c1 = (tb - ta) / (b - a)
+    return ta - c1 * a, c1
+
+
+def collective_time(c: tuple[float, float], nbytes: float) -> float:
+    return c[0] + c[1] * nbytes if nbytes > 0 else 0.0
+
+
+def replica_group(plan: Plan, local: int) -> list[int]:
+    """Cluster devices holding local device ``local`` in every replica."""
+    k = plan.devices_per_replica
+    return [r * k + local for r in range(plan.parallel.data)]
+
+
+def replicas_identical(cluster: Cluster, plan: Plan) -> bool:
+    """True when every replica's devices and links equal replica 0's."""
+    k, d = plan.devices_per_replica, plan.parallel.data
+    if d == 1:
+        return True
+
+    def sig(r: int) -> tuple:
+        ids = [r * k + j for j in range(k)]
+        devs = tuple(
+            (x.kind, x.launch_overhead_s, x.memory_bandwidth)
+            for x in (cluster.devices[i] for i in ids)
+        )
+        links = tuple(
+            (cluster.alpha_s[i][j], cluster.bandwidth[i][j]) for i in ids for j in ids if i != j
+        )
+        return devs, links
+
+    first = sig(0)
+    return all(sig(r) == first for r in range(1, d))
+
+
+def bucket_ids(param_bytes: np.ndarray) -> np.ndarray:
+    """Bucket of each op given its parameter bytes, ops listed in bucket-filling order.
+
+    An op goes into bucket ``floor(bytes before it / BUCKET_BYTES)``: buckets fill to
+    about 25 MB in reverse topological order, like DDP's.
+    """
+    before = np.cumsum(param_bytes) - param_bytes
+    return np.floor(before / BUCKET_BYTES).astype(np.int64)
+
+
+def fsdp_units(ga: GraphArrays, dev: list[int], k: int) -> tuple[list[int], list[float], list[int]]:
+    """FSDP units: runs of parameter-holding ops on one device sharing a block key.
+
+    Returns ``unit_of_op`` (-1 for ops without parameters), ``unit_bytes`` and
+    ``unit_device``; units are numbered in topological order.
+    """
+    unit_of = [-1] * ga.n
+    unit_bytes: list[float] = []
+    unit_dev: list[int] = []
+    last: list[tuple[str, int] | None] = [None] * k
+    for i in range(ga.n):
+        pb = ga.param_bytes[i]
+        if pb <= 0:
+            continue
+        j = dev[i]
+        key = ga.block_key[i]
+        cur = last[j]
+        if cur is None or cur[0] != key:
+            unit_bytes.append(0.0)
+            unit_dev.append(j)
+            cur = (key, len(unit_bytes) - 1)
+            last[j] = cur
+        unit_of[i] = cur[1]
+        unit_bytes[cur[1]] += float(pb)
+    return unit_of, unit_bytes, unit_dev
+
+
+def recompute_boundary_bytes(
+    ga: GraphArrays, group: list[int], recompute: frozenset[int]
+) -> dict[int, float]:
+    """Bytes a recomputed group keeps: each outside tensor it reads, counted once.
+
+    A producer feeding several ops of the group counts once, with the bytes of its
+    first edge into the group.
+    """
+    out: dict[int, float] = {}
+    if not recompute:
+        return out
+    seen: set[tuple[int, int]] = set()
+    for u, v, b in zip(ga.edge_src.tolist(), ga.edge_dst.tolist(), ga.edge_bytes.tolist()):
+        g = group[v]
+        if g in recompute and group[u] != g and (u, g) not in seen:
+            seen.add((u, g))
+            out[g] = out.get(g, 0.0) + b
+    return out
+
+
+@dataclass
+class MemoryModel:
+    """Memory of one local device, bytes."""
+
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    transient: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.transient
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "params": int(self.params), "grads": int(self.grads),
+            "optimizer": int(self.optimizer), "activations": int(self.activations),
+            "transient": int(self.transient), "total": int(self.total),
+        }
+
+
+def state_memory(param_bytes: float, d: int, shard: str, max_unit: float = 0.0) -> MemoryModel:
+    """Parameters, gradients and AdamW state of ``param_bytes`` under a sharding mode."""
+    pb = float(param_bytes)
+    if shard == "none" or d == 1:
+        return MemoryModel(params=pb, grads=pb, optimizer=OPTIMIZER_STATE_PER_PARAM_BYTE * pb)
+    # an unsharded gradient bucket exists until it is reduce-scattered
+    grads = pb / d + min(float(BUCKET_BYTES), pb)
+    opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pb / d
+    if shard == "zero2":
+        return MemoryModel(params=pb, grads=grads, optimizer=opt)
+    # fsdp: the current and the prefetched unit are gathered whole
+    params = min(pb, pb / d + 2.0 * max_unit)
+    return MemoryModel(params=params, grads=grads, optimizer=opt)
+
+
+def update_time(param_bytes: float, mem_bandwidth: float, d: int, shard: str) -> float:
+    """AdamW step time of ``param_bytes`` (split over ``d`` ranks when sharded)."""
+    t = UPDATE_TRAFFIC_PER_PARAM_BYTE * float(param_bytes) / mem_bandwidth
+    return t / d if shard != "none" else t
+
+
+def lower_bound_from(graph: OpGraph, cluster: Cluster, tables: CostTables) -> float:
+    """See :func:`autoplace.sim.lower_bound`."""
+    ga = graph_arrays(graph)
+    n_dev = cluster.num_devices
+    t_min = (tables.fwd + tables.bwd).min(axis=0)
+    total = float(t_min.sum())
+    total += UPDATE_TRAFFIC_PER_PARAM_BYTE * float(ga.param_bytes.sum()) / float(
+        tables.mem_bandwidth.max()
+    )
+    # the part of every op no batch split removes: min(t, overhead) on the best device
+    fixed = np.full(ga.n, np.inf)
+    for ki in range(len(tables.kinds)):
+        oh = tables.overhead[tables.kind_of_device == ki].max()
+        fixed = np.minimum(
+            fixed, np.minimum(tables.fwd[ki], oh) + np.minimum(tables.bwd[ki], oh)
+        )
+    longest = np.zeros(ga.n)
+    for i in range(ga.n):
+        best = max((longest[u] for u in ga.preds[i]), default=0.0)
+        longest[i] = best + fixed[i]
+    crit = float(longest.max()) if ga.n else 0.0
+    return max(total / n_dev, crit)
+
+
+def is_finite(x: float) -> bool:
+    return math.isfinite(x)
