@@ -47,6 +47,14 @@ VIEW_KINDS = frozenset({
     "new_ones", "new_empty", "new_full", "tensor", "scalar_tensor", "repeat", "index_select",
     "roll", "pad", "floordiv", "_assert_tensor_metadata", "gather", "index", "scatter",
 })
+#: pure metadata ops: no kernel, no bytes moved (a subset of VIEW_KINDS; the rest copy)
+METADATA_KINDS = frozenset({
+    "getitem", "getattr", "size", "dim", "numel", "view", "reshape", "permute", "transpose",
+    "t", "expand", "expand_as", "view_as", "unsqueeze", "squeeze", "flatten", "unflatten",
+    "split", "split_with_sizes", "chunk", "unbind", "detach", "narrow", "slice", "select",
+    "alias", "as_strided", "_unsafe_view", "Flatten", "Unflatten", "Identity", "movedim",
+    "swapaxes", "sym_size", "_assert_tensor_metadata",
+})
 #: compute ops whose backward needs no saved tensor (only shapes or a mask)
 NO_SAVE_KINDS = frozenset({
     "add", "iadd", "sub", "isub", "neg", "cumsum", "masked_fill", "where", "eq", "ne", "lt",

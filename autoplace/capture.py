@@ -33,8 +33,11 @@ keeps the cast copy). CPU and CUDA autocast lists differ in a few ops.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import os
 import re
+import traceback
 import warnings
 from typing import Any
 
@@ -160,9 +163,20 @@ def _quiet():
 
 
 def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
-    with _quiet():
-        ep = torch.export.export(model, args, strict=False)
-        gm = ep.module()
+    with _quiet(), contextlib.redirect_stderr(io.StringIO()):  # export prints partial graphs
+        try:  # batch dimension symbolic, so microbatches of any size run the module
+            ep = torch.export.export(model, args, dynamic_shapes=_batch_dynamic(args),
+                                     strict=False)
+        except Exception:
+            ep = torch.export.export(model, args, strict=False)
+        try:
+            gm = ep.module(check_guards=False)
+        except TypeError:  # torch without check_guards
+            gm = ep.module()
+    # ep.module() forbids train()/eval() because the graph is fixed in the mode it was
+    # exported in (training); restore nn.Module's, which only set the flags
+    for attr in ("train", "eval"):
+        gm.__dict__.pop(attr, None)
     # input guards and metadata asserts check nothing the planner needs: drop them
     for node in list(gm.graph.nodes):
         is_guard = node.op == "call_module" and node.target == "_guards_fn"
@@ -175,13 +189,30 @@ def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
     return gm
 
 
+def _batch_dynamic(args: tuple) -> tuple:
+    auto = torch.export.Dim.AUTO
+    return tuple(
+        pytree.tree_map(lambda t: {0: auto} if isinstance(t, torch.Tensor) and t.dim() else None, a)
+        if isinstance(a, (torch.Tensor, tuple, list, dict)) else None
+        for a in args
+    )
+
+
 def _describe(e: BaseException) -> str:
     """A short message from a tracer exception: its first line plus the user source line."""
     text = str(e).strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(
         ("def ", "    "))), "")
     m = re.search(r"The following call raised this error:\s*\n\s*(File [^\n]+)\n\s*([^\n]+)", text)
-    where = f" at {m.group(1).strip()}: {m.group(2).strip()}" if m else ""
+    if m:
+        where = f" at {m.group(1).strip()}: {m.group(2).strip()}"
+    else:
+        where = ""
+        torch_dir = os.path.dirname(torch.__file__)
+        for fr in reversed(traceback.extract_tb(e.__traceback__)):
+            if not fr.filename.startswith(torch_dir) and fr.filename != __file__:
+                where = f' at File "{fr.filename}", line {fr.lineno}, in {fr.name}: {fr.line}'
+                break
     return f"{type(e).__name__}: {first[:300]}{where}"
 
 

@@ -15,7 +15,6 @@ microbatches, ``d`` replicas) takes ``(t - min(t, o)) / (m d) + min(t, o)``: equ
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +48,7 @@ class GraphArrays:
     names: list[str]
     preds: list[list[int]]
     succs: list[list[int]]
+    succ_bytes: list[list[float]]  # bytes of each edge in ``succs``
     edge_src: np.ndarray  # int64 [E], sorted by (src, dst)
     edge_dst: np.ndarray
     edge_bytes: np.ndarray  # float64 [E]
@@ -67,16 +67,19 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
     n = len(graph)
     preds: list[list[int]] = [[] for _ in range(n)]
     succs: list[list[int]] = [[] for _ in range(n)]
+    succ_bytes: list[list[float]] = [[] for _ in range(n)]
     edges = graph.edges
-    for u, v, _ in edges:
+    for u, v, b in edges:
         preds[idx[v]].append(idx[u])
         succs[idx[u]].append(idx[v])
+        succ_bytes[idx[u]].append(float(b))
     ops = graph.ops
     arrays = GraphArrays(
         n=n,
         names=list(graph.order),
         preds=preds,
         succs=succs,
+        succ_bytes=succ_bytes,
         edge_src=np.array([idx[u] for u, _, _ in edges], dtype=np.int64),
         edge_dst=np.array([idx[v] for _, v, _ in edges], dtype=np.int64),
         edge_bytes=np.array([b for _, _, b in edges], dtype=np.float64),
@@ -172,9 +175,10 @@ def replica_group(plan: Plan, local: int) -> list[int]:
 
 def replicas_identical(cluster: Cluster, plan: Plan) -> bool:
     """True when every replica's devices and links equal replica 0's."""
-    k, d = plan.devices_per_replica, plan.parallel.data
+    d = plan.parallel.data
     if d == 1:
         return True
+    k = plan.devices_per_replica
 
     def sig(r: int) -> tuple:
         ids = [r * k + j for j in range(k)]
@@ -303,7 +307,7 @@ def lower_bound_from(graph: OpGraph, cluster: Cluster, tables: CostTables) -> fl
     # the part of every op no batch split removes: min(t, overhead) on the best device
     fixed = np.full(ga.n, np.inf)
     for ki in range(len(tables.kinds)):
-        oh = tables.overhead[tables.kind_of_device == ki].max()
+        oh = tables.overhead[tables.kind_of_device == ki].min()
         fixed = np.minimum(
             fixed, np.minimum(tables.fwd[ki], oh) + np.minimum(tables.bwd[ki], oh)
         )
@@ -315,5 +319,30 @@ def lower_bound_from(graph: OpGraph, cluster: Cluster, tables: CostTables) -> fl
     return max(total / n_dev, crit)
 
 
-def is_finite(x: float) -> bool:
-    return math.isfinite(x)
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One interval of the simulated timeline.
+
+    Attributes:
+        resource: ``"dev0"`` (compute), ``"link0->1"`` (a copy), ``"coll"`` / ``"coll1"``
+            (gradient collectives of local device 1), ``"gather1"`` (FSDP all-gathers).
+        name: op name (``"op3#mb1"`` with microbatches), stage action (``"F2"``) or bucket.
+        start_s: start time, seconds from the beginning of the step.
+        end_s: end time, seconds.
+        kind: ``fwd``, ``bwd``, ``comm``, ``allreduce``, ``allgather``, ``reducescatter``
+            or ``update``.
+    """
+
+    resource: str
+    name: str
+    start_s: float
+    end_s: float
+    kind: str
+
+    def to_json(self) -> list:
+        return [self.resource, self.name, self.start_s, self.end_s, self.kind]
+
+
+def coll_resource(j: int, k: int, prefix: str = "coll") -> str:
+    """Timeline resource of local device ``j``'s collective stream."""
+    return prefix if k == 1 else f"{prefix}{j}"

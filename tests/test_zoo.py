@@ -15,8 +15,17 @@ from autoplace.zoo import GNMT, GNMTConfig, GPTConfig, gpt_1b
 from autoplace.zoo.gpt import Block
 
 ZOO_NAMES = [
-    "gpt-tiny", "gpt-small", "gpt-medium", "gpt-1b", "rnnlm", "gnmt-2", "gnmt-4", "gnmt-8",
-    "inception-v3", "resnet50", "branchy-mlp",
+    "gpt-tiny",
+    "gpt-small",
+    "gpt-medium",
+    "gpt-1b",
+    "rnnlm",
+    "gnmt-2",
+    "gnmt-4",
+    "gnmt-8",
+    "inception-v3",
+    "resnet50",
+    "branchy-mlp",
 ]
 # shrink the big presets so every name runs in well under a second on a CPU
 SMALL = {
@@ -94,8 +103,9 @@ def test_gpt_1b_is_the_measured_workload():
     inputs = wl.example_inputs(device="meta")
     assert inputs[0].shape == (8, 1024) and inputs[0].dtype == torch.int64
     assert wl.model(*inputs).shape == (8, 1024, vocab)
-    assert gpt_1b() == GPTConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers,
-                                 n_heads=16)
+    assert gpt_1b() == GPTConfig(
+        vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=16
+    )
 
 
 def test_hand_counted_layer_sizes():
@@ -120,20 +130,29 @@ def test_hand_counted_layer_sizes():
     assert resnet.stem[0].weight.shape == (64, 3, 7, 7)
     assert n_params(resnet) == 25_557_032  # torchvision resnet50
 
-    inception = workloads.get("inception-v3", device="meta", width=1.0, num_classes=1000,
-                              image_size=299).model
+    inception = workloads.get(
+        "inception-v3", device="meta", width=1.0, num_classes=1000, image_size=299
+    ).model
     conv = inception.blocks[4].b7_2.conv  # first InceptionC's 1x7 conv, 128 -> 128
     assert conv.weight.numel() == 128 * 128 * 1 * 7
     assert n_params(inception) == 23_834_568  # torchvision inception_v3 minus aux head
 
-    mlp = workloads.get("branchy-mlp", in_dim=8, hidden=16, branches=3, depth=2,
-                        num_classes=5).model
+    mlp = workloads.get(
+        "branchy-mlp", in_dim=8, hidden=16, branches=3, depth=2, num_classes=5
+    ).model
     assert n_params(mlp) == (8 * 16 + 16) + 3 * 2 * (16 * 16 + 16) + (3 * 16 * 5 + 5)
 
 
 def test_sizes_follow_options():
-    wl = workloads.get("gnmt-8", device="meta", hidden=1024, vocab_size=32000, src_len=50,
-                       tgt_len=50, batch_size=128)
+    wl = workloads.get(
+        "gnmt-8",
+        device="meta",
+        hidden=1024,
+        vocab_size=32000,
+        src_len=50,
+        tgt_len=50,
+        batch_size=128,
+    )
     assert len(wl.model.encoder.lstms) == 8 and len(wl.model.decoder.lstms) == 8
     assert wl.batch_size == 128
     (src, tgt_in), tgt_out = wl.make_batch(4, "meta")
@@ -209,8 +228,10 @@ def test_user_factory_by_module_path(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     wl = workloads.get("assets.zoo_user_workload:tiny_regression", features=5)
     assert wl.name == "tiny-regression" and wl.model.in_features == 5
-    assert wl.spec == {"spec": "assets.zoo_user_workload:tiny_regression",
-                       "options": {"features": 5}}
+    assert wl.spec == {
+        "spec": "assets.zoo_user_workload:tiny_regression",
+        "options": {"features": 5},
+    }
     inputs, targets = wl.make_batch(3, "cpu")
     assert torch.isfinite(wl.loss_fn(wl.model(*inputs), targets))
 

@@ -67,6 +67,8 @@ class GroupView:
         fwd_s, bwd_s: ``[G, D]`` forward / backward seconds of each group on each device.
         param_bytes, activation_bytes: ``[G]`` sums over the group's ops.
         memory_bytes: ``[G]`` training memory: model states plus kept activations.
+        transient_bytes: ``[G]`` largest output of one op of the group (a device also
+            needs room for the largest transient tensor of its ops).
         edges: group-level ``(src, dst, bytes)``.
         preds, succs: adjacency lists with bytes.
         order: group ids in a topological order.
@@ -80,6 +82,7 @@ class GroupView:
     param_bytes: np.ndarray
     activation_bytes: np.ndarray
     memory_bytes: np.ndarray
+    transient_bytes: np.ndarray
     edges: list[tuple[int, int, int]]
     preds: list[list[tuple[int, int]]]
     succs: list[list[tuple[int, int]]]
@@ -118,6 +121,10 @@ def group_view(graph: OpGraph, cluster: Cluster, groups: dict[str, int]) -> Grou
                 bwd[:, d] = b
     params = np.bincount(gid, weights=[op.param_bytes for op in graph], minlength=g_count)
     acts = np.bincount(gid, weights=[op.activation_bytes for op in graph], minlength=g_count)
+    transient = np.zeros(g_count)
+    np.maximum.at(transient, gid, [float(op.output_bytes) for op in graph])
+    transient = np.zeros(g_count)
+    np.maximum.at(transient, gid, [float(op.output_bytes) for op in graph])
     gg = group_graph(graph, groups)
     edges = [(int(u), int(v), int(d["bytes"])) for u, v, d in gg.edges(data=True)]
     preds: list[list[tuple[int, int]]] = [[] for _ in range(g_count)]
@@ -128,7 +135,7 @@ def group_view(graph: OpGraph, cluster: Cluster, groups: dict[str, int]) -> Grou
     order = list(nx.lexicographical_topological_sort(gg))
     return GroupView(
         groups=groups, fwd_s=fwd, bwd_s=bwd, param_bytes=params, activation_bytes=acts,
-        memory_bytes=MODEL_STATE_FACTOR * params + acts, edges=edges, preds=preds, succs=succs,
+        memory_bytes=MODEL_STATE_FACTOR * params + acts, transient_bytes=transient, edges=edges, preds=preds, succs=succs,
         order=order,
         usable_bytes=np.array([d.usable_memory_bytes for d in cluster.devices], dtype=np.float64),
         capacity=np.array([d.peak_flops for d in cluster.devices], dtype=np.float64),

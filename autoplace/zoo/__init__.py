@@ -21,7 +21,13 @@ from autoplace.zoo.inception import (
     inception_workload,
 )
 from autoplace.zoo.mlp import BranchyMLP, BranchyMLPConfig, branchy_mlp_small, branchy_mlp_workload
-from autoplace.zoo.resnet import ResNet, ResNetConfig, resnet50_full, resnet50_small, resnet_workload
+from autoplace.zoo.resnet import (
+    ResNet,
+    ResNetConfig,
+    resnet50_full,
+    resnet50_small,
+    resnet_workload,
+)
 from autoplace.zoo.rnn import (
     GNMT,
     RNNLM,
@@ -35,12 +41,34 @@ from autoplace.zoo.rnn import (
 )
 
 __all__ = [
-    "GNMT", "GPT", "RNNLM", "BranchyMLP", "InceptionV3", "ResNet",
-    "BranchyMLPConfig", "GNMTConfig", "GPTConfig", "InceptionConfig", "RNNLMConfig",
+    "GNMT",
+    "GPT",
+    "RNNLM",
+    "BranchyMLP",
+    "InceptionV3",
+    "ResNet",
+    "BranchyMLPConfig",
+    "GNMTConfig",
+    "GPTConfig",
+    "InceptionConfig",
+    "RNNLMConfig",
     "ResNetConfig",
-    "branchy_mlp_small", "gnmt_paper", "gnmt_small", "gpt_1b", "gpt_medium", "gpt_small",
-    "gpt_tiny", "inception_full", "inception_small", "resnet50_full", "resnet50_small",
+    "branchy_mlp_small",
+    "gnmt_paper",
+    "gnmt_small",
+    "gpt_1b",
+    "gpt_medium",
+    "gpt_small",
+    "gpt_tiny",
+    "inception_full",
+    "inception_small",
+    "resnet50_full",
+    "resnet50_small",
     "rnnlm_small",
-    "branchy_mlp_workload", "gnmt_workload", "gpt_workload", "inception_workload",
-    "resnet_workload", "rnnlm_workload",
+    "branchy_mlp_workload",
+    "gnmt_workload",
+    "gpt_workload",
+    "inception_workload",
+    "resnet_workload",
+    "rnnlm_workload",
 ]

@@ -28,8 +28,13 @@ from autoplace.zoo._common import (
     zoo_defaults,
 )
 
-__all__ = ["InceptionConfig", "InceptionV3", "inception_full", "inception_small",
-           "inception_workload"]
+__all__ = [
+    "InceptionConfig",
+    "InceptionV3",
+    "inception_full",
+    "inception_small",
+    "inception_workload",
+]
 
 
 @dataclass(kw_only=True)
@@ -173,8 +178,10 @@ class InceptionE(nn.Module):
         b3 = self.b3_1(x)
         b3d = self.b3d_2(self.b3d_1(x))
         bp = self.bp(F.avg_pool2d(x, 3, stride=1, padding=1))
-        return torch.cat([self.b1(x), self.b3_2a(b3), self.b3_2b(b3),
-                          self.b3d_3a(b3d), self.b3d_3b(b3d), bp], dim=1)
+        return torch.cat(
+            [self.b1(x), self.b3_2a(b3), self.b3_2b(b3), self.b3d_3a(b3d), self.b3d_3b(b3d), bp],
+            dim=1,
+        )
 
 
 class InceptionV3(nn.Module):
@@ -191,9 +198,13 @@ class InceptionV3(nn.Module):
             return max(1, round(n * config.width))
 
         self.stem = nn.Sequential(
-            ConvBN(3, c(32), 3, stride=2), ConvBN(c(32), c(32), 3),
-            ConvBN(c(32), c(64), 3, padding=1), nn.MaxPool2d(3, stride=2),
-            ConvBN(c(64), c(80), 1), ConvBN(c(80), c(192), 3), nn.MaxPool2d(3, stride=2),
+            ConvBN(3, c(32), 3, stride=2),
+            ConvBN(c(32), c(32), 3),
+            ConvBN(c(32), c(64), 3, padding=1),
+            nn.MaxPool2d(3, stride=2),
+            ConvBN(c(64), c(80), 1),
+            ConvBN(c(80), c(192), 3),
+            nn.MaxPool2d(3, stride=2),
         )
         blocks: list[nn.Module] = []
         cin = c(192)
@@ -220,15 +231,22 @@ class InceptionV3(nn.Module):
 
 
 def inception_workload(
-    config: InceptionConfig, *, batch_size: int = 4, lr: float = 1e-3,
-    autocast_dtype: str | None = None, name: str = "inception-v3",
+    config: InceptionConfig,
+    *,
+    batch_size: int = 4,
+    lr: float = 1e-3,
+    autocast_dtype: str | None = None,
+    name: str = "inception-v3",
 ) -> Workload:
     """Image classification with an Inception-v3-style network on synthetic images."""
     return Workload(
         name=name,
         model=InceptionV3(config),
-        make_batch=partial(image_batch, image_size=config.image_size,
-                           prototypes=image_prototypes(config.num_classes)),
+        make_batch=partial(
+            image_batch,
+            image_size=config.image_size,
+            prototypes=image_prototypes(config.num_classes),
+        ),
         loss_fn=class_cross_entropy,
         batch_size=batch_size,
         autocast_dtype=autocast_dtype,
@@ -236,10 +254,11 @@ def inception_workload(
     )
 
 
-@register("inception-v3",
-          "Inception-v3-style CNN, no aux head (full size: image_size=299, width=1.0, "
-          "num_classes=1000)",
-          **zoo_defaults(inception_small(), batch_size=4))
+@register(
+    "inception-v3",
+    "Inception-v3-style CNN, no aux head (full size: image_size=299, width=1.0, num_classes=1000)",
+    **zoo_defaults(inception_small(), batch_size=4),
+)
 def inception_v3(**options: Any) -> Workload:
     """Inception-v3-style CNN (options: the fields of :class:`InceptionConfig`, batch_size, lr)."""
     config, rest = split_options("inception-v3", inception_small(), options)

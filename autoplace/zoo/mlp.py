@@ -18,8 +18,13 @@ from autoplace.errors import AutoplaceError
 from autoplace.workloads import Workload, register
 from autoplace.zoo._common import class_cross_entropy, fixed_generator, split_options, zoo_defaults
 
-__all__ = ["BranchyMLP", "BranchyMLPConfig", "branchy_mlp_small", "branchy_mlp_workload",
-           "linear_teacher_batch"]
+__all__ = [
+    "BranchyMLP",
+    "BranchyMLPConfig",
+    "branchy_mlp_small",
+    "branchy_mlp_workload",
+    "linear_teacher_batch",
+]
 
 
 @dataclass(kw_only=True)
@@ -101,12 +106,17 @@ def linear_teacher_batch(batch_size: int, device: Any, *, teacher: torch.Tensor)
 
 
 def branchy_mlp_workload(
-    config: BranchyMLPConfig, *, batch_size: int = 16, lr: float = 1e-3,
-    autocast_dtype: str | None = None, name: str = "branchy-mlp",
+    config: BranchyMLPConfig,
+    *,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    autocast_dtype: str | None = None,
+    name: str = "branchy-mlp",
 ) -> Workload:
     """Classification of a fixed random linear teacher's labels with a branchy MLP."""
-    teacher = torch.randn(config.in_dim, config.num_classes, generator=fixed_generator(4321),
-                          device="cpu")
+    teacher = torch.randn(
+        config.in_dim, config.num_classes, generator=fixed_generator(4321), device="cpu"
+    )
     return Workload(
         name=name,
         model=BranchyMLP(config),
@@ -118,8 +128,11 @@ def branchy_mlp_workload(
     )
 
 
-@register("branchy-mlp", "wide MLP with many independent parallel branches",
-          **zoo_defaults(branchy_mlp_small(), batch_size=16))
+@register(
+    "branchy-mlp",
+    "wide MLP with many independent parallel branches",
+    **zoo_defaults(branchy_mlp_small(), batch_size=16),
+)
 def branchy_mlp(**options: Any) -> Workload:
     """Branchy MLP (options: the fields of :class:`BranchyMLPConfig`, batch_size, lr)."""
     config, rest = split_options("branchy-mlp", branchy_mlp_small(), options)

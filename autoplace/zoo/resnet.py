@@ -25,8 +25,14 @@ from autoplace.zoo._common import (
     zoo_defaults,
 )
 
-__all__ = ["Bottleneck", "ResNet", "ResNetConfig", "resnet50_full", "resnet50_small",
-           "resnet_workload"]
+__all__ = [
+    "Bottleneck",
+    "ResNet",
+    "ResNetConfig",
+    "resnet50_full",
+    "resnet50_small",
+    "resnet_workload",
+]
 
 
 @dataclass(kw_only=True)
@@ -107,8 +113,10 @@ class ResNet(nn.Module):
         super().__init__()
         base = max(1, round(64 * config.width))
         self.stem = nn.Sequential(
-            nn.Conv2d(3, base, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(base),
-            nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1),
+            nn.Conv2d(3, base, 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(base),
+            nn.ReLU(),
+            nn.MaxPool2d(3, stride=2, padding=1),
         )
         stages: list[nn.Module] = []
         cin = base
@@ -129,15 +137,22 @@ class ResNet(nn.Module):
 
 
 def resnet_workload(
-    config: ResNetConfig, *, batch_size: int = 8, lr: float = 1e-3,
-    autocast_dtype: str | None = None, name: str = "resnet50",
+    config: ResNetConfig,
+    *,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    autocast_dtype: str | None = None,
+    name: str = "resnet50",
 ) -> Workload:
     """Image classification with a bottleneck ResNet on synthetic images."""
     return Workload(
         name=name,
         model=ResNet(config),
-        make_batch=partial(image_batch, image_size=config.image_size,
-                           prototypes=image_prototypes(config.num_classes)),
+        make_batch=partial(
+            image_batch,
+            image_size=config.image_size,
+            prototypes=image_prototypes(config.num_classes),
+        ),
         loss_fn=class_cross_entropy,
         batch_size=batch_size,
         autocast_dtype=autocast_dtype,
@@ -145,10 +160,11 @@ def resnet_workload(
     )
 
 
-@register("resnet50",
-          "ResNet-50-style CNN with BatchNorm (full size: image_size=224, width=1.0, "
-          "num_classes=1000)",
-          **zoo_defaults(resnet50_small(), batch_size=8))
+@register(
+    "resnet50",
+    "ResNet-50-style CNN with BatchNorm (full size: image_size=224, width=1.0, num_classes=1000)",
+    **zoo_defaults(resnet50_small(), batch_size=8),
+)
 def resnet50(**options: Any) -> Workload:
     """ResNet-50-style CNN (options: the fields of :class:`ResNetConfig`, batch_size, lr)."""
     config, rest = split_options("resnet50", resnet50_small(), options)

@@ -89,8 +89,12 @@ class RNNLM(nn.Module):
 
 
 def rnnlm_workload(
-    config: RNNLMConfig, *, batch_size: int = 8, lr: float = 1e-3,
-    autocast_dtype: str | None = None, name: str = "rnnlm",
+    config: RNNLMConfig,
+    *,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    autocast_dtype: str | None = None,
+    name: str = "rnnlm",
 ) -> Workload:
     """An LSTM language-modelling workload on synthetic token streams."""
     return Workload(
@@ -104,8 +108,11 @@ def rnnlm_workload(
     )
 
 
-@register("rnnlm", "LSTM language model: embedding, 2 separate LSTM layers, linear head",
-          **zoo_defaults(rnnlm_small(), batch_size=8))
+@register(
+    "rnnlm",
+    "LSTM language model: embedding, 2 separate LSTM layers, linear head",
+    **zoo_defaults(rnnlm_small(), batch_size=8),
+)
 def rnnlm(**options: Any) -> Workload:
     """LSTM language model (options: the fields of :class:`RNNLMConfig`, batch_size, lr)."""
     config, rest = split_options("rnnlm", rnnlm_small(), options)
@@ -193,8 +200,11 @@ class GNMTEncoder(nn.Module):
         h = config.hidden
         self.residual_from = config.residual_from
         self.embed = nn.Embedding(config.vocab_size, h)
-        first = (nn.LSTM(h, h // 2, batch_first=True, bidirectional=True)
-                 if config.bidirectional_first else nn.LSTM(h, h, batch_first=True))
+        first = (
+            nn.LSTM(h, h // 2, batch_first=True, bidirectional=True)
+            if config.bidirectional_first
+            else nn.LSTM(h, h, batch_first=True)
+        )
         rest = [nn.LSTM(h, h, batch_first=True) for _ in range(config.layers - 1)]
         self.lstms = nn.ModuleList([first, *rest])
 
@@ -247,15 +257,23 @@ class GNMT(nn.Module):
 
 
 def gnmt_workload(
-    config: GNMTConfig, *, batch_size: int = 8, lr: float = 1e-3,
-    autocast_dtype: str | None = None, name: str = "gnmt",
+    config: GNMTConfig,
+    *,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    autocast_dtype: str | None = None,
+    name: str = "gnmt",
 ) -> Workload:
     """A GNMT translation workload on a synthetic reversal task."""
     return Workload(
         name=name,
         model=GNMT(config),
-        make_batch=partial(translation_batch, src_len=config.src_len, tgt_len=config.tgt_len,
-                           vocab_size=config.vocab_size),
+        make_batch=partial(
+            translation_batch,
+            src_len=config.src_len,
+            tgt_len=config.tgt_len,
+            vocab_size=config.vocab_size,
+        ),
         loss_fn=token_cross_entropy,
         batch_size=batch_size,
         autocast_dtype=autocast_dtype,
@@ -271,9 +289,11 @@ def _gnmt_factory(layers: int) -> None:
         return gnmt_workload(config, name=name, **rest)
 
     factory.__name__ = factory.__qualname__ = f"gnmt_{layers}"
-    factory.__doc__ = (f"GNMT-style LSTM encoder-decoder with attention, {layers}+{layers} layers "
-                       "(paper size: hidden=1024, vocab_size=32000, src_len=tgt_len=50, "
-                       "batch_size=128)")
+    factory.__doc__ = (
+        f"GNMT-style LSTM encoder-decoder with attention, {layers}+{layers} layers "
+        "(paper size: hidden=1024, vocab_size=32000, src_len=tgt_len=50, "
+        "batch_size=128)"
+    )
     register(name, factory.__doc__, **zoo_defaults(gnmt_small(layers), batch_size=8))(factory)
 
 

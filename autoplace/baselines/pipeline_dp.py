@@ -1,0 +1,243 @@
+"""Data-parallel and pipeline plans, and the hybrid search over both (``hybrid-dp``).
+
+Plain plans (what a practitioner writes): ``ddp`` / ``zero2`` / ``fsdp`` put every op
+on local device 0 and replicate over all devices; ``pipeline`` cuts the ops into one
+compute-balanced contiguous stage per device (torch.distributed.pipelining).
+
+``hybrid-dp`` is an inter-op dynamic program in the style of PipeDream
+(https://arxiv.org/abs/1806.03377) and Alpa (https://arxiv.org/abs/2201.12023). The
+ops are coarsened into ``granularity`` contiguous groups (intervals of placement order
+for one-process replicas, of program order for pipelines, whose stages must form a
+chain there; see :mod:`autoplace.baselines.stage_split`). For every configuration —
+data-parallel degree ``d``, stages ``k`` (run as a torch pipeline, or inside one
+process with microbatches flowing through the placement), microbatches ``m``, shard
+mode and pipeline schedule — :func:`best_split` chooses the stage boundaries that
+minimise the slowest stage's time per microbatch, each stage fitting its device's
+memory (recomputing a stage's activations when that is what makes it fit). The
+configurations with the best estimated step time, the best of every family and the
+plain ``ddp`` / ``zero2`` / ``fsdp`` / ``pipeline`` plans are then simulated
+(:func:`autoplace.sim.simulate_batch`) and the fastest one that does not run out of
+memory wins (the one overflowing least when all do).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+
+from autoplace.baselines._common import ensure_costs, make_plan
+from autoplace.baselines._evaluate import evaluate, overflow
+from autoplace.baselines.stage_split import (
+    SplitConfig,
+    SplitCosts,
+    best_split,
+    chain_groups,
+    estimate_step_s,
+    op_weights,
+    split_costs,
+    split_objective,
+)
+from autoplace.cluster import Cluster
+from autoplace.errors import AutoplaceError, PlanError
+from autoplace.graph import OpGraph
+from autoplace.grouping import coarsen
+from autoplace.plan import ParallelConfig, Plan
+
+__all__ = ["ddp", "zero2", "fsdp", "pipeline", "hybrid_dp", "SplitCosts", "SplitConfig",
+           "split_costs", "best_split", "split_objective", "chain_groups"]
+
+
+# ------------------------------------------------------------------ plain plans
+def _data_parallel(graph: OpGraph, cluster: Cluster, name: str, shard: str,
+                   microbatches: int) -> Plan:
+    t0 = time.perf_counter()
+    n = cluster.num_devices
+    par = ParallelConfig(data=n, microbatches=microbatches, shard=shard if n > 1 else "none")
+    return make_plan(graph, cluster, name, t0, {op: 0 for op in graph.order}, [0], parallel=par)
+
+
+def ddp(graph: OpGraph, cluster: Cluster, *, microbatches: int = 1) -> Plan:
+    """DistributedDataParallel over every device (whole model per device)."""
+    return _data_parallel(graph, cluster, "ddp", "none", microbatches)
+
+
+def zero2(graph: OpGraph, cluster: Cluster, *, microbatches: int = 1) -> Plan:
+    """Data parallel with gradients and optimizer state sharded (ZeRO-2)."""
+    return _data_parallel(graph, cluster, "zero2", "zero2", microbatches)
+
+
+def fsdp(graph: OpGraph, cluster: Cluster, *, microbatches: int = 1) -> Plan:
+    """Fully sharded data parallel over every device."""
+    return _data_parallel(graph, cluster, "fsdp", "fsdp", microbatches)
+
+
+def pipeline(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    stages: int | None = None,
+    microbatches: int | None = None,
+    schedule: str = "gpipe",
+) -> Plan:
+    """An even (compute-balanced) contiguous split into one pipeline stage per device.
+
+    Args:
+        stages: pipeline stages (default: every device).
+        microbatches: microbatches per step (default ``2 x stages``, lowered to a divisor
+            of the graph's batch size when it is known).
+        schedule: ``gpipe`` or ``1f1b``.
+    """
+    t0 = time.perf_counter()
+    ensure_costs(graph, cluster)
+    k = stages or cluster.num_devices
+    if not 1 <= k <= cluster.num_devices:
+        raise AutoplaceError(f"pipeline: stages must be in 1..{cluster.num_devices}, got {k}")
+    groups = chain_groups(graph, k, op_weights(graph, cluster))
+    k = max(groups.values()) + 1
+    m = microbatches or _default_microbatches(graph, k)
+    par = ParallelConfig(pipeline=k, microbatches=m, schedule=schedule) if k > 1 else \
+        ParallelConfig(microbatches=m)
+    return make_plan(graph, cluster, "pipeline", t0, groups, list(range(k)), parallel=par)
+
+
+def _default_microbatches(graph: OpGraph, k: int) -> int:
+    batch = getattr(graph, "batch_size", None)
+    if not batch:
+        return 2 * k
+    divisors = [m for m in range(k, 2 * k + 1) if batch % m == 0]
+    return max(divisors) if divisors else max(k, 2 * k)
+
+
+# ------------------------------------------------------------------ hybrid search
+def _microbatch_options(graph: OpGraph, d: int, max_microbatches: int) -> list[int]:
+    batch = getattr(graph, "batch_size", None)
+    out = []
+    m = 1
+    while m <= max_microbatches:
+        if not batch or (batch % (d * m) == 0):
+            out.append(m)
+        m *= 2
+    return out
+
+
+def _configs(graph: OpGraph, n_dev: int, max_microbatches: int, margin: float,
+             modes: tuple[str, ...]) -> list[SplitConfig]:
+    out = []
+    for d in range(1, n_dev + 1):
+        batch = getattr(graph, "batch_size", None)
+        if batch and batch % d:
+            continue
+        shards = ("none", "zero2", "fsdp") if d > 1 else ("none",)
+        for k in range(1, n_dev // d + 1):
+            for m in _microbatch_options(graph, d, max_microbatches):
+                for shard in shards:
+                    if k == 1:
+                        out.append(SplitConfig(1, d, m, "data", "gpipe", shard, margin))
+                        continue
+                    if "local" in modes:
+                        out.append(SplitConfig(k, d, m, "local", "gpipe", shard, margin))
+                    if "pipeline" in modes and m >= k:
+                        for sched in ("gpipe", "1f1b"):
+                            out.append(SplitConfig(k, d, m, "pipeline", sched, shard, margin))
+    return out
+
+
+def _plan_for(graph: OpGraph, cluster: Cluster, groups: dict[str, int], cfg: SplitConfig,
+              bounds: list[int], recompute: list[bool], t0: float, **info) -> Plan:
+    stage_of_group = np.zeros(bounds[-1], dtype=np.int64)
+    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
+        stage_of_group[a:b] = s
+    stage_groups = {op: int(stage_of_group[g]) for op, g in groups.items()}
+    par = ParallelConfig(
+        data=cfg.data, pipeline=cfg.stages if cfg.mode == "pipeline" else 1,
+        microbatches=cfg.microbatches, schedule=cfg.schedule,
+        shard=cfg.shard if cfg.data > 1 else "none",
+    )
+    rc = {s for s, flag in enumerate(recompute) if flag}
+    return make_plan(graph, cluster, "hybrid-dp", t0, stage_groups, list(range(cfg.stages)),
+                     parallel=par, recompute=rc, mode=cfg.mode, **info)
+
+
+def hybrid_dp(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    granularity: int = 48,
+    max_microbatches: int = 32,
+    verify: int = 24,
+    memory_margin: float = 0.05,
+    modes: tuple[str, ...] = ("local", "pipeline"),
+) -> Plan:
+    """The fastest feasible hybrid plan: DP over stage boundaries, then simulation.
+
+    Args:
+        granularity: contiguous groups the stage boundaries are chosen among.
+        max_microbatches: largest microbatch count tried (powers of two).
+        verify: how many configurations (best estimates first) are simulated.
+        memory_margin: fraction of each device's memory the estimate keeps free.
+        modes: multi-device replica kinds tried: ``local`` (one process) and ``pipeline``.
+    """
+    t0 = time.perf_counter()
+    ensure_costs(graph, cluster)
+    weights = op_weights(graph, cluster)
+    # local / data replicas: intervals of placement order; pipelines: of program order
+    grouping = {"local": coarsen(graph, granularity, weights=weights),
+                "pipeline": chain_groups(graph, granularity, weights)}
+    costs = {mode: split_costs(graph, cluster, groups) for mode, groups in grouping.items()}
+
+    def score(margin: float) -> list:
+        out = []
+        for cfg in _configs(graph, cluster.num_devices, max_microbatches, margin, modes):
+            key = "pipeline" if cfg.mode == "pipeline" else "local"
+            obj, bounds, rc = best_split(costs[key], cfg)
+            if np.isfinite(obj):
+                est = estimate_step_s(costs[key], cfg, cluster, obj, bounds)
+                out.append((est, cfg, bounds, rc))
+        return out
+
+    scored = score(memory_margin)
+    if not scored:  # nothing fits by the estimate: keep the most memory-frugal plans
+        scored = score(-10.0)
+    scored.sort(key=lambda x: x[0])
+    chosen, seen_family = scored[:verify], set()
+    for item in scored[verify:]:  # plus the best of every family not yet in
+        fam = (item[1].mode, item[1].shard, item[1].data, item[1].stages)
+        if fam not in seen_family and len(chosen) < 2 * verify:
+            chosen.append(item)
+        seen_family.add(fam)
+    plans, kept = [], []
+    for est, cfg, bounds, rc in chosen:
+        try:
+            groups = grouping["pipeline" if cfg.mode == "pipeline" else "local"]
+            p = _plan_for(graph, cluster, groups, cfg, bounds, rc, t0, estimated_step_s=est)
+            p.validate(graph, cluster)
+        except PlanError:  # e.g. a split that is not a chain in program order
+            continue
+        plans.append(p)
+        kept.append(cfg)
+    if cluster.num_devices > 1:  # the plain options are always candidates
+        for planner in (ddp, zero2, fsdp, pipeline):
+            try:
+                p = planner(graph, cluster)
+                p.validate(graph, cluster)
+            except AutoplaceError:
+                continue
+            plans.append(p)
+            kept.append(SplitConfig(p.num_groups, p.parallel.data, p.parallel.microbatches,
+                                    "pipeline" if p.parallel.pipeline > 1 else "data",
+                                    p.parallel.schedule, p.parallel.shard))
+    if not plans:
+        raise AutoplaceError(f"hybrid-dp found no valid plan for graph {graph.name!r}")
+    step_s, peak, oom = evaluate(graph, plans, cluster)
+    feasible = np.where(oom, np.inf, step_s)
+    i = int(np.argmin(feasible)) if np.isfinite(feasible).any() else int(
+        np.argmin(overflow(peak, cluster)))
+    best = plans[i]
+    return make_plan(
+        graph, cluster, "hybrid-dp", t0, best.groups, list(best.placement),
+        parallel=best.parallel, recompute=best.recompute, mode=kept[i].mode,
+        configs_searched=len(scored), configs_simulated=len(plans),
+        simulated_step_s=float(step_s[i]), oom=bool(oom[i]),
+    )

@@ -1,0 +1,198 @@
+"""Apply a plan to this rank: the program, its data-parallel wrapper, its step function.
+
+Device numbering follows :mod:`autoplace.plan`: replica ``r`` uses cluster devices
+``r * k + local``. With ``pipeline = p > 1`` rank ``r * p + s`` runs stage ``s`` of
+replica ``r``; with ``pipeline == 1`` rank ``r`` runs all ``k`` devices of replica
+``r`` in one process (local placement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autoplace.cluster import Cluster
+from autoplace.errors import PlanError
+from autoplace.executor.data import wrap_data_parallel
+from autoplace.executor.local import build_local
+from autoplace.executor.pipeline import build_stage, example_values, make_schedule
+from autoplace.plan import Plan
+from autoplace.workloads import Workload
+
+__all__ = ["Built", "build_rank", "micro_batch_size"]
+
+
+@dataclass
+class Built:
+    """What one rank trains.
+
+    Attributes:
+        model: the module whose parameters the optimizer updates.
+        state_module: the module checkpoints save and load.
+        step: ``(global_inputs, global_targets) -> loss`` (forward and backward).
+        devices: this rank's devices.
+        cluster_indices: their cluster device indices.
+        has_loss: whether this rank computes a loss (pipeline: last stage only).
+    """
+
+    model: nn.Module
+    state_module: nn.Module
+    step: Callable[[tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor]
+    devices: list[torch.device]
+    cluster_indices: list[int]
+    has_loss: bool = True
+    keep: list[Any] = field(default_factory=list)
+
+
+def micro_batch_size(batch_size: int, plan: Plan) -> int:
+    """Samples per microbatch per replica; raises PlanError when the batch does not split."""
+    d, m = plan.parallel.data, plan.parallel.microbatches
+    if batch_size % (d * m):
+        raise PlanError(
+            f"global batch {batch_size} does not split into {d} replicas x {m} microbatches "
+            f"of equal size; use a batch size divisible by {d * m}"
+        )
+    return batch_size // (d * m)
+
+
+def _replica_slice(t: torch.Tensor, replica: int, replicas: int) -> torch.Tensor:
+    return t.chunk(replicas)[replica] if replicas > 1 else t
+
+
+def _issue_order(graph, plan: Plan):
+    try:
+        from autoplace.sim import issue_order
+    except ImportError:
+        return None
+    try:
+        return issue_order(graph, plan)
+    except Exception:  # a planner-side order is an optimisation, never a requirement
+        return None
+
+
+def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: int,
+               micro: int) -> Built:
+    """Build this rank's part of ``plan`` (``graph.module`` captured at ``micro`` samples)."""
+    par = plan.parallel
+    gm = graph.module
+    if gm is None:
+        raise PlanError("the captured graph has no fx module to execute")
+    k = plan.devices_per_replica
+    distributed = dist.is_available() and dist.is_initialized()
+    if par.pipeline == 1:
+        replica = rank
+        idx = plan.replica_devices(replica)
+        devices = [torch.device(cluster.devices[i].name) for i in idx]
+        if par.shard != "none" and k > 1:
+            raise PlanError(
+                f"parallel.shard={par.shard!r} with a replica spread over {k} devices in one "
+                "process is not supported: FSDP2 keeps one device per rank; use shard='none' "
+                "(DDP) or a pipeline"
+            )
+        program = build_local(gm, plan, devices, workload.loss_fn,
+                              order=_issue_order(graph, plan))
+        model: nn.Module = program
+        if par.data > 1:
+            mesh = None
+            if par.shard != "none":
+                from torch.distributed.device_mesh import init_device_mesh
+
+                mesh = init_device_mesh(devices[0].type, (par.data,))
+            model = wrap_data_parallel(program, workload.model, par.shard, mesh=mesh,
+                                       device=devices[0] if k == 1 else None)
+
+        def step(inputs, targets):
+            xs = tuple(_replica_slice(x, replica, par.data) for x in inputs)
+            y = _replica_slice(targets, replica, par.data)
+            loss = model(xs, y)
+            loss.backward()
+            return loss
+
+        return Built(model=model, state_module=gm if par.data == 1 else model, step=step,
+                     devices=devices, cluster_indices=idx)
+
+    # pipeline: one stage per rank
+    p = par.pipeline
+    replica, stage = divmod(rank, p)
+    cidx = replica * k + stage
+    device = torch.device(cluster.devices[cidx].name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        ex_inputs, _ = workload.make_batch(micro, "cpu")
+    values = example_values(gm, ex_inputs)
+    stage_mod = build_stage(gm, plan, stage, ex_inputs, device, values).to(device)
+    group = None
+    model = stage_mod
+    if par.data > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (par.data, p), mesh_dim_names=("dp", "pp"))
+        group = mesh["pp"].get_group()
+        model = wrap_data_parallel(stage_mod, workload.model, par.shard,
+                                   group=mesh["dp"].get_group(), mesh=mesh["dp"],
+                                   device=device)
+    elif not distributed:
+        raise PlanError("a pipeline plan must run under torchrun (one process per stage)")
+    schedule = make_schedule(model, stage, p, device, par.microbatches, par.schedule,
+                             workload.loss_fn, group=group)
+    last = stage == p - 1
+
+    def pp_step(inputs, targets):
+        xs = tuple(_replica_slice(x, replica, par.data).to(device) for x in inputs)
+        y = _replica_slice(targets, replica, par.data).to(device)
+        if stage == 0:
+            schedule.step(*xs)
+        elif last:
+            losses: list[torch.Tensor] = []
+            schedule.step(target=y, losses=losses)
+            return torch.stack([loss.detach().float() for loss in losses]).mean()
+        else:
+            schedule.step()
+        return torch.zeros((), device=device)
+
+    return Built(model=model, state_module=model, step=pp_step, devices=[device],
+                 cluster_indices=[cidx], has_loss=last, keep=[schedule])
+
+
+def apply_memory_caps(devices: list[torch.device], cluster: Cluster, indices: list[int]) -> None:
+    """Cap each GPU's allocator at its cluster device's ``memory_cap_bytes``."""
+    for d, i in zip(devices, indices):
+        cap = cluster.devices[i].memory_cap_bytes
+        if cap is not None and d.type == "cuda":
+            total = torch.cuda.get_device_properties(d).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), d)
+
+
+def reset_memory_caps(devices: list[torch.device]) -> None:
+    for d in {d for d in devices if d.type == "cuda"}:
+        if d.index is None or d.index < torch.cuda.device_count():
+            torch.cuda.set_per_process_memory_fraction(1.0, d)
+
+
+def gather_results(built: Built, losses: list[torch.Tensor], times: list[float],
+                   plan: Plan) -> tuple[list[float], list[float], list[int]]:
+    """(loss per step, step time per step (max over ranks), peak memory per cluster device)."""
+    peaks = {i: (torch.cuda.max_memory_allocated(d) if d.type == "cuda" else 0)
+             for d, i in zip(built.devices, built.cluster_indices)}
+    loss_t = (torch.stack(losses) if losses else torch.zeros(0)).to(built.devices[0])
+    if not (dist.is_available() and dist.is_initialized()):
+        return loss_t.cpu().tolist(), times, [peaks.get(i, 0) for i in range(plan.num_devices)]
+    if not built.has_loss:
+        loss_t = torch.zeros_like(loss_t)
+    dist.all_reduce(loss_t)
+    loss_t = loss_t / plan.parallel.data
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (times, peaks))
+    step_times = [max(t[i] for t, _ in gathered) for i in range(len(times))]
+    all_peaks: dict[int, int] = {}
+    for _, pk in gathered:
+        all_peaks.update(pk)
+    return loss_t.cpu().tolist(), step_times, [all_peaks.get(i, 0)
+                                               for i in range(plan.num_devices)]

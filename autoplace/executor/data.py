@@ -1,0 +1,122 @@
+"""Data parallelism over a placed program: DDP, or FSDP2 ``fully_shard`` per block.
+
+No model-specific code. FSDP2 shards "blocks" found by one generic rule: every
+child of an ``nn.ModuleList`` / ``nn.Sequential`` that holds parameters (deepest
+first), then the root. A captured program calls leaf modules, never the block
+containers, so a block is sharded as the list of modules its program calls
+(``fully_shard([...])``: one all-gather per block, when its first module runs);
+parameters read directly (``get_attr``) or shared between blocks stay in the root
+group, which is gathered when the program starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch import nn
+
+__all__ = ["block_paths", "wrap_data_parallel"]
+
+
+def block_paths(model: nn.Module) -> list[str]:
+    """Qualified names of the blocks of ``model``, deepest first."""
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, (nn.ModuleList, nn.Sequential)):
+            for child_name, child in mod.named_children():
+                if any(True for _ in child.parameters()):
+                    out.append(f"{name}.{child_name}" if name else child_name)
+    return sorted(out, key=lambda p: -p.count("."))
+
+
+def _called_modules(program: nn.Module) -> dict[str, nn.Module]:
+    """Qualified call_module targets of every fx graph inside ``program``."""
+    called: dict[str, nn.Module] = {}
+    for sub in program.modules():
+        if isinstance(sub, fx.GraphModule):
+            for n in sub.graph.nodes:
+                if n.op == "call_module":
+                    called.setdefault(n.target, sub.get_submodule(n.target))
+    return called
+
+
+def wrap_data_parallel(
+    program: nn.Module,
+    model: nn.Module,
+    shard: str,
+    *,
+    group: Any = None,
+    mesh: Any = None,
+    device: torch.device | None = None,
+) -> nn.Module:
+    """``program`` replicated over ``group`` (DDP) or sharded over ``mesh`` (FSDP2).
+
+    Args:
+        program: the per-replica program (a local program or a pipeline stage).
+        model: the original model, whose hierarchy names the blocks.
+        shard: ``none`` (DDP), ``zero2`` (``reshard_after_forward=False``) or ``fsdp``.
+        group: data-parallel process group for DDP (None: the world).
+        mesh: 1-D data-parallel ``DeviceMesh`` for FSDP2.
+        device: the replica's device when it has one; None for a replica spread over
+            several devices (DDP then gets ``device_ids=None``).
+    """
+    if shard == "none":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device] if device is not None and device.type == "cuda" else None
+        return DDP(program, device_ids=ids, process_group=group,
+                   broadcast_buffers=True, find_unused_parameters=False)
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = shard == "fsdp"
+    called = _called_modules(program)
+    counts: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    getattr_params = {
+        id(t)
+        for sub in program.modules() if isinstance(sub, fx.GraphModule)
+        for n in sub.graph.nodes if n.op == "get_attr"
+        for t in _tensors(sub, n.target)
+    }
+    claimed: set[str] = set()
+    for block in block_paths(model):
+        prefix = block + "."
+        members = []
+        for target in sorted(called):
+            if not target.startswith(prefix) or target in claimed:
+                continue
+            if any(target.startswith(c + ".") for c in called if c != target):
+                continue  # inside another called module
+            mod = called[target]
+            params = list(mod.parameters())
+            if not params or any(counts.get(id(p), 1) > 1 or id(p) in getattr_params
+                                 for p in params):
+                continue
+            members.append(target)
+        if members:
+            fully_shard([called[t] for t in members], mesh=mesh, reshard_after_forward=reshard)
+            claimed.update(members)
+    fully_shard(program, mesh=mesh, reshard_after_forward=reshard)
+    return program
+
+
+def _tensors(root: nn.Module, target: str) -> list[torch.Tensor]:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    if isinstance(obj, nn.Module):
+        return list(obj.parameters())
+    return [obj] if isinstance(obj, torch.Tensor) else []
+
+
+def all_reduce_mean(t: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Mean of ``t`` over ``group`` (``t`` itself when not distributed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return t
+    t = t.clone()
+    dist.all_reduce(t, group=group)
+    return t / dist.get_world_size(group)

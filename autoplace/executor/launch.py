@@ -1,0 +1,183 @@
+"""Start a multi-process plan under torchrun and read its report back.
+
+``run_plan`` writes the plan, cluster, workload spec and options to one JSON file
+and starts ``python -m torch.distributed.run --standalone --nproc-per-node N -m
+autoplace.executor.worker --config FILE`` (one config file, so no option can be
+mistaken for an abbreviation of torchrun's own). Rank 0 writes the report as JSON;
+a rank that runs out of memory writes its own report and ends the run. NCCL is
+used on GPUs (with ``NCCL_NVLS_ENABLE=0``), gloo on CPUs. A rank that dies raises
+:class:`~autoplace.errors.AutoplaceError` naming it; the output file is written only
+by a run that finished, so nothing is overwritten.
+
+Command line: ``python -m autoplace.executor.launch PLAN.json --workload gpt-tiny
+[--cluster cpu-x2] [--steps 10] [--out report.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from autoplace.cluster import Cluster, resolve
+from autoplace.errors import AutoplaceError
+from autoplace.executor.report import RunReport
+from autoplace.executor.runner import RunOptions
+from autoplace.plan import Plan
+from autoplace.workloads import Workload
+
+__all__ = ["main", "run_plan", "workload_spec"]
+
+
+def workload_spec(workload: Workload | str | dict[str, Any]) -> dict[str, Any]:
+    """``{"spec": name, "options": {...}, "seed": s}`` that rebuilds ``workload`` elsewhere."""
+    if isinstance(workload, str):
+        return {"spec": workload, "options": {}}
+    if isinstance(workload, dict):
+        spec = dict(workload)
+    else:
+        spec = dict(workload.spec or {})
+    if not spec.get("spec"):
+        raise AutoplaceError(
+            "a multi-process plan rebuilds the workload in every process, but this workload "
+            "has no spec; build it with autoplace.workloads.get(name or 'module:factory')"
+        )
+    spec.setdefault("options", {})
+    return spec
+
+
+def _signal_name(code: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(-code).name if code < 0 else f"exit code {code}"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _failure_message(log: str, rc: int, nproc: int) -> str:
+    ranks = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n(?:[^\n]*\n){0,3}?\s*exitcode\s*:\s*(-?\d+)", log)
+    if ranks:
+        parts = [f"rank {r} ({_signal_name(int(c))})" for r, c in ranks]
+        first = f"training process {', '.join(parts)} of {nproc} died"
+    else:
+        first = f"torchrun exited with code {rc}"
+    tail = "\n".join(line for line in log.strip().splitlines()[-25:])
+    return f"{first}; no report was written.\n--- last lines of the run's log ---\n{tail}"
+
+
+def run_plan(
+    plan: Plan | str | Path,
+    workload: Workload | str | dict[str, Any],
+    *,
+    cluster: Cluster | str | None = None,
+    options: RunOptions | None = None,
+    out: str | Path | None = None,
+    timeout_s: float | None = None,
+    **option_fields: Any,
+) -> RunReport:
+    """Run ``plan`` for ``workload`` in one process or under torchrun; return rank 0's report.
+
+    Args:
+        plan: a Plan or the path of a plan file.
+        workload: a Workload with a spec, a zoo name, or a ``{"spec", "options", "seed"}`` dict.
+        cluster: a Cluster, a preset name or a JSON path (default: detect).
+        options: run options (or pass their fields as keywords: ``steps=20``).
+        out: also write the report JSON there (only when the run finished).
+        timeout_s: wall-clock limit of the run.
+    """
+    if not isinstance(plan, Plan):
+        plan = Plan.load(plan)
+    if cluster is None:
+        cluster = Cluster.detect()
+    elif not isinstance(cluster, Cluster):
+        cluster = resolve(cluster)
+    opts = options or RunOptions(**option_fields)
+    spec = workload_spec(workload)
+    nproc = plan.parallel.data * plan.parallel.pipeline
+    if nproc == 1:
+        from autoplace import workloads
+        from autoplace.executor.runner import capture_graph, run_here
+
+        wl = workload if isinstance(workload, Workload) else workloads.get(
+            spec["spec"], seed=spec.get("seed", 0), **spec["options"])
+        plan.validate(capture_graph(wl), cluster)
+        report = run_here(wl, plan, cluster, opts)
+    else:
+        report = _torchrun(plan, spec, cluster, opts, nproc, timeout_s)
+    if out is not None:
+        report.save(out)
+    return report
+
+
+def _torchrun(plan: Plan, spec: dict[str, Any], cluster: Cluster, opts: RunOptions,
+              nproc: int, timeout_s: float | None) -> RunReport:
+    with tempfile.TemporaryDirectory(prefix="autoplace-run-") as tmp:
+        cfg = Path(tmp) / "config.json"
+        result = Path(tmp) / "report.json"
+        cfg.write_text(json.dumps({
+            "plan": plan.to_json(), "cluster": cluster.to_json(), "workload": spec,
+            "options": asdict(opts), "out": str(result),
+        }, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o)))
+        env = dict(os.environ)
+        env["NCCL_NVLS_ENABLE"] = "0"
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", "-m", "autoplace.executor.worker",
+               "--config", str(cfg)]
+        log_path = Path(tmp) / "log.txt"
+        with open(log_path, "w") as log:
+            try:
+                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                      timeout=timeout_s)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+        text = log_path.read_text(errors="replace")
+        if opts.progress:
+            print(text, end="")
+        if rc == 0 and result.exists():
+            return RunReport.from_json(json.loads(result.read_text()))
+        for path in sorted(Path(tmp).glob("report.json.rank*")):  # a rank's OOM report
+            return RunReport.from_json(json.loads(path.read_text()))
+        if rc is None:
+            raise AutoplaceError(f"the run took longer than {timeout_s} s and was stopped")
+        raise AutoplaceError(_failure_message(text, rc, nproc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m autoplace.executor.launch PLAN --workload NAME``: run and print the report."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("plan", help="plan JSON file")
+    ap.add_argument("--workload", required=True, help="zoo name or module:factory")
+    ap.add_argument("--options", default="{}", help="workload options as JSON")
+    ap.add_argument("--cluster", default="detect", help="preset name, detect, or JSON path")
+    ap.add_argument("--steps", type=int, default=10, help="training steps, warm-up included")
+    ap.add_argument("--warmup", type=int, default=2, help="steps not timed")
+    ap.add_argument("--no-reference", action="store_true", help="skip the reference run")
+    ap.add_argument("--checkpoint-dir", default=None, help="save checkpoints there")
+    ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
+    ap.add_argument("--out", default=None, help="write the report JSON there")
+    a = ap.parse_args(argv)
+    try:
+        report = run_plan(
+            a.plan, {"spec": a.workload, "options": json.loads(a.options)}, cluster=a.cluster,
+            out=a.out, steps=a.steps, warmup=a.warmup, reference=not a.no_reference,
+            checkpoint_dir=a.checkpoint_dir, resume=a.resume)
+    except AutoplaceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(report.dumps())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

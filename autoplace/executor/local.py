@@ -1,0 +1,399 @@
+"""Local placement: any DAG placement of a captured graph inside one process.
+
+:func:`build_local` turns the captured ``torch.fx.GraphModule`` and a plan into a
+:class:`LocalProgram`: one new fx program that holds ``M`` copies of the graph (one
+per microbatch), each op on its group's device, a ``.to(device)`` on every edge
+that crosses devices (once per destination device), ops issued in an order that
+interleaves devices and microbatches, and the batch-size-weighted sum of the
+microbatch losses as its output. Because CUDA kernels launch asynchronously and
+autograd runs backward on one thread per device, the devices work at once: a
+GPipe inside one process, as torchgpipe does. Groups in ``plan.recompute`` run
+under ``torch.utils.checkpoint`` in convex pieces (runs of consecutive ops of the
+group in the issue order).
+
+Parameters live on the device of the first op that uses them; an op on another
+device gets them moved there (``.to`` keeps the autograd link, so gradients sum).
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils.checkpoint import checkpoint
+
+from autoplace.plan import Plan
+
+__all__ = ["LocalProgram", "build_local", "issue_order", "move_to"]
+
+_META_METHODS = {"size", "dim", "numel", "ndimension", "get_device", "element_size"}
+_META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
+_FREE_KINDS = {"input", "output", "param", "getitem", "getattr", "size", "view", "reshape",
+               "permute", "transpose", "flatten", "unflatten", "contiguous", "squeeze",
+               "unsqueeze", "expand"}
+
+
+def move_to(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it moved to ``device`` (non-tensors unchanged)."""
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device, non_blocking=True), value)
+
+
+def _call_module_on(module: nn.Module, device: torch.device, *args: Any, **kwargs: Any) -> Any:
+    """Call ``module`` with its parameters and buffers moved to ``device`` (grads flow back)."""
+    moved = {n: t.to(device) for n, t in module.named_parameters()}
+    moved.update({n: t.to(device) for n, t in module.named_buffers()})
+    return torch.func.functional_call(module, moved, args, kwargs)
+
+
+class _Loss(nn.Module):
+    def __init__(self, fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, output: Any, target: torch.Tensor) -> torch.Tensor:
+        return self.fn(output, target)
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        return checkpoint(self.inner, *args, use_reentrant=False)
+
+
+def _is_meta_op(node: fx.Node) -> bool:
+    """Ops that read only tensor metadata: they run where their input is, nothing moves."""
+    if node.op == "call_method" and node.target in _META_METHODS:
+        return True
+    return (node.op == "call_function" and node.target is getattr and len(node.args) > 1
+            and node.args[1] in _META_ATTRS)
+
+
+def _resolve(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def issue_order(
+    gm: fx.GraphModule,
+    device_of: dict[str, int],
+    microbatches: int,
+    cost: dict[str, float] | None = None,
+) -> list[tuple[int, str]]:
+    """A wavefront issue order of ``(microbatch, op)`` pairs by simulated start time.
+
+    List scheduling with one queue per device: each op starts when its inputs are
+    done and its device is free; pairs are issued in order of start time (ties: lower
+    microbatch, then program order). Costs default to 1 per compute op.
+    """
+    nodes = [n for n in gm.graph.nodes if n.op != "get_attr"]
+    index = {n.name: i for i, n in enumerate(nodes)}
+    preds = {n.name: [a.name for a in n.all_input_nodes if a.name in index] for n in nodes}
+    succs: dict[str, list[str]] = {n.name: [] for n in nodes}
+    for n, ps in preds.items():
+        for p in ps:
+            succs[p].append(n)
+
+    def c(n: fx.Node) -> float:
+        if cost is not None and n.name in cost:
+            return cost[n.name]
+        kind = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        return 0.0 if n.op in ("placeholder", "output") or kind in _FREE_KINDS else 1.0
+
+    dur = {n.name: c(n) for n in nodes}
+    free = [0.0] * (max(device_of.values(), default=0) + 1)
+    heaps: list[list] = [[] for _ in free]
+    missing: dict[tuple[int, str], int] = {}
+    ready_at: dict[tuple[int, str], float] = {}
+    for m in range(microbatches):
+        for n in nodes:
+            missing[(m, n.name)] = len(preds[n.name])
+            ready_at[(m, n.name)] = 0.0
+            if not preds[n.name]:
+                heapq.heappush(heaps[device_of[n.name]], (0.0, m, index[n.name], n.name))
+    order: list[tuple[int, str]] = []
+    while True:
+        best = None
+        for d, h in enumerate(heaps):
+            if h:
+                start = max(free[d], h[0][0])
+                key = (start, h[0][1], h[0][2])
+                if best is None or key < best[0]:
+                    best = (key, d)
+        if best is None:
+            break
+        (start, m, _), d = best
+        _, _, _, name = heapq.heappop(heaps[d])
+        end = start + dur[name]
+        free[d] = end
+        order.append((m, name))
+        for s in succs[name]:
+            k = (m, s)
+            ready_at[k] = max(ready_at[k], end)
+            missing[k] -= 1
+            if missing[k] == 0:
+                heapq.heappush(heaps[device_of[s]], (ready_at[k], m, index[s], s))
+    return order
+
+
+class LocalProgram(nn.Module):
+    """A placed, microbatched training forward: ``program(inputs, targets) -> loss``.
+
+    Attributes:
+        program: the generated ``fx.GraphModule`` (its code shows the schedule).
+        microbatches: number of microbatches the batch is cut into (dim 0).
+        input_devices: device of every model input.
+        target_device: device the loss is computed on.
+        devices: the devices the program uses, by local index.
+    """
+
+    def __init__(self, program: fx.GraphModule, microbatches: int,
+                 input_devices: list[torch.device], target_device: torch.device,
+                 devices: list[torch.device]) -> None:
+        super().__init__()
+        self.program = program
+        self.microbatches = microbatches
+        self.input_devices = input_devices
+        self.target_device = target_device
+        self.devices = devices
+
+    def forward(self, inputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        m = self.microbatches
+        n = targets.shape[0]
+        if n % m:
+            raise ValueError(f"batch of {n} does not split into {m} equal microbatches")
+        flat: list[Any] = []
+        for x, dev in zip(inputs, self.input_devices):
+            flat.extend(move_to(x, dev).chunk(m) if m > 1 else [move_to(x, dev)])
+        flat.extend(targets.to(self.target_device).chunk(m) if m > 1
+                    else [targets.to(self.target_device)])
+        return self.program(*flat)
+
+
+class _Builder:
+    """Writes the placed program: values per (op, microbatch), transfers per device."""
+
+    def __init__(self, gm: fx.GraphModule, dev_of: dict[str, int],
+                 devices: list[torch.device]) -> None:
+        self.gm = gm
+        self.dev_of = dev_of
+        self.devices = devices
+        self.graph = fx.Graph()
+        self.env: dict[tuple[str, int | None], fx.Node] = {}
+        self.moved: dict[tuple[str, int | None, int], fx.Node] = {}
+        self.attrs: dict[str, Any] = {}
+        self.shared: set[str] = set()
+
+    def key(self, node: fx.Node, mb: int) -> tuple[str, int | None]:
+        return (node.name, None if node.name in self.shared else mb)
+
+    def value(self, node: fx.Node, mb: int, dev: int) -> fx.Node:
+        k = self.key(node, mb)
+        v = self.env[k]
+        if self.dev_of[node.name] == dev:
+            return v
+        mk = (*k, dev)
+        if mk not in self.moved:
+            self.moved[mk] = self.graph.call_function(move_to, (v, self.devices[dev]))
+        return self.moved[mk]
+
+    def copy(self, graph: fx.Graph, node: fx.Node, arg: Callable[[fx.Node], fx.Node],
+             dev: int) -> fx.Node:
+        """Copy ``node`` into ``graph`` on local device ``dev``."""
+        if node.op == "call_module":
+            mod = _resolve(self.gm, node.target)
+            if self.module_home(node.target) not in (None, dev):
+                self.attrs[node.target] = mod
+                ref = graph.get_attr(node.target)
+                args = fx.map_arg(node.args, arg)
+                kwargs = fx.map_arg(node.kwargs, arg)
+                return graph.call_function(
+                    _call_module_on, (ref, self.devices[dev], *args), dict(kwargs))
+            self.attrs[node.target] = mod
+        elif node.op == "get_attr":
+            self.attrs[node.target] = _resolve(self.gm, node.target)
+        new = graph.node_copy(node, arg)
+        if "device" in new.kwargs and node.op in ("call_function", "call_method"):
+            new.kwargs = {**new.kwargs, "device": self.devices[dev]}
+        return new
+
+    homes: dict[int, int]
+
+    def module_home(self, target: str) -> int | None:
+        mod = _resolve(self.gm, target)
+        homes = {self.homes.get(id(t)) for t in (*mod.parameters(), *mod.buffers())}
+        homes.discard(None)
+        if len(homes) > 1:
+            return -1  # parameters spread over devices: always call with moved copies
+        return next(iter(homes), None)
+
+
+def _param_homes(gm: fx.GraphModule, dev_of: dict[str, int]) -> dict[int, int]:
+    """id(parameter or buffer) -> local device of the first op that uses it."""
+    homes: dict[int, int] = {}
+    for node in gm.graph.nodes:
+        if node.op not in ("call_module", "get_attr"):
+            continue
+        obj = _resolve(gm, node.target)
+        tensors = ([*obj.parameters(), *obj.buffers()] if isinstance(obj, nn.Module)
+                   else [obj] if isinstance(obj, torch.Tensor) else [])
+        for t in tensors:
+            homes.setdefault(id(t), dev_of[node.name])
+    return homes
+
+
+def place_parameters(gm: fx.GraphModule, homes: dict[int, int],
+                     devices: list[torch.device]) -> None:
+    """Move every parameter and buffer of ``gm`` to its home device (unused: device 0)."""
+    for mod in gm.modules():
+        for p in list(mod._parameters.values()):
+            if p is not None:
+                dev = devices[homes.get(id(p), 0)]
+                if p.device != dev:
+                    p.data = p.data.to(dev)
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                dev = devices[homes.get(id(b), 0)]
+                if b.device != dev:
+                    new = b.to(dev)
+                    homes[id(new)] = homes.get(id(b), 0)
+                    mod._buffers[name] = new
+    for node in gm.graph.nodes:  # plain tensor attributes (fx constants)
+        if node.op == "get_attr":
+            obj = _resolve(gm, node.target)
+            if isinstance(obj, torch.Tensor) and not isinstance(obj, nn.Parameter):
+                dev = devices[homes.get(id(obj), 0)]
+                if obj.device != dev:
+                    *path, last = node.target.split(".")
+                    owner = _resolve(gm, ".".join(path)) if path else gm
+                    new = obj.to(dev)
+                    homes[id(new)] = homes.get(id(obj), 0)
+                    setattr(owner, last, new)
+
+
+def build_local(
+    gm: fx.GraphModule,
+    plan: Plan,
+    devices: list[torch.device],
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+    *,
+    microbatches: int | None = None,
+    order: list[tuple[int, str]] | None = None,
+) -> LocalProgram:
+    """The placed program for ``gm`` under ``plan`` on ``devices`` (index = local device).
+
+    Moves ``gm``'s parameters to their devices in place. ``order`` is an issue order
+    of ``(microbatch, op)`` pairs (default: :func:`issue_order`); get_attr ops are
+    issued once, before everything else, and shared by all microbatches.
+    """
+    m = microbatches or plan.parallel.microbatches
+    plan_dev = {n.name: plan.device_of(n.name) for n in gm.graph.nodes}
+    homes = _param_homes(gm, plan_dev)
+    place_parameters(gm, homes, devices)
+    homes = _param_homes(gm, plan_dev)  # buffers may be new objects now
+
+    b = _Builder(gm, {}, devices)
+    b.homes = homes
+    dev_of = b.dev_of
+    for node in gm.graph.nodes:  # actual device of each op's output
+        if node.op == "get_attr":
+            obj = _resolve(gm, node.target)
+            t = obj if isinstance(obj, torch.Tensor) else next(
+                iter([*obj.parameters(), *obj.buffers()]), None)
+            dev_of[node.name] = homes.get(id(t), plan_dev[node.name]) if t is not None \
+                else plan_dev[node.name]
+            b.shared.add(node.name)
+        elif _is_meta_op(node) and isinstance(node.args[0], fx.Node):
+            dev_of[node.name] = dev_of[node.args[0].name]
+        else:
+            dev_of[node.name] = plan_dev[node.name]
+
+    nodes = {n.name: n for n in gm.graph.nodes}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    g = b.graph
+    # inputs first: every model input of every microbatch, then the targets
+    for node in placeholders:
+        for mb in range(m):
+            ph = g.placeholder(f"{node.name}_mb{mb}")
+            b.env[(node.name, mb)] = ph
+    targets = [g.placeholder(f"target_mb{mb}") for mb in range(m)]
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            b.env[(node.name, None)] = b.copy(g, node, lambda a: a, dev_of[node.name])
+
+    if order is None:
+        order = issue_order(gm, dev_of, m)
+    order = [(mb, name) for mb, name in order
+             if nodes[name].op not in ("placeholder", "get_attr", "output")]
+    rc = set(plan.recompute)
+    units: list[list[tuple[int, str]]] = []
+    for mb, name in order:
+        node = nodes[name]
+        grp = plan.groups[name] if (plan.groups[name] in rc and not _is_meta_op(node)) else None
+        last = units[-1] if units else None
+        if (grp is not None and last and last[0][0] == mb
+                and plan.groups[last[0][1]] == grp and not _is_meta_op(nodes[last[0][1]])
+                and plan.groups[last[0][1]] in rc):
+            last.append((mb, name))
+        else:
+            units.append([(mb, name)])
+
+    n_rc = 0
+    for unit in units:
+        mb, first = unit[0]
+        node = nodes[first]
+        dev = dev_of[first]
+        if len(unit) == 1 and (plan.groups[first] not in rc or _is_meta_op(node)):
+            if _is_meta_op(node):
+                arg = lambda a, mb=mb: b.env[b.key(a, mb)]  # noqa: E731
+            else:
+                arg = lambda a, mb=mb, dev=dev: b.value(a, mb, dev)  # noqa: E731
+            b.env[(first, mb)] = b.copy(g, node, arg, dev)
+            continue
+        # a recomputed piece: its own GraphModule under torch.utils.checkpoint
+        names = {n for _, n in unit}
+        ext: list[fx.Node] = []
+        for _, n in unit:
+            for a in nodes[n].all_input_nodes:
+                if a.name not in names and a not in ext:
+                    ext.append(a)
+        users = [nodes[n] for _, n in unit
+                 if any(u.name not in names for u in nodes[n].users)]
+        sub = fx.Graph()
+        local: dict[str, fx.Node] = {a.name: sub.placeholder(a.name) for a in ext}
+        for _, n in unit:
+            local[n] = b.copy(sub, nodes[n], lambda a, local=local: local[a.name], dev)
+        sub.output(tuple(local[u.name] for u in users))
+        sub_gm = fx.GraphModule({t: b.attrs[t] for t in b.attrs}, sub)
+        target = f"_recompute{n_rc}"
+        n_rc += 1
+        b.attrs[target] = _Checkpointed(sub_gm)
+        call = g.call_module(target, tuple(b.value(a, mb, dev) for a in ext))
+        for i, u in enumerate(users):
+            b.env[(u.name, mb)] = g.call_function(operator.getitem, (call, i))
+
+    out_dev = plan_dev[output.name]
+    b.attrs["_loss"] = _Loss(loss_fn)
+    losses = []
+    for mb in range(m):
+        out = fx.map_arg(output.args[0], lambda a, mb=mb: b.value(a, mb, out_dev))
+        losses.append(g.call_module("_loss", (out, targets[mb])))
+    total = losses[0] if m == 1 else g.call_function(operator.truediv, (losses[0], m))
+    for loss in losses[1:]:
+        total = g.call_function(operator.add, (total, g.call_function(operator.truediv, (loss, m))))
+    g.output(total)
+    program = fx.GraphModule(dict(b.attrs), g)
+    input_devices = [devices[dev_of[p.name]] for p in placeholders]
+    used = sorted(set(plan_dev.values()))
+    return LocalProgram(program, m, input_devices, devices[out_dev], [devices[i] for i in used])

@@ -1,0 +1,237 @@
+"""Pipeline stages: one fx program per stage of a contiguous split, for torch.distributed.pipelining.
+
+:func:`build_stage` cuts the captured graph into the plan's stages and returns the
+stage ``s`` program. Its inputs are the values live across the cut before it and
+its outputs the values live across the cut after it, so values that skip a stage
+pass through it and the stages form a chain (``PipelineStage`` needs one).
+Parameters are not activations: each ``get_attr`` op is copied into the stage
+that uses it. Only tensors cross stages: ints from ``.size()``, ``torch.Size``
+and the like are specialised to the constants the microbatch shapes give, and a
+tuple that holds tensors (an LSTM's ``(out, (h, c))``) crosses as its tensor
+leaves and is rebuilt on the other side.
+
+:func:`make_schedule` wraps a stage program in ``PipelineStage`` and a
+``ScheduleGPipe`` / ``Schedule1F1B``. Rank 0 calls ``step(*inputs)``, middle ranks
+``step()``, the last ``step(target=y, losses=losses)``; gradients are divided by
+the microbatch count (``scale_grads``) so they match the full-batch mean loss.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from autoplace.errors import PlanError
+from autoplace.plan import Plan
+
+__all__ = ["build_stage", "example_values", "make_schedule", "stage_of_ops"]
+
+
+def example_values(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """The value of every node of ``gm`` on ``inputs``, computed with fake tensors.
+
+    Tensors come back as fake tensors (shape and dtype only); ints, sizes and other
+    Python values come back exactly.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    values: dict[str, Any] = {}
+
+    class _Rec(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            out = super().run_node(n)
+            values[n.name] = out
+            return out
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, torch.no_grad():
+        fake = [mode.from_tensor(x) for x in inputs]
+        _Rec(gm).run(*fake)
+    return values
+
+
+def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
+    """op name -> stage; placeholders are inputs of stage 0, get_attr ops go with their users."""
+    stage: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            stage[n.name] = 0
+        elif n.op != "get_attr":
+            stage[n.name] = plan.device_of(n.name)
+    owners: dict[str, set[int]] = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            users = {stage[u.name] for u in n.users}
+            stage[n.name] = min(users) if users else 0
+            for t in _tensors_of(gm, n.target):
+                owners.setdefault(t, set()).update(users)
+        elif n.op == "call_module":
+            for t in _tensors_of(gm, n.target):
+                owners.setdefault(t, set()).add(stage[n.name])
+    shared = [t for t, s in owners.items() if len(s) > 1]
+    if shared:
+        raise PlanError(
+            f"a parameter or module is used by pipeline stages {sorted(owners[shared[0]])}; "
+            "torch.distributed.pipelining keeps each parameter on one stage, so ops that "
+            "share parameters must be on the same stage"
+        )
+    return stage
+
+
+def _resolve(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _tensors_of(gm: fx.GraphModule, target: str) -> list[int]:
+    """ids of the parameters (and a module's buffers) behind a get_attr / call_module target."""
+    obj = _resolve(gm, target)
+    if isinstance(obj, nn.Module):
+        return [id(t) for t in (*obj.parameters(), *obj.buffers())]
+    return [id(obj)] if isinstance(obj, nn.Parameter) else []
+
+
+def _leaves(value: Any, path: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """Paths of the tensors inside ``value`` (tuples and lists are walked)."""
+    if isinstance(value, torch.Tensor):
+        return [path]
+    if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+        return [p for i, v in enumerate(value) for p in _leaves(v, (*path, i))]
+    return []
+
+
+def _constant(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Size):
+        return tuple(value)
+    if isinstance(value, torch.device):
+        return device
+    return value
+
+
+def _rebuild(value: Any, path: tuple[int, ...], leaf: Callable[[tuple[int, ...]], Any],
+             device: torch.device) -> Any:
+    """``value``'s structure with each tensor replaced by ``leaf(path)``."""
+    if isinstance(value, torch.Tensor):
+        return leaf(path)
+    if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+        items = [_rebuild(v, (*path, i), leaf, device) for i, v in enumerate(value)]
+        return type(value)(items) if isinstance(value, list) else tuple(items)
+    return _constant(value, device)
+
+
+def build_stage(
+    gm: fx.GraphModule,
+    plan: Plan,
+    stage: int,
+    example_inputs: Sequence[torch.Tensor],
+    device: torch.device,
+    values: dict[str, Any] | None = None,
+) -> fx.GraphModule:
+    """The program of pipeline stage ``stage``; shares parameters with ``gm``.
+
+    Args:
+        gm: the captured model.
+        plan: a plan with ``parallel.pipeline > 1`` (stage ``s`` = local device ``s``).
+        stage: which stage to build.
+        example_inputs: one microbatch of model inputs (to specialise sizes).
+        device: the stage's device (for ``device`` constants).
+        values: :func:`example_values` of ``gm`` on ``example_inputs`` (computed if None).
+    """
+    n_stages = plan.parallel.pipeline
+    values = values if values is not None else example_values(gm, example_inputs)
+    st = stage_of_ops(gm, plan)
+    nodes = list(gm.graph.nodes)
+    pos = {n.name: i for i, n in enumerate(nodes)}
+    last_use: dict[str, int] = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a.op != "get_attr":
+                last_use[a.name] = max(last_use.get(a.name, -1), st[n.name])
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    for p in placeholders:
+        last_use[p.name] = max(last_use.get(p.name, 0), 0)
+
+    def crossing(after: int) -> list[tuple[str, tuple[int, ...]]]:
+        """Tensor leaves produced at stage <= after and used at a stage > after."""
+        out = []
+        for n in nodes:
+            if n.op in ("get_attr", "output") or st[n.name] > after:
+                continue
+            if last_use.get(n.name, -1) > after:
+                out.extend((n.name, p) for p in _leaves(values[n.name]))
+        return sorted(out, key=lambda v: (pos[v[0]], v[1]))
+
+    g = fx.Graph()
+    env: dict[str, Any] = {}
+    leaf_in: dict[tuple[str, tuple[int, ...]], fx.Node] = {}
+    if stage == 0:
+        for p in placeholders:
+            env[p.name] = g.placeholder(p.name)
+    else:
+        for name, path in crossing(stage - 1):
+            leaf_in[(name, path)] = g.placeholder(f"{name}_{'_'.join(map(str, path)) or 'x'}")
+
+    attrs: dict[str, Any] = {}
+
+    def ref(a: fx.Node) -> Any:
+        if a.name in env:
+            return env[a.name]
+        if a.op == "get_attr":  # parameters and constants are copied where they are used
+            attrs[a.target] = _resolve(gm, a.target)
+            env[a.name] = g.node_copy(a)
+            return env[a.name]
+        # a value from an earlier stage: tensors are inputs, the rest constants
+        return _rebuild(values[a.name], (), lambda p: leaf_in[(a.name, p)], device)
+
+    for n in nodes:
+        if n.op in ("placeholder", "output", "get_attr") or st[n.name] != stage:
+            continue
+        if n.op == "call_module":
+            attrs[n.target] = _resolve(gm, n.target)
+        new = g.node_copy(n, ref)
+        if "device" in new.kwargs and n.op in ("call_function", "call_method"):
+            new.kwargs = {**new.kwargs, "device": device}
+        env[n.name] = new
+
+    def leaf_value(name: str, path: tuple[int, ...]) -> Any:
+        v = env[name] if name in env else None
+        if v is None:
+            return leaf_in[(name, path)]
+        for i in path:
+            v = g.call_function(operator.getitem, (v, i))
+        return v
+
+    if stage == n_stages - 1:
+        output = next(n for n in nodes if n.op == "output")
+        g.output(fx.map_arg(output.args[0], ref))
+    else:
+        outs = [leaf_value(name, path) for name, path in crossing(stage)]
+        if not outs:
+            raise PlanError(f"pipeline stage {stage} passes nothing to stage {stage + 1}")
+        g.output(tuple(outs) if len(outs) > 1 else outs[0])
+    return fx.GraphModule(attrs, g)
+
+
+def make_schedule(
+    module: nn.Module,
+    stage: int,
+    n_stages: int,
+    device: torch.device,
+    microbatches: int,
+    schedule: str,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+    group: Any = None,
+) -> Any:
+    """``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B`` for one stage on this rank."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    pstage = PipelineStage(module, stage, n_stages, device, group=group)
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    return cls(pstage, n_microbatches=microbatches, loss_fn=loss_fn)

@@ -1,0 +1,252 @@
+"""The training loop of one process: build the plan's program, train, measure.
+
+Runs alone (local placement, one process) or as one rank under torchrun (data
+parallel, pipeline, or both, with local placement inside a replica). Every step's
+batch is ``torch.manual_seed(seed + step)`` then ``workload.make_batch`` on the CPU,
+so all ranks and the reference see the same data; replica ``r`` takes its slice
+of the global batch. Rank 0 returns the :class:`RunReport`.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autoplace.cluster import Cluster
+from autoplace.errors import PlanError
+from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
+from autoplace.executor.report import RunReport
+from autoplace.plan import Plan
+from autoplace.workloads import Workload
+
+__all__ = ["RunOptions", "capture_graph", "global_batch", "reference_losses", "run_here"]
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """How long to train and what to record."""
+
+    steps: int = 10
+    """Training steps, warm-up included."""
+    warmup: int = 2
+    """Steps not timed."""
+    reference: bool = True
+    """Also train the unpartitioned model on one device on the same batches."""
+    checkpoint_dir: str | None = None
+    """Where to save checkpoints (None: none)."""
+    checkpoint_every: int = 1
+    """Save every this many steps."""
+    resume: bool = False
+    """Continue from the latest checkpoint in ``checkpoint_dir``."""
+    seed: int = 0
+    """Data of step ``s`` is drawn after ``torch.manual_seed(seed + s)``."""
+    progress: bool = False
+    """Print one line per step."""
+
+
+def capture_graph(workload: Workload, batch_size: int | None = None):
+    """The workload's OpGraph (``graph.module`` is the fx program) at ``batch_size``."""
+    try:
+        from autoplace.capture import capture_workload
+    except ImportError:  # capture not available: trace directly
+        return _fx_graph(workload, batch_size)
+    return capture_workload(workload, batch_size=batch_size)
+
+
+def _fx_graph(workload: Workload, batch_size: int | None):
+    import torch.fx as fx
+
+    from autoplace.graph import OpGraph, OpNode
+
+    gm = fx.symbolic_trace(workload.model)
+    nodes, edges = [], []
+    for n in gm.graph.nodes:
+        kind = {"placeholder": "input", "get_attr": "param", "output": "output"}.get(n.op)
+        if kind is None:
+            kind = (type(gm.get_submodule(n.target)).__name__ if n.op == "call_module"
+                    else n.target if isinstance(n.target, str) else n.target.__name__)
+        nodes.append(OpNode(name=n.name, kind=kind, target=str(n.target)))
+        edges.extend((a.name, n.name, 0) for a in n.all_input_nodes)
+    graph = OpGraph(workload.name, nodes, edges, module=gm)
+    graph.spec = dict(workload.spec)
+    graph.batch_size = batch_size or workload.batch_size
+    return graph
+
+
+def global_batch(workload: Workload, step: int, seed: int, batch_size: int | None = None):
+    """The CPU batch of ``step``: ``(inputs_tuple, targets)``."""
+    torch.manual_seed(seed + step)
+    return workload.make_batch(batch_size or workload.batch_size, "cpu")
+
+
+def _has_batch_coupling(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def _autocast(workload: Workload, device: torch.device):
+    if device.type == "cuda" and workload.autocast_dtype:
+        return torch.autocast("cuda", dtype=getattr(torch, workload.autocast_dtype))
+    return torch.autocast(device.type, enabled=False)
+
+
+def _optimizer(params: list[nn.Parameter], workload: Workload, device: torch.device,
+               sharded: bool) -> torch.optim.Optimizer:
+    kw: dict[str, Any] = {}
+    if device.type == "cuda":
+        kw = {"foreach": True} if sharded else {"fused": True}
+    return torch.optim.AdamW(params, lr=workload.lr, **kw)
+
+
+def _sync(devices: list[torch.device]) -> None:
+    for d in {d for d in devices if d.type == "cuda"}:
+        torch.cuda.synchronize(d)
+
+
+def reference_losses(workload: Workload, steps: int, seed: int, device: torch.device,
+                     chunks: int = 1, start: int = 0) -> list[float]:
+    """Losses of the unpartitioned model trained on one device on the same batches.
+
+    ``chunks > 1`` cuts each batch into equal pieces whose losses are averaged (used
+    only for models whose layers couple the samples of a batch, like BatchNorm, so
+    the reference sees the same per-piece statistics as the plan).
+    """
+    model = copy.deepcopy(workload.model).to(device)
+    opt = _optimizer(list(model.parameters()), workload, device, sharded=False)
+    out = []
+    for step in range(steps):
+        inputs, targets = global_batch(workload, step, seed)
+        pieces = list(zip(*[x.chunk(chunks) for x in (*inputs, targets)]))
+        total = 0.0
+        with _autocast(workload, device):
+            for piece in pieces:
+                *xs, y = (t.to(device) for t in piece)
+                loss = workload.loss_fn(model(*xs), y) / len(pieces)
+                loss.backward()
+                total += loss.detach()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step >= start:
+            out.append(float(total))
+    del model, opt
+    _free()
+    return out
+
+
+def _free() -> None:
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _device_name(d: torch.device) -> str:
+    if d.type == "cuda":
+        return torch.cuda.get_device_name(d)
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _oom_device(msg: str, devices: list[torch.device]) -> str | None:
+    m = re.search(r"GPU (\d+)", msg)
+    if m:
+        return f"cuda:{m.group(1)}"
+    return str(devices[0]) if devices else None
+
+
+def _maybe_fail(step: int, rank: int) -> None:
+    """Fault injection for tests: SIGKILL this process at a given step."""
+    at = os.environ.get("AUTOPLACE_FAIL_AT_STEP")
+    if at is not None and int(at) == step and int(os.environ.get("AUTOPLACE_FAIL_RANK", "0")) == rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions) -> RunReport:
+    """Run ``plan`` in this process (one rank of it when torch.distributed is initialised)."""
+    from autoplace.executor import build
+
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    par = plan.parallel
+    if world != (par.data * par.pipeline):
+        raise PlanError(f"plan needs {par.data * par.pipeline} processes, this run has {world}")
+    report = RunReport(plan=plan.describe(), global_batch_size=workload.batch_size,
+                       steps=opts.steps, warmup=opts.warmup, torch_version=torch.__version__)
+    all_devices = [torch.device(cluster.devices[i].name) for i in range(plan.num_devices)]
+    report.devices = [str(d) for d in all_devices]
+    report.device_names = [_device_name(d) for d in all_devices]
+
+    graph = capture_graph(workload)
+    plan.validate(graph, cluster)
+    micro = build.micro_batch_size(workload.batch_size, plan)
+    start = 0
+
+    if opts.reference and rank == 0:
+        chunks = par.data * par.microbatches if _has_batch_coupling(workload.model) else 1
+        report.reference_loss = reference_losses(workload, opts.steps, opts.seed,
+                                                 all_devices[0], chunks)
+        report.extra["reference_chunks"] = chunks
+    if distributed:
+        dist.barrier()
+
+    built = None
+    try:
+        exec_workload = replace(workload, model=copy.deepcopy(workload.model))
+        exec_graph = capture_graph(exec_workload, micro) if micro != workload.batch_size else \
+            capture_graph(exec_workload)
+        built = build.build_rank(exec_workload, exec_graph, plan, cluster, rank, micro)
+        build.apply_memory_caps(built.devices, cluster, built.cluster_indices)
+        for d in built.devices:
+            if d.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(d)
+        params = [p for p in built.model.parameters() if p.requires_grad]
+        opt = _optimizer(params, workload, built.devices[0], sharded=par.shard != "none")
+        if opts.resume and opts.checkpoint_dir:
+            start = load_checkpoint(opts.checkpoint_dir, built.state_module, opt)
+        losses: list[torch.Tensor] = []
+        times: list[float] = []
+        for step in range(start, opts.steps):
+            _maybe_fail(step, rank)
+            inputs, targets = global_batch(workload, step, opts.seed)
+            _sync(built.devices)
+            t0 = time.perf_counter()
+            with _autocast(workload, built.devices[0]):
+                loss = built.step(inputs, targets)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(built.devices)
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.detach().float().reshape(()))
+            if opts.checkpoint_dir and (step + 1) % opts.checkpoint_every == 0:
+                save_checkpoint(opts.checkpoint_dir, built.state_module, opt, step + 1)
+            if opts.progress and rank == 0:
+                print(f"step {step}: {times[-1] * 1e3:.1f} ms", flush=True)
+        report.loss, step_times, report.peak_memory_bytes = build.gather_results(
+            built, losses, times, plan)
+        report.step_times_s = step_times[max(0, opts.warmup - start):]
+    except torch.OutOfMemoryError as e:
+        msg = str(e).split("\n")[0]
+        report.oom = True
+        report.oom_device = _oom_device(msg, built.devices if built else all_devices)
+        report.error = f"out of memory on {report.oom_device}: {msg}"
+        if distributed:  # the other ranks are stuck in a collective: stop them all
+            print(f"rank {rank}: {report.error}", flush=True)
+    finally:
+        built = None
+        opt = None
+        _free()
+        build.reset_memory_caps(all_devices)
+    if start:
+        report.extra["start_step"] = start
+        report.reference_loss = report.reference_loss[start:]
+    return report.finish()

@@ -1,0 +1,204 @@
+"""Event-driven simulator of one training step under a :class:`Plan`; the RL reward.
+
+:func:`simulate` returns the step time, per-device busy time and peak memory, OOM
+as a result (never an exception), and optionally the timeline for a Gantt chart.
+:func:`simulate_batch` does the same for many plans at once with numpy (plans with
+``pipeline == 1``; others go through :func:`simulate`), and agrees with it.
+:func:`lower_bound` is a time no plan can beat on the cluster.
+
+Model, in brief (details in ``sim_model``, ``sim_local``, ``sim_pipeline``):
+
+* compute: one queue per device in issue order (:func:`issue_order`: forward of all
+  microbatches as a wavefront, then backward in reverse, then the AdamW update,
+  whose time is ``7 x parameter bytes / memory bandwidth``); an op on ``1/(m d)``
+  of the batch takes ``(t - min(t, o)) / (m d) + min(t, o)`` (``o`` = launch overhead);
+* transfers: one queue per directed link, ``alpha + bytes / bandwidth``, a tensor
+  sent once per (producer, microbatch, destination device);
+* data parallel: gradients all-reduced (``shard="none"``) or reduce-scattered
+  (``zero2``, ``fsdp``) in 25 MB buckets in reverse topological order on a
+  collective stream overlapping backward; ZeRO-2 all-gathers updated parameters;
+  FSDP all-gathers each unit (module block) before forward and backward, one ahead;
+* pipelines: stage-level GPipe / 1F1B schedules with boundary transfers;
+* memory per device: parameters + gradients + AdamW state (sharded as configured)
+  + activations kept for backward (microbatches held per the schedule; recomputed
+  groups keep only their inputs) + the largest transient output (and recomputed
+  group), compared with ``usable_memory_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autoplace.cluster import Cluster
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
+from autoplace.sim_local import issue_order_items, local_plan, simulate_local
+from autoplace.sim_model import (
+    Event,
+    cost_tables,
+    ensure_costs,
+    graph_arrays,
+    lower_bound_from,
+)
+from autoplace.sim_pipeline import schedule_actions, simulate_pipeline
+
+__all__ = [
+    "BatchResult", "Event", "SimResult", "issue_order", "lower_bound", "schedule_actions",
+    "simulate", "simulate_batch",
+]
+
+
+@dataclass
+class SimResult:
+    """What one simulated training step costs.
+
+    Attributes:
+        step_time_s: seconds per training step.
+        busy_time_s: compute seconds per cluster device (0 for unused devices).
+        peak_memory_bytes: peak memory per cluster device.
+        oom: True when some device needs more than its usable memory.
+        oom_devices: cluster indices of those devices.
+        lower_bound_s: :func:`lower_bound` of the graph on the cluster.
+        timeline: the events of replica 0 when asked for, else None.
+        memory_breakdown: per cluster device, bytes of params / grads / optimizer /
+            activations / transient (None for unused devices).
+    """
+
+    step_time_s: float
+    busy_time_s: list[float]
+    peak_memory_bytes: list[int]
+    oom: bool
+    oom_devices: list[int]
+    lower_bound_s: float
+    timeline: list[Event] | None = None
+    memory_breakdown: list[dict[str, int] | None] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s,
+            "busy_time_s": list(self.busy_time_s),
+            "peak_memory_bytes": list(self.peak_memory_bytes),
+            "oom": self.oom,
+            "oom_devices": list(self.oom_devices),
+            "lower_bound_s": self.lower_bound_s,
+            "memory_breakdown": self.memory_breakdown,
+            "timeline": None if self.timeline is None else [e.to_json() for e in self.timeline],
+        }
+
+    def __repr__(self) -> str:
+        mem = ", ".join(f"{b / 2**30:.2f}" for b in self.peak_memory_bytes)
+        return (f"SimResult(step={self.step_time_s * 1e3:.3f} ms, lower_bound="
+                f"{self.lower_bound_s * 1e3:.3f} ms, peak GiB=[{mem}], oom={self.oom})")
+
+
+@dataclass
+class BatchResult:
+    """:func:`simulate_batch` results; row ``p`` is plan ``p``.
+
+    Attributes:
+        step_time_s: float64 ``[P]``.
+        peak_memory_bytes: int64 ``[P, D]`` (D = cluster devices).
+        oom: bool ``[P]``.
+        lower_bound_s: :func:`lower_bound` of the graph on the cluster.
+    """
+
+    step_time_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    oom: np.ndarray
+    lower_bound_s: float
+
+    def __len__(self) -> int:
+        return len(self.step_time_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s.tolist(),
+                "peak_memory_bytes": self.peak_memory_bytes.tolist(),
+                "oom": self.oom.tolist(), "lower_bound_s": self.lower_bound_s}
+
+
+def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = False) -> SimResult:
+    """Simulate one training step of ``graph`` under ``plan`` on ``cluster``.
+
+    Raises:
+        PlanError: the plan does not fit the graph or the cluster (``plan.validate``).
+    """
+    plan.validate(graph, cluster)
+    ensure_costs(graph, cluster)
+    ga = graph_arrays(graph)
+    tables = cost_tables(graph, cluster)
+    if plan.parallel.pipeline > 1:
+        out = simulate_pipeline(ga, plan, cluster, tables, timeline)
+    else:
+        out = simulate_local(ga, plan, cluster, tables, timeline)
+    peak = [int(round(x)) for x in out["peak"]]
+    usable = tables.usable_memory
+    oom_devices = [i for i, b in enumerate(peak) if b > usable[i]]
+    events = None
+    if timeline:
+        events = sorted(out["events"], key=lambda e: (e.start_s, e.resource))
+    return SimResult(
+        step_time_s=float(out["step"]),
+        busy_time_s=[float(x) for x in out["busy"]],
+        peak_memory_bytes=peak,
+        oom=bool(oom_devices),
+        oom_devices=oom_devices,
+        lower_bound_s=_cached_lower_bound(graph, cluster, tables),
+        timeline=events,
+        memory_breakdown=out["breakdown"],
+    )
+
+
+def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> BatchResult:
+    """Simulate many plans; vectorised over plans with ``pipeline == 1``.
+
+    Results equal :func:`simulate`'s (to rounding). Plans are validated first.
+    """
+    from autoplace.sim_batch import run_batch
+
+    ensure_costs(graph, cluster)
+    tables = cost_tables(graph, cluster)
+    step, peak = run_batch(graph, list(plans), cluster, tables)
+    peak_i = np.rint(peak).astype(np.int64)
+    oom = (peak_i > tables.usable_memory[None, :]).any(axis=1)
+    return BatchResult(step_time_s=step, peak_memory_bytes=peak_i, oom=oom,
+                       lower_bound_s=_cached_lower_bound(graph, cluster, tables))
+
+
+def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
+    """Seconds no plan's simulated step time can go below on ``cluster``.
+
+    The larger of (a) all forward + backward work at its fastest device kind plus the
+    AdamW update at the best memory bandwidth, spread over every device, and (b) the
+    critical path of the part of each op's time no batch split removes
+    (``min(t, launch overhead)``, forward then backward). The full critical path is
+    not a bound: data parallelism and microbatches split every op's work.
+    """
+    ensure_costs(graph, cluster)
+    return _cached_lower_bound(graph, cluster, cost_tables(graph, cluster))
+
+
+def _cached_lower_bound(graph: OpGraph, cluster: Cluster, tables) -> float:
+    key = (cluster.devices, cluster.alpha_s, cluster.bandwidth,
+           float(tables.fwd.sum()), float(tables.bwd.sum()))
+    cache = graph.__dict__.setdefault("_sim_lower_bound", {})
+    if key not in cache:
+        cache.clear()
+        cache[key] = lower_bound_from(graph, cluster, tables)
+    return cache[key]
+
+
+def issue_order(graph: OpGraph, plan: Plan) -> list[tuple[int, str]]:
+    """Forward issue order ``[(microbatch, op name), ...]`` of a one-process placement.
+
+    Sorted by ``(microbatch + level(op), topological index)`` where ``level`` is the
+    rank of the op's device in order of first use, raised to the largest level of its
+    producers (so every producer is issued before its consumers, even when a
+    placement returns to an earlier device). Backward runs this order reversed.
+    """
+    ga = graph_arrays(graph)
+    lp = local_plan(ga, plan)
+    n = ga.n
+    return [(it // n, ga.names[it % n]) for it in issue_order_items(ga, lp.dev, lp.m)]

@@ -1,0 +1,365 @@
+"""Vectorised simulation of many ``pipeline == 1`` plans (numpy arrays over plans).
+
+The same model as ``sim_local``, step for step: at step ``s`` every plan processes
+the ``s``-th item of its own issue order, so each plan's compute and link queues
+see the same order as in the scalar path. Arrays are laid out ``[item, plan]`` so a
+step touches contiguous memory; predecessor and successor lists are flattened (CSR)
+and reduced with ``np.maximum.reduceat``. Plans with ``pipeline > 1``, FSDP, or
+replicas on unlike devices go through the scalar path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplace.cluster import Cluster
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
+from autoplace.sim_local import local_plan, simulate_local
+from autoplace.sim_model import (
+    BUCKET_BYTES,
+    OPTIMIZER_STATE_PER_PARAM_BYTE,
+    UPDATE_TRAFFIC_PER_PARAM_BYTE,
+    CostTables,
+    GraphArrays,
+    affine_collective,
+    graph_arrays,
+    replicas_identical,
+    scaled,
+)
+from autoplace.sim_pipeline import simulate_pipeline
+
+#: bound on items x plans x local devices per vectorised chunk (memory ~ 100 bytes each)
+_CHUNK_CELLS = 4_000_000
+
+
+def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostTables
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``(step_time_s [P], peak_memory_bytes [P, D] float)`` of every plan."""
+    ga = graph_arrays(graph)
+    num = len(plans)
+    step = np.zeros(num)
+    peak = np.zeros((num, cluster.num_devices))
+    gids = _validate_and_group_ids(ga, graph, plans, cluster)
+    by_m: dict[int, list[int]] = {}
+    for p, plan in enumerate(plans):
+        par = plan.parallel
+        if par.pipeline > 1 or par.shard == "fsdp" or not replicas_identical(cluster, plan):
+            sim = simulate_pipeline if par.pipeline > 1 else simulate_local
+            out = sim(ga, plan, cluster, tables, False)
+            step[p] = out["step"]
+            peak[p] = out["peak"]
+        else:
+            by_m.setdefault(par.microbatches, []).append(p)
+    for m, idx in by_m.items():
+        k_max = max(plans[p].devices_per_replica for p in idx)
+        size = max(1, _CHUNK_CELLS // (m * ga.n * k_max))
+        for c in range(0, len(idx), size):
+            sel = idx[c:c + size]
+            s, pk = _run_chunk(ga, [plans[p] for p in sel], np.stack([gids[p] for p in sel]),
+                               m, cluster, tables)
+            step[sel] = s
+            peak[sel] = pk
+    return step, peak
+
+
+def _validate_and_group_ids(ga: GraphArrays, graph: OpGraph, plans: list[Plan],
+                            cluster: Cluster) -> list[np.ndarray]:
+    """Validate every plan (the full check once per distinct grouping) and return
+    each plan's group id per op."""
+    out: list[np.ndarray] = []
+    last_groups: dict | None = None
+    last_ids = np.zeros(0, np.int64)
+    max_gid = -1
+    for plan in plans:
+        same = last_groups is not None and (plan.groups is last_groups or plan.groups == last_groups)
+        fp = plan.model.get("fingerprint")
+        par = plan.parallel
+        light_ok = (
+            same and (fp is None or fp == graph.fingerprint) and par.pipeline == 1
+            and max_gid < len(plan.placement)
+            and all(0 <= g < len(plan.placement) for g in plan.recompute)
+            and _devices_ok(plan.placement, par.data, cluster.num_devices)
+            and not (par.shard != "none" and par.data == 1)
+        )
+        if not light_ok:
+            plan.validate(graph, cluster)
+            if not same:
+                last_groups = plan.groups
+                last_ids = np.array([plan.groups[name] for name in ga.names], dtype=np.int64)
+                max_gid = int(last_ids.max())
+        out.append(last_ids)
+    return out
+
+
+#: neighbour lists longer than this are handled per plan (rare: an output fed by many)
+_MAX_DENSE_DEGREE = 8
+
+
+def _devices_ok(placement: tuple[int, ...], data: int, num_devices: int) -> bool:
+    arr = np.asarray(placement)
+    return bool(arr.min() >= 0 and (arr.max() + 1) * data <= num_devices)
+
+
+def _padded(lists: list[list[int]], pad: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Neighbour lists as a dense ``[n, F]`` table padded with ``pad``; the entries past
+    ``F`` of long lists are returned per op."""
+    width = max(1, min(_MAX_DENSE_DEGREE, max((len(x) for x in lists), default=1)))
+    table = np.full((len(lists), width), pad, np.int64)
+    extra: dict[int, np.ndarray] = {}
+    for i, x in enumerate(lists):
+        table[i, : min(len(x), width)] = x[:width]
+        if len(x) > width:
+            extra[i] = np.asarray(x[width:], np.int64)
+    return table, extra
+
+
+def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
+               cluster: Cluster, tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+    n, num = ga.n, len(plans)
+    pidx = np.arange(num)
+    ar = np.arange(n)
+    placement = [np.asarray(p.placement, np.int64) for p in plans]
+    dev = np.stack([pl[g] for pl, g in zip(placement, gid)])  # [P, n] local device
+    dev_t = np.ascontiguousarray(dev.T)  # [n, P]: arrays are op-major from here on
+    k_plan = np.array([p.devices_per_replica for p in plans])
+    kk = int(k_plan.max())
+    d = np.array([p.parallel.data for p in plans], np.float64)
+    zero2 = np.array([p.parallel.shard == "zero2" for p in plans])
+    mdiv = m * d  # the scalar path divides by m * d
+
+    # ---- op times [n, P]
+    kind = tables.kind_of_device[dev_t]
+    oh = tables.overhead[dev_t]
+    share = 1.0 / mdiv
+    tf = scaled(tables.fwd[kind, ar[:, None]], oh, share)
+    tb = scaled(tables.bwd[kind, ar[:, None]], oh, share)
+    rc_op = np.zeros((num, n), bool)
+    for p, plan in enumerate(plans):
+        if plan.recompute:
+            rc_op[p] = np.isin(gid[p], list(plan.recompute))
+    if rc_op.any():
+        tb = tb + np.where(rc_op.T, tf, 0.0)
+
+    # ---- link time of the tensor each op sends to each other device (max over its
+    # consumers there), -inf where nothing is sent: max(queue, t) + -inf drops out
+    es, ed, eb = ga.edge_src, ga.edge_dst, ga.edge_bytes
+    durs_f: list[np.ndarray] = []
+    durs_b: list[np.ndarray] = []
+    if len(es) and kk > 1:
+        dv, du = dev_t[ed], dev_t[es]
+        starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]])
+        heads = es[starts]
+        if kk == 2:  # a crossing edge goes to the one other device
+            other = np.zeros((n, num))
+            other[heads] = np.maximum.reduceat(np.where(dv != du, eb[:, None], 0.0), starts, 0)
+        alpha, inv = tables.alpha, tables.inv_bw
+        for e in range(kk):
+            if kk == 2:
+                nb = np.where(dev_t == 1 - e, other, 0.0)
+            else:
+                nb = np.zeros((n, num))
+                nb[heads] = np.maximum.reduceat(np.where(dv == e, eb[:, None], 0.0), starts, 0)
+                nb *= dev_t != e
+            bmb = nb / mdiv
+            sent = nb > 0
+            durs_f.append(np.where(sent, alpha[dev_t, e] + bmb * inv[dev_t, e], -np.inf))
+            durs_b.append(np.where(sent, alpha[e, dev_t] + bmb * inv[e, dev_t], -np.inf))
+
+    # ---- issue order: sort (mb, op) by (mb + level, op)
+    first = np.stack([np.where((dev == j).any(1), (dev == j).argmax(1), n + j)
+                      for j in range(kk)], 1)
+    rank = np.argsort(np.argsort(first, axis=1), axis=1)
+    rank_t = rank[pidx, dev_t]  # [n, P]
+    level_t = np.empty_like(rank_t)
+    for i in range(n):
+        pr = ga.preds[i]
+        if not pr:
+            level_t[i] = rank_t[i]
+        elif len(pr) == 1:
+            np.maximum(rank_t[i], level_t[pr[0]], out=level_t[i])
+        else:
+            np.maximum(rank_t[i], level_t[pr].max(0), out=level_t[i])
+    steps = m * n
+    items = np.arange(steps)
+    key = (items // n + level_t.T[:, items % n]) * n + items % n  # [P, mn]
+    order_t = np.ascontiguousarray(np.argsort(key, axis=1).T)  # [mn, P] item per step
+    op_t = order_t % n
+    mboff_t = (order_t // n) * (n + 1)  # row offset of the item's microbatch (n + 1 rows each)
+    flat = op_t * num + pidx
+    dev_s = np.take(dev_t, flat)
+    tf_s, tb_s = np.take(tf, flat), np.take(tb, flat)
+    if kk > 1:
+        durf_s = np.stack([np.take(x, flat) for x in durs_f], -1)  # [mn, P, K]
+        durb_s = np.stack([np.take(x, flat) for x in durs_b], -1)
+    row_s = pidx * kk + dev_s  # row of dev_free / link_free for the step's device
+    item_row_s = (mboff_t + op_t) * num + pidx  # row of the item in arrive / gacc
+    del flat
+    pred_tab, pred_extra = _padded(ga.preds, n)
+    # cell (producer item, plan, this op's device) of each input: read forward, written back
+    in_cell = ((mboff_t[:, :, None] + pred_tab[op_t]) * num + pidx[None, :, None]) * kk
+    in_cell += dev_s[:, :, None]
+    extra_steps: dict[int, list[tuple[int, np.ndarray]]] = {}
+    if pred_extra:
+        s_hit, p_hit = np.nonzero(np.isin(op_t, list(pred_extra)))
+        for s, p in zip(s_hit.tolist(), p_hit.tolist()):
+            more = ((mboff_t[s, p] + pred_extra[op_t[s, p]]) * num + p) * kk + dev_s[s, p]
+            extra_steps.setdefault(s, []).append((p, more))
+
+    rows = m * (n + 1) * num  # padding op n of every microbatch stays 0 / -inf
+    arrive = np.zeros((rows, kk))
+    arrive_flat = arrive.reshape(-1)
+    # gradient of each item accumulated per device: max over its consumers there
+    grad = np.full((rows, kk), -np.inf)
+    grad_flat = grad.reshape(-1)
+    bfin = np.zeros((m * n, num))
+    dev_free = np.zeros(num * kk)
+    link_free = np.zeros((num * kk, kk))
+    link3 = link_free.reshape(num, kk, kk)
+
+    for s in range(steps):  # forward
+        ready = arrive_flat[in_cell[s]].max(1)
+        for p, more in extra_steps.get(s, ()):
+            ready[p] = max(ready[p], arrive_flat[more].max())
+        row = row_s[s]
+        fin = np.maximum(dev_free[row], ready) + tf_s[s]
+        dev_free[row] = fin
+        if kk > 1:
+            lf = link_free[row]
+            arr = np.maximum(lf, fin[:, None]) + durf_s[s]
+            link_free[row] = np.maximum(lf, arr)
+            arrive[item_row_s[s]] = np.maximum(arr, fin[:, None])
+        else:
+            arrive_flat[item_row_s[s]] = fin
+    for s in range(steps - 1, -1, -1):  # backward, reverse order
+        row = row_s[s]
+        r = grad[item_row_s[s]]  # [P, K]: gradient complete on each device
+        if kk > 1:
+            dcol = dev_s[s]
+            lfb = link3[pidx, :, dcol]
+            arr = np.maximum(lfb, r) + durb_s[s]
+            link3[pidx, :, dcol] = np.maximum(lfb, arr)
+            ready = np.maximum(arr, r).max(1)
+        else:
+            ready = r[:, 0]
+        fin = np.maximum(dev_free[row], ready) + tb_s[s]
+        dev_free[row] = fin
+        bfin[order_t[s], pidx] = fin
+        cells = in_cell[s]
+        grad_flat[cells] = np.maximum(grad_flat[cells], fin[:, None])
+        for p, more in extra_steps.get(s, ()):
+            grad_flat[more] = np.maximum(grad_flat[more], fin[p])
+    dev_free = dev_free.reshape(num, kk)
+    last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
+
+    return _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, zero2, k_plan, kk, m,
+                   cluster, tables)
+
+
+def _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, zero2, k_plan, kk, m,
+            cluster: Cluster, tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+    num, n = dev.shape
+    pidx = np.arange(num)
+    pbytes = np.stack([np.where(dev == j, ga.param_bytes, 0.0).sum(1) for j in range(kk)], 1)
+    coll = np.zeros((num, kk))
+    coeff_cache: dict[tuple, tuple[float, float]] = {}
+
+    def coeffs(kind: str, j: int) -> np.ndarray:
+        out = np.zeros((num, 2))
+        for p, plan in enumerate(plans):
+            dd, k = plan.parallel.data, plan.devices_per_replica
+            if j >= k:
+                continue
+            key = (kind, dd, k, j)
+            if key not in coeff_cache:
+                coeff_cache[key] = affine_collective(cluster, kind, [r * k + j for r in range(dd)])
+            out[p] = coeff_cache[key]
+        return out
+
+    multi = d > 1
+    if multi.any():  # gradient buckets in reverse topological order
+        rev_params = ga.param_bytes[::-1]
+        for j in range(kk):
+            pb = np.where(dev[:, ::-1] == j, rev_params, 0.0)
+            before = np.cumsum(pb, 1) - pb
+            bid = np.floor(before / BUCKET_BYTES).astype(np.int64)
+            has = (pb > 0) & multi[:, None]
+            if not has.any():
+                continue
+            nbk = int(bid[has].max()) + 1
+            key = (pidx[:, None] * nbk + bid)[has]
+            nbytes = np.bincount(key, weights=pb[has], minlength=num * nbk).reshape(num, nbk)
+            starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+            ready = np.zeros(num * nbk)
+            ready[key[starts]] = np.maximum.reduceat(last_bwd[:, ::-1][has], starts)
+            ready = ready.reshape(num, nbk)
+            c_ar, c_rs = coeffs("allreduce", j), coeffs("reducescatter", j)
+            c = np.where(zero2[:, None], c_rs, c_ar)
+            for b in range(nbk):
+                x = nbytes[:, b]
+                t = np.maximum(coll[:, j], ready[:, b]) + (c[:, 0] + c[:, 1] * x)
+                coll[:, j] = np.where(x > 0, t, coll[:, j])
+
+    sharded = zero2
+    bw = tables.mem_bandwidth[:kk]
+    t_up = UPDATE_TRAFFIC_PER_PARAM_BYTE * pbytes / bw[None, :]
+    t_up = np.where(sharded[:, None], t_up / d[:, None], t_up)
+    upd_end = np.where(t_up > 0, np.maximum(dev_free, coll) + t_up, dev_free)
+    step = np.maximum(upd_end, coll).max(1)
+    if zero2.any():
+        for j in range(kk):
+            c = coeffs("allgather", j)
+            e0 = np.maximum(coll[:, j], upd_end[:, j]) + (c[:, 0] + c[:, 1] * pbytes[:, j])
+            ok = zero2 & (pbytes[:, j] > 0)
+            step = np.where(ok, np.maximum(step, e0), step)
+
+    mem = _memory(ga, plans, dev, gid, rc_op, pbytes, d, zero2, kk, m)
+    peak = np.zeros((num, cluster.num_devices))
+    for p in range(num):
+        k = int(k_plan[p])
+        for r in range(int(d[p])):
+            peak[p, r * k:(r + 1) * k] = mem[p, :k]
+    return step, peak
+
+
+def _memory(ga, plans, dev, gid, rc_op, pbytes, d, zero2, kk, m) -> np.ndarray:
+    num, n = dev.shape
+    pidx = np.arange(num)
+    dcol = d[:, None]
+    sharded = zero2[:, None] & (dcol > 1)
+    grads = np.where(sharded, pbytes / dcol + np.minimum(float(BUCKET_BYTES), pbytes), pbytes)
+    opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
+    opt = np.where(sharded, opt / dcol, opt)
+    kept = np.stack([np.where((dev == j) & ~rc_op, ga.act_bytes, 0.0).sum(1)
+                     for j in range(kk)], 1)
+    big_out = np.stack([np.where(dev == j, ga.out_bytes, 0.0).max(1) for j in range(kk)], 1)
+    big_rc = np.zeros((num, kk))
+    if rc_op.any():
+        gmax = int(gid.max()) + 1
+        place = np.full((num, gmax), -1, np.int64)
+        for p, plan in enumerate(plans):
+            place[p, : len(plan.placement)] = plan.placement
+        gact = np.bincount((pidx[:, None] * gmax + gid)[rc_op],
+                           weights=np.broadcast_to(ga.act_bytes, (num, n))[rc_op],
+                           minlength=num * gmax).reshape(num, gmax)
+        rc_g = np.zeros((num, gmax), bool)
+        for p, plan in enumerate(plans):
+            rc_g[p, list(plan.recompute)] = True
+        for j in range(kk):
+            big_rc[:, j] = np.where((place == j) & rc_g, gact, 0.0).max(1)
+        # inputs a recomputed group keeps: each outside producer once per group
+        es, ed, eb = ga.edge_src, ga.edge_dst, ga.edge_bytes
+        gu, gv = gid[:, es], gid[:, ed]
+        cross = rc_g[pidx[:, None], gv] & (gu != gv)
+        dup = np.zeros_like(cross)
+        o = 1
+        while o < len(es) and (es[o:] == es[:-o]).any():
+            same = es[o:] == es[:-o]
+            dup[:, o:] |= same[None, :] & (gv[:, o:] == gv[:, :-o])
+            o += 1
+        keep = np.where(cross & ~dup, eb[None, :], 0.0)
+        gdev = place[pidx[:, None], gv]
+        kept = kept + np.stack([np.where(gdev == j, keep, 0.0).sum(1) for j in range(kk)], 1)
+    acts = kept * m / (m * dcol)
+    transient = (big_out + big_rc) / (m * dcol)
+    return pbytes + grads + opt + acts + transient

@@ -1,0 +1,408 @@
+"""Scalar simulation of a single-process placement (``pipeline == 1``), with data parallel.
+
+Per replica: ops are issued in :func:`issue_order_items` order (microbatch wavefront);
+one compute queue per device runs them in that order (``start = max(device free,
+inputs arrived)``); a tensor crossing devices is sent once per (producer, microbatch,
+destination) on the directed link's queue right after its producer. Backward runs
+the forward order reversed, after all forward work; the gradient of a tensor is
+accumulated on each consumer device and sent back once. Then gradient collectives
+(DDP buckets / ZeRO-2 reduce-scatter / FSDP per unit) and the AdamW update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoplace.cluster import Cluster
+from autoplace.plan import Plan
+from autoplace.sim_model import (
+    CostTables,
+    Event,
+    GraphArrays,
+    MemoryModel,
+    affine_collective,
+    bucket_ids,
+    coll_resource,
+    collective_time,
+    fsdp_units,
+    recompute_boundary_bytes,
+    replica_group,
+    replicas_identical,
+    scaled,
+    state_memory,
+    update_time,
+)
+
+
+@dataclass
+class LocalPlan:
+    """A plan in index form: local device and group of every op."""
+
+    dev: list[int]
+    group: list[int]
+    k: int
+    d: int
+    m: int
+    shard: str
+    recompute: frozenset[int]
+    needb: list[list[tuple[int, float]]]  # per op: (destination device, bytes), sorted
+
+
+def local_plan(ga: GraphArrays, plan: Plan) -> LocalPlan:
+    group = [plan.groups[name] for name in ga.names]
+    placement = plan.placement
+    dev = [placement[g] for g in group]
+    needb: list[list[tuple[int, float]]] = []
+    for u in range(ga.n):
+        du = dev[u]
+        need: dict[int, float] = {}
+        for v, b in zip(ga.succs[u], ga.succ_bytes[u]):
+            e = dev[v]
+            if e != du and b > need.get(e, 0.0):
+                need[e] = b
+        needb.append(sorted(need.items()))
+    par = plan.parallel
+    return LocalPlan(dev=dev, group=group, k=plan.devices_per_replica, d=par.data,
+                     m=par.microbatches, shard=par.shard, recompute=plan.recompute,
+                     needb=needb)
+
+
+def op_levels(ga: GraphArrays, dev: list[int]) -> list[int]:
+    """Wavefront level of each op: rank of its device in order of first use, raised to
+    the level of any producer so that sorting by level keeps producers first."""
+    first: dict[int, int] = {}
+    for i, j in enumerate(dev):
+        first.setdefault(j, i)
+    rank = {j: r for r, j in enumerate(sorted(first, key=first.__getitem__))}
+    level = [0] * ga.n
+    for i in range(ga.n):
+        lv = rank[dev[i]]
+        for u in ga.preds[i]:
+            if level[u] > lv:
+                lv = level[u]
+        level[i] = lv
+    return level
+
+
+def issue_order_items(ga: GraphArrays, dev: list[int], m: int) -> list[int]:
+    """Forward issue order as items ``mb * n + op``: sorted by ``(mb + level, op)``."""
+    n = ga.n
+    level = op_levels(ga, dev)
+    return sorted(range(m * n), key=lambda it: (it // n + level[it % n], it % n))
+
+
+@dataclass
+class ReplicaRun:
+    dev_free: list[float]
+    fwd_end: list[float]
+    busy: list[float]
+    last_bwd: list[float]  # per op, over microbatches
+    coll_free: list[float]  # after FSDP reduce-scatters
+    fsdp_reduced: bool = False  # the reduce-scatters above were simulated
+    events: list[Event] = field(default_factory=list)
+
+
+def op_times(ga, lp: LocalPlan, tables: CostTables, base: int) -> tuple[list[float], list[float]]:
+    """Per-microbatch forward and backward (with recompute) seconds of every op."""
+    cdev = np.asarray(lp.dev, dtype=np.int64) + base
+    kind = tables.kind_of_device[cdev]
+    ar = np.arange(ga.n)
+    share = 1.0 / (lp.m * lp.d)
+    oh = tables.overhead[cdev]
+    tf = scaled(tables.fwd[kind, ar], oh, share)
+    tb = scaled(tables.bwd[kind, ar], oh, share)
+    if lp.recompute:
+        rc = np.isin(np.asarray(lp.group), list(lp.recompute))
+        tb = tb + np.where(rc, tf, 0.0)
+    return tf.tolist(), tb.tolist()
+
+
+def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: Plan,
+                order: list[int], base: int, record: bool) -> ReplicaRun:
+    n, k, m = ga.n, lp.k, lp.m
+    dev = lp.dev
+    tf, tb = op_times(ga, lp, tables, base)
+    ids = [base + j for j in range(k)]
+    alpha = [[float(tables.alpha[a, b]) for b in ids] for a in ids]
+    inv_bw = [[float(tables.inv_bw[a, b]) for b in ids] for a in ids]
+    dev_free = [0.0] * k
+    busy = [0.0] * k
+    link_free = [[0.0] * k for _ in range(k)]
+    events: list[Event] = []
+    names = ga.names
+
+    def label(item: int) -> str:
+        return names[item % n] if m == 1 else f"{names[item % n]}#mb{item // n}"
+
+    fs = _Fsdp(ga, lp, cluster, plan) if lp.shard == "fsdp" else None
+    if fs:
+        for j in range(k):
+            fs.prefetch(j, 0.0, "f", events if record else None)
+
+    # ---- forward
+    arrive: list[list[float] | None] = [None] * (m * n)
+    for item in order:
+        mb, i = divmod(item, n)
+        d = dev[i]
+        ready = 0.0
+        off = mb * n
+        for u in ga.preds[i]:
+            t = arrive[off + u][d]
+            if t > ready:
+                ready = t
+        start = dev_free[d] if dev_free[d] > ready else ready
+        if fs is not None and fs.unit_of[i] >= 0:
+            start = max(start, fs.wait(i, dev_free[d], start, "f", events if record else None))
+        fin = start + tf[i]
+        dev_free[d] = fin
+        busy[d] += tf[i]
+        row = [fin] * k
+        for e, b in lp.needb[i]:
+            b = b / (m * lp.d)
+            s0 = link_free[d][e] if link_free[d][e] > fin else fin
+            arr = s0 + (alpha[d][e] + b * inv_bw[d][e])
+            link_free[d][e] = arr
+            row[e] = arr
+            if record:
+                events.append(Event(f"link{base + d}->{base + e}", label(item), s0, arr, "comm"))
+        arrive[item] = row
+        if record:
+            events.append(Event(f"dev{base + d}", label(item), start, fin, "fwd"))
+    fwd_end = list(dev_free)
+
+    # ---- backward
+    if fs:
+        for j in range(k):
+            fs.prefetch(j, dev_free[j], "b", events if record else None)
+    bend = [0.0] * (m * n)
+    last_bwd = [0.0] * n
+    for item in reversed(order):
+        mb, i = divmod(item, n)
+        d = dev[i]
+        off = mb * n
+        ready_by: dict[int, float] = {}
+        for w in ga.succs[i]:
+            e = dev[w]
+            t = bend[off + w]
+            if t > ready_by.get(e, -1.0):
+                ready_by[e] = t
+        ready = 0.0
+        need = dict(lp.needb[i])
+        for e in sorted(ready_by):
+            r = ready_by[e]
+            b = need.get(e, 0.0) / (m * lp.d)
+            if b > 0:
+                s0 = link_free[e][d] if link_free[e][d] > r else r
+                r = s0 + (alpha[e][d] + b * inv_bw[e][d])
+                link_free[e][d] = r
+                if record:
+                    events.append(Event(f"link{base + e}->{base + d}", label(item), s0, r, "comm"))
+            if r > ready:
+                ready = r
+        start = dev_free[d] if dev_free[d] > ready else ready
+        if fs is not None and fs.unit_of[i] >= 0:
+            start = max(start, fs.wait(i, dev_free[d], start, "b", events if record else None))
+        fin = start + tb[i]
+        dev_free[d] = fin
+        busy[d] += tb[i]
+        bend[item] = fin
+        if fin > last_bwd[i]:
+            last_bwd[i] = fin
+        if fs is not None and fs.unit_of[i] >= 0:
+            fs.done(i, fin, events if record else None)
+        if record:
+            events.append(Event(f"dev{base + d}", label(item), start, fin, "bwd"))
+    coll_free = fs.coll_free if fs else [0.0] * k
+    return ReplicaRun(dev_free, fwd_end, busy, last_bwd, coll_free, fs is not None, events)
+
+
+class _Fsdp:
+    """FSDP all-gathers (one unit prefetched ahead) and per-unit reduce-scatters."""
+
+    def __init__(self, ga, lp: LocalPlan, cluster: Cluster, plan: Plan) -> None:
+        self.k = lp.k
+        self.unit_of, self.unit_bytes, unit_dev = fsdp_units(ga, lp.dev, lp.k)
+        self.units_on = [[u for u, j in enumerate(unit_dev) if j == jj] for jj in range(lp.k)]
+        self.unit_dev = unit_dev
+        self.ag = [affine_collective(cluster, "allgather", replica_group(plan, j))
+                   for j in range(lp.k)]
+        self.rs = [affine_collective(cluster, "reducescatter", replica_group(plan, j))
+                   for j in range(lp.k)]
+        self.gather_free = [0.0] * lp.k
+        self.coll_free = [0.0] * lp.k
+        self.ptr = {"f": [0] * lp.k, "b": [0] * lp.k}
+        self.end: dict[str, list[float | None]] = {
+            "f": [None] * len(unit_dev), "b": [None] * len(unit_dev)}
+        self.started: dict[str, set[int]] = {"f": set(), "b": set()}
+        self.left = [0] * len(unit_dev)
+        for i, u in enumerate(self.unit_of):
+            if u >= 0:
+                self.left[u] += lp.m
+
+    def _seq(self, j: int, phase: str) -> list[int]:
+        return self.units_on[j] if phase == "f" else self.units_on[j][::-1]
+
+    def prefetch(self, j: int, trigger: float, phase: str, events) -> None:
+        seq, p = self._seq(j, phase), self.ptr[phase][j]
+        if p >= len(seq):
+            return
+        u = seq[p]
+        self.ptr[phase][j] = p + 1
+        s0 = max(self.gather_free[j], trigger)
+        e0 = s0 + collective_time(self.ag[j], self.unit_bytes[u])
+        self.gather_free[j] = e0
+        self.end[phase][u] = e0
+        if events is not None:
+            events.append(Event(coll_resource(j, self.k, "gather"), f"unit{u}", s0, e0,
+                                "allgather"))
+
+    def wait(self, i: int, now: float, start: float, phase: str, events) -> float:
+        """When op ``i``'s unit is gathered; prefetches the next unit on its first start."""
+        u = self.unit_of[i]
+        j = self.unit_dev[u]
+        while self.end[phase][u] is None:
+            self.prefetch(j, now, phase, events)
+        ready = self.end[phase][u]
+        if u not in self.started[phase]:
+            self.started[phase].add(u)
+            self.prefetch(j, max(start, ready), phase, events)
+        return ready
+
+    def done(self, i: int, fin: float, events) -> None:
+        u = self.unit_of[i]
+        self.left[u] -= 1
+        if self.left[u] == 0:
+            j = self.unit_dev[u]
+            s0 = max(self.coll_free[j], fin)
+            e0 = s0 + collective_time(self.rs[j], self.unit_bytes[u])
+            self.coll_free[j] = e0
+            if events is not None:
+                events.append(Event(coll_resource(j, self.k), f"unit{u}", s0, e0, "reducescatter"))
+
+
+def simulate_local(ga, plan: Plan, cluster: Cluster, tables: CostTables, record: bool) -> dict:
+    """Step time, busy time, memory and timeline of a ``pipeline == 1`` plan."""
+    lp = local_plan(ga, plan)
+    order = issue_order_items(ga, lp.dev, lp.m)
+    reps = [0] if replicas_identical(cluster, plan) else list(range(lp.d))
+    runs = {r: run_replica(ga, lp, tables, cluster, plan, order, r * lp.k, record and r == 0)
+            for r in reps}
+    last = np.max([runs[r].last_bwd for r in reps], axis=0)
+    out = finish_step(ga, lp, plan, cluster, tables, runs, last, local_memory(ga, lp, plan),
+                      record)
+    out["forward_end_s"] = max(runs[reps[0]].fwd_end)
+    return out
+
+
+def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTables,
+                runs: dict, last_bwd, mem: list[MemoryModel], record: bool) -> dict:
+    """Gradient collectives, optimizer update, and per cluster device figures.
+
+    ``runs`` maps simulated replicas to objects with ``dev_free``, ``busy``,
+    ``coll_free`` and ``events``; ``last_bwd`` is when each op's gradient is final.
+    """
+    k, d, shard = lp.k, lp.d, lp.shard
+    reps = sorted(runs)
+    events = list(runs[reps[0]].events)
+    pbytes = np.zeros(k)
+    np.add.at(pbytes, np.asarray(lp.dev), ga.param_bytes)
+
+    # ---- gradient collectives overlapped with backward (DDP / ZeRO-2 buckets)
+    coll_end = [max(runs[r].coll_free[j] for r in reps) for j in range(k)]
+    own_rs = all(getattr(runs[r], "fsdp_reduced", False) for r in reps)
+    if d > 1 and not (shard == "fsdp" and own_rs):
+        kind = "allreduce" if shard == "none" else "reducescatter"
+        for j in range(k):
+            c = affine_collective(cluster, kind, replica_group(plan, j))
+            for b, nbytes, ready in buckets_of(ga, lp.dev, j, last_bwd):
+                s0 = max(coll_end[j], ready)
+                coll_end[j] = s0 + collective_time(c, nbytes)
+                if record:
+                    events.append(Event(coll_resource(j, k), f"bucket{b}", s0, coll_end[j], kind))
+
+    # ---- optimizer update (and ZeRO-2's all-gather of the updated parameters)
+    step = 0.0
+    busy = [0.0] * cluster.num_devices
+    upd_end = [0.0] * k
+    for r in range(d):
+        run = runs[r if r in runs else reps[0]]
+        for j in range(k):
+            c = r * k + j
+            t_up = update_time(pbytes[j], tables.mem_bandwidth[c], d, shard) if pbytes[j] else 0.0
+            s0 = max(run.dev_free[j], coll_end[j])
+            end = s0 + t_up if t_up else run.dev_free[j]
+            upd_end[j] = max(upd_end[j], end)
+            busy[c] = run.busy[j] + t_up
+            step = max(step, end, coll_end[j])
+            if record and r == 0 and t_up:
+                events.append(Event(f"dev{c}", "update", s0, end, "update"))
+    if shard == "zero2":
+        for j in range(k):
+            if pbytes[j]:
+                c = affine_collective(cluster, "allgather", replica_group(plan, j))
+                s0 = max(coll_end[j], upd_end[j])
+                e0 = s0 + collective_time(c, pbytes[j])
+                step = max(step, e0)
+                if record:
+                    events.append(Event(coll_resource(j, k), "params", s0, e0, "allgather"))
+
+    peak = [0.0] * cluster.num_devices
+    breakdown: list[dict | None] = [None] * cluster.num_devices
+    for r in range(d):
+        for j in range(k):
+            peak[r * k + j] = mem[j].total
+            breakdown[r * k + j] = mem[j].to_json()
+    return {"step": step, "busy": busy, "peak": peak, "breakdown": breakdown, "events": events}
+
+
+def buckets_of(ga, dev: list[int], j: int, last_bwd) -> list[tuple[int, float, float]]:
+    """``(bucket, bytes, ready time)`` of local device ``j``'s gradient buckets, in order."""
+    ops = [i for i in range(ga.n - 1, -1, -1) if dev[i] == j and ga.param_bytes[i] > 0]
+    if not ops:
+        return []
+    pb = ga.param_bytes[ops]
+    ids = bucket_ids(pb)
+    out = []
+    for b in range(int(ids[-1]) + 1):
+        sel = ids == b
+        if sel.any():
+            ready = max(last_bwd[ops[x]] for x in np.flatnonzero(sel))
+            out.append((b, float(pb[sel].sum()), float(ready)))
+    return out
+
+
+def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = None
+                 ) -> list[MemoryModel]:
+    """Memory of each local device of one replica.
+
+    ``inflight[j]``: microbatches whose activations device ``j`` holds at once
+    (all ``m`` unless a pipeline schedule frees them earlier).
+    """
+    k, d, m = lp.k, lp.d, lp.m
+    dev = np.asarray(lp.dev)
+    group = lp.group
+    rc_bytes = recompute_boundary_bytes(ga, group, lp.recompute)
+    max_unit = [0.0] * k
+    if lp.shard == "fsdp":
+        _, ub, ud = fsdp_units(ga, lp.dev, k)
+        for b, j in zip(ub, ud):
+            max_unit[j] = max(max_unit[j], b)
+    rc_op = np.isin(np.asarray(group), list(lp.recompute)) if lp.recompute else np.zeros(ga.n, bool)
+    group_act: dict[int, float] = {}
+    for i in np.flatnonzero(rc_op):
+        group_act[group[i]] = group_act.get(group[i], 0.0) + ga.act_bytes[i]
+    out = []
+    for j in range(k):
+        on = dev == j
+        mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j])
+        kept = ga.act_bytes[on & ~rc_op].sum()
+        kept += sum(b for g, b in rc_bytes.items() if plan.placement[g] == j)
+        held = lp.m if inflight is None else inflight[j]
+        mem.activations = kept * held / (m * d)
+        big_out = ga.out_bytes[on].max() if on.any() else 0.0
+        big_rc = max((b for g, b in group_act.items() if plan.placement[g] == j), default=0.0)
+        mem.transient = (big_out + big_rc) / (m * d)
+        out.append(mem)
+    return out

@@ -1,0 +1,192 @@
+"""Stage-level simulation of a ``torch.distributed.pipelining`` plan (``pipeline > 1``).
+
+Stage ``s`` runs on local device ``s`` in its own process. Per microbatch a stage
+takes the sum of its ops' per-microbatch times forward (``F``) and backward (``B``,
+plus recomputed forwards), and sends the tensors crossing the cut to the next stage
+(each producer once, bytes / microbatches) on the link's queue; gradients come back
+the same way. Stages follow their schedule's action order:
+
+* GPipe: ``F0 .. F(m-1), B0 .. B(m-1)``, every microbatch's activations held;
+* 1F1B: ``p - s - 1`` warm-up forwards, then one forward / one backward, then the
+  remaining backwards; stage ``s`` holds at most ``min(m, p - s)`` microbatches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoplace.cluster import Cluster
+from autoplace.plan import Plan
+from autoplace.sim_local import finish_step, local_memory, local_plan, op_times
+from autoplace.sim_model import (
+    CostTables,
+    Event,
+    affine_collective,
+    collective_time,
+    coll_resource,
+    fsdp_units,
+    replica_group,
+    replicas_identical,
+)
+
+__all__ = ["schedule_actions", "simulate_pipeline"]
+
+
+def schedule_actions(schedule: str, stages: int, microbatches: int, stage: int) -> list[str]:
+    """Action order of one stage, like ``["F0", "F1", "B0", "F2", "B1", "B2"]``."""
+    m = microbatches
+    if schedule == "gpipe":
+        return [f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]
+    if schedule == "1f1b":
+        warm = min(m, stages - stage - 1)
+        acts = [f"F{i}" for i in range(warm)]
+        for i in range(m - warm):
+            acts += [f"F{warm + i}", f"B{i}"]
+        acts += [f"B{i}" for i in range(m - warm, m)]
+        return acts
+    raise ValueError(f"unknown pipeline schedule {schedule!r}; valid: gpipe, 1f1b")
+
+
+def inflight_microbatches(schedule: str, stages: int, microbatches: int) -> list[int]:
+    """Microbatches whose activations each stage holds at its peak."""
+    if schedule == "gpipe":
+        return [microbatches] * stages
+    return [min(microbatches, stages - s) for s in range(stages)]
+
+
+@dataclass
+class _StageRun:
+    dev_free: list[float]
+    busy: list[float]
+    coll_free: list[float]
+    last_b: list[float]
+    events: list[Event] = field(default_factory=list)
+
+
+def cut_bytes(ga, stage: list[int], p: int) -> list[float]:
+    """Bytes crossing the cut after each stage (each producer counted once)."""
+    cut = [0.0] * (p - 1)
+    for u in range(ga.n):
+        su = stage[u]
+        top = -1
+        size: dict[int, float] = {}
+        for v, b in zip(ga.succs[u], ga.succ_bytes[u]):
+            sv = stage[v]
+            if sv > su:
+                top = max(top, sv)
+                size[sv] = max(size.get(sv, 0.0), b)
+        if top > su:
+            b = max(size.values())
+            for s in range(su, top):  # a skip connection is relayed through the stages between
+                cut[s] += b
+    return cut
+
+
+def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: int,
+                record: bool) -> _StageRun:
+    p, m = plan.parallel.pipeline, lp.m
+    tf, tb = op_times(ga, lp, tables, base)
+    fwd = [0.0] * p
+    bwd = [0.0] * p
+    for i, s in enumerate(lp.dev):
+        fwd[s] += tf[i]
+        bwd[s] += tb[i]
+    cut = [b / (m * lp.d) for b in cut_bytes(ga, lp.dev, p)]
+
+    def link(a: int, b: int, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return float(tables.alpha[base + a, base + b] + nbytes * tables.inv_bw[base + a, base + b])
+
+    dur_f = [link(s, s + 1, cut[s]) for s in range(p - 1)]
+    dur_b = [link(s + 1, s, cut[s]) for s in range(p - 1)]
+    acts = [schedule_actions(plan.parallel.schedule, p, m, s) for s in range(p)]
+    events: list[Event] = []
+    free = [0.0] * p
+    coll_free = [0.0] * p
+    farr: list[list[float | None]] = [[None] * m for _ in range(p)]
+    barr: list[list[float | None]] = [[None] * m for _ in range(p)]
+    fend: list[list[float | None]] = [[None] * m for _ in range(p)]
+    farr[0] = [0.0] * m
+    if lp.shard == "fsdp":  # gather each stage's units from the start; F0 waits for the first
+        unit_of, unit_bytes, unit_dev = fsdp_units(ga, lp.dev, p)
+        for s in range(p):
+            c = affine_collective(cluster, "allgather", replica_group(plan, s))
+            t = 0.0
+            for u in (u for u, j in enumerate(unit_dev) if j == s):
+                t0, t = t, t + collective_time(c, unit_bytes[u])
+                if t0 == 0.0:
+                    free[s] = t
+                if record and base == 0:
+                    events.append(Event(coll_resource(s, p, "gather"), f"unit{u}", t0, t,
+                                        "allgather"))
+    link_f = [0.0] * max(p - 1, 0)
+    link_b = [0.0] * max(p - 1, 0)
+    pos = [0] * p
+    busy = [0.0] * p
+    left = 2 * m * p
+    while left:
+        progressed = False
+        for s in range(p):
+            while pos[s] < len(acts[s]):
+                a = acts[s][pos[s]]
+                i = int(a[1:])
+                if a[0] == "F":
+                    ready = farr[s][i]
+                    if ready is None:
+                        break
+                    start = max(free[s], ready)
+                    end = start + fwd[s]
+                    fend[s][i] = end
+                    if s < p - 1:
+                        if dur_f[s]:
+                            s0 = max(link_f[s], end)
+                            link_f[s] = farr[s + 1][i] = s0 + dur_f[s]
+                            if record and base == 0:
+                                events.append(Event(f"link{s}->{s + 1}", a, s0, link_f[s], "comm"))
+                        else:
+                            farr[s + 1][i] = end
+                else:
+                    ready = barr[s][i] if s < p - 1 else fend[s][i]
+                    if ready is None:
+                        break
+                    start = max(free[s], ready)
+                    end = start + bwd[s]
+                    if s > 0:
+                        if dur_b[s - 1]:
+                            s0 = max(link_b[s - 1], end)
+                            link_b[s - 1] = barr[s - 1][i] = s0 + dur_b[s - 1]
+                            if record and base == 0:
+                                events.append(Event(f"link{s}->{s - 1}", a, s0, link_b[s - 1],
+                                                    "comm"))
+                        else:
+                            barr[s - 1][i] = end
+                free[s] = end
+                busy[s] += end - start
+                if record and base == 0:
+                    events.append(Event(f"dev{s}", a, start, end,
+                                        "fwd" if a[0] == "F" else "bwd"))
+                pos[s] += 1
+                left -= 1
+                progressed = True
+        if not progressed:  # cannot happen for GPipe / 1F1B orders
+            raise RuntimeError(f"pipeline schedule deadlocked at stage positions {pos}")
+    return _StageRun(dev_free=free, busy=busy, coll_free=coll_free, last_b=list(free),
+                     events=events)
+
+
+def simulate_pipeline(ga, plan: Plan, cluster: Cluster, tables: CostTables, record: bool) -> dict:
+    """Step time, busy time, memory and timeline of a ``pipeline > 1`` plan."""
+    lp = local_plan(ga, plan)
+    p = plan.parallel.pipeline
+    reps = [0] if replicas_identical(cluster, plan) else list(range(lp.d))
+    runs = {r: _run_stages(ga, lp, plan, cluster, tables, r * lp.k, record and r == 0)
+            for r in reps}
+    last_stage = np.max([runs[r].last_b for r in reps], axis=0)
+    last = last_stage[np.asarray(lp.dev)]
+    inflight = inflight_microbatches(plan.parallel.schedule, p, lp.m)
+    mem = local_memory(ga, lp, plan, inflight=[float(x) for x in inflight])
+    out = finish_step(ga, lp, plan, cluster, tables, runs, last, mem, record)
+    return out

@@ -1,0 +1,200 @@
+"""Pictures: Gantt chart of a simulated step, placement strip, training curves, bar charts.
+
+Every function draws with matplotlib's Agg backend (no display needed), writes one
+image file (the format follows the suffix: ``.png``, ``.svg``, ``.pdf``) and returns
+its path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+if TYPE_CHECKING:
+    from autoplace.graph import OpGraph
+    from autoplace.plan import Plan
+    from autoplace.sim_model import Event
+
+__all__ = ["KIND_COLORS", "bar_chart", "gantt", "placement_picture", "training_curve"]
+
+#: colour of each event kind in :func:`gantt`
+KIND_COLORS: dict[str, str] = {
+    "fwd": "#4C72B0",
+    "bwd": "#DD8452",
+    "comm": "#55A868",
+    "allreduce": "#C44E52",
+    "reducescatter": "#C44E52",
+    "allgather": "#8172B3",
+    "update": "#937860",
+}
+_DEVICE_COLORS = plt.get_cmap("tab10").colors
+
+
+def _resource_key(name: str) -> tuple[int, int, str]:
+    """Devices first, then links, then collective streams; numbers in order."""
+    nums = [int(x) for x in re.findall(r"\d+", name)] or [0]
+    rank = 0 if name.startswith("dev") else 1 if name.startswith("link") else 2
+    return rank, nums[0] * 1000 + (nums[1] if len(nums) > 1 else 0), name
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def gantt(timeline: Sequence[Event], path: str | Path, *, title: str = "",
+          max_events: int = 20000) -> Path:
+    """Gantt chart: one row per device, link and collective stream, coloured by kind.
+
+    Args:
+        timeline: events from ``simulate(..., timeline=True).timeline``.
+        path: image file to write.
+        title: figure title.
+        max_events: draw at most this many (the longest) events, to keep files small.
+    """
+    events = list(timeline)
+    if len(events) > max_events:
+        events = sorted(events, key=lambda e: e.end_s - e.start_s, reverse=True)[:max_events]
+    resources = sorted({e.resource for e in events}, key=_resource_key)
+    row = {r: i for i, r in enumerate(resources)}
+    fig, ax = plt.subplots(figsize=(12, 0.5 * len(resources) + 1.5))
+    by_kind: dict[str, dict[str, list]] = {}
+    for e in events:
+        spans = by_kind.setdefault(e.kind, {})
+        spans.setdefault(e.resource, []).append((e.start_s * 1e3, (e.end_s - e.start_s) * 1e3))
+    for kind, per_res in by_kind.items():
+        color = KIND_COLORS.get(kind, "#999999")
+        for res, spans in per_res.items():
+            ax.broken_barh(spans, (row[res] - 0.4, 0.8), facecolors=color, edgecolor="none")
+    ax.set_yticks(range(len(resources)), resources)
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    end = max((e.end_s for e in events), default=0.0) * 1e3
+    ax.set_xlim(0, end * 1.01 if end > 0 else 1)
+    ax.legend(handles=[Patch(color=KIND_COLORS.get(k, "#999999"), label=k) for k in by_kind],
+              loc="upper right", fontsize=8, ncols=min(len(by_kind), 6))
+    ax.set_title(title or f"simulated step: {end:.3f} ms")
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def placement_picture(graph: OpGraph, plan: Plan, path: str | Path, *, title: str = "",
+                      max_drawn_nodes: int = 60) -> Path:
+    """Ops in topological order coloured by device.
+
+    A layered drawing of the graph for small graphs (at most ``max_drawn_nodes`` ops),
+    else a strip: one column per op, bar height = forward time, so long runs on one
+    device and the cost of each stage are visible.
+    """
+    dev = plan.device_map()
+    devices = sorted(set(dev.values()))
+    colors = {d: _DEVICE_COLORS[d % len(_DEVICE_COLORS)] for d in devices}
+    handles = [Patch(color=colors[d], label=f"device {d}") for d in devices]
+    if len(graph) <= max_drawn_nodes:
+        import networkx as nx
+
+        depth: dict[str, int] = {}
+        for op in graph.order:
+            depth[op] = 1 + max((depth[u] for u in graph.preds(op)), default=-1)
+        g = graph.nx.copy()
+        for op in g.nodes:
+            g.nodes[op]["layer"] = depth[op]
+        pos = nx.multipartite_layout(g, subset_key="layer", align="horizontal")
+        pos = {k: (x, -y) for k, (y, x) in pos.items()}
+        fig, ax = plt.subplots(figsize=(max(6, len(set(depth.values())) * 0.35 + 3), 6))
+        nx.draw_networkx_edges(g, pos, ax=ax, alpha=0.4, arrowsize=6, node_size=120)
+        nx.draw_networkx_nodes(g, pos, ax=ax, node_size=120,
+                               node_color=[colors[dev[n]] for n in g.nodes])
+        if len(graph) <= 30:
+            nx.draw_networkx_labels(g, pos, ax=ax, font_size=6)
+        ax.axis("off")
+    else:
+        kind = next(iter(graph.ops[0].fwd_time_s), None) if len(graph) else None
+        heights = [max(op.fwd_time_s.get(kind, 0.0), 0.0) * 1e3 if kind else 1.0 for op in graph]
+        if not any(heights):
+            heights = [1.0] * len(graph)
+        fig, ax = plt.subplots(figsize=(12, 3))
+        ax.bar(range(len(graph)), heights, width=1.0,
+               color=[colors[dev[n]] for n in graph.order])
+        ax.set_xlabel("op (topological order)")
+        ax.set_ylabel(f"forward ms ({kind})" if kind else "op")
+        ax.set_xlim(-0.5, len(graph) - 0.5)
+    ax.legend(handles=handles, loc="upper right", fontsize=8)
+    ax.set_title(title or f"{graph.name}: {plan.describe()}")
+    return _save(fig, path)
+
+
+def training_curve(values: Sequence[float] | Mapping[str, Sequence[float]], path: str | Path,
+                   *, title: str = "", xlabel: str = "iteration", ylabel: str = "step time (s)",
+                   smooth: int = 1, hlines: Mapping[str, float] | None = None) -> Path:
+    """Line plot of one or several series (e.g. best step time per RL iteration).
+
+    Args:
+        values: a series, or ``{label: series}``.
+        smooth: moving-average window drawn over the raw values (1: none).
+        hlines: reference levels drawn as dashed lines, ``{label: y}`` (baselines,
+            the lower bound).
+    """
+    series = {"": list(values)} if not isinstance(values, Mapping) else dict(values)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, ys in series.items():
+        ys = [float(y) for y in ys]
+        line = ax.plot(range(len(ys)), ys, alpha=0.35 if smooth > 1 else 1.0,
+                       label=None if smooth > 1 else (label or None))[0]
+        if smooth > 1 and len(ys) >= smooth:
+            avg = [sum(ys[i - smooth + 1:i + 1]) / smooth for i in range(smooth - 1, len(ys))]
+            ax.plot(range(smooth - 1, len(ys)), avg, color=line.get_color(), label=label or None)
+    for i, (label, y) in enumerate((hlines or {}).items()):
+        ax.axhline(y, linestyle="--", color=f"C{(i + len(series)) % 10}", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def bar_chart(rows: Sequence[Mapping[str, Any]] | Mapping[str, float], path: str | Path, *,
+              label: str = "planner", value: str = "step_time_s", error: str | None = None,
+              title: str = "", ylabel: str | None = None, scale: float = 1.0) -> Path:
+    """Bars comparing planners (a compare table): one bar per row.
+
+    Args:
+        rows: dicts like ``{"planner": "expert", "step_time_s": 0.08}``, or a plain
+            ``{label: value}`` mapping. Rows whose value is missing or None (an OOM
+            plan) are drawn as an empty slot marked "n/a".
+        label, value: keys of the bar label and height.
+        error: key of a symmetric error (spread), optional.
+        scale: multiply values by this (1e3 for milliseconds).
+    """
+    if isinstance(rows, Mapping):
+        rows = [{label: k, value: v} for k, v in rows.items()]
+    names = [str(r.get(label, i)) for i, r in enumerate(rows)]
+    vals = [r.get(value) for r in rows]
+    heights = [float(v) * scale if v is not None else 0.0 for v in vals]
+    errs = None
+    if error is not None:
+        errs = [float(r.get(error) or 0.0) * scale for r in rows]
+    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(rows) + 2), 4))
+    bars = ax.bar(range(len(rows)), heights, yerr=errs, capsize=3,
+                  color=[_DEVICE_COLORS[i % len(_DEVICE_COLORS)] for i in range(len(rows))])
+    for b, v, h in zip(bars, vals, heights):
+        ax.annotate("n/a" if v is None else f"{h:.3g}", (b.get_x() + b.get_width() / 2, h),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
+    ax.set_ylabel(ylabel or value)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)

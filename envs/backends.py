@@ -1,0 +1,209 @@
+"""Backends that turn a plan into a step time: the simulator, or real devices.
+
+* ``sim``: :func:`autoplace.sim.simulate` (deterministic; results are cached by plan).
+* ``real``: :func:`autoplace.executor.execute` inside a persistent measuring worker
+  subprocess (:mod:`autoplace.envs.real_worker`) that keeps the model between
+  episodes and reports the median of ``steps - warmup`` timed steps. An
+  out-of-memory error is a result; a crashed worker is restarted and the
+  measurement retried once; a hung run is killed after ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autoplace.cluster import Cluster
+from autoplace.errors import AutoplaceError
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
+
+__all__ = ["Measurement", "Backend", "SimBackend", "RealBackend", "BACKENDS", "make_backend"]
+
+
+@dataclass(kw_only=True)
+class Measurement:
+    """What a backend says about one plan.
+
+    Attributes:
+        step_time_s: step time in seconds (``inf`` when nothing could be timed).
+        peak_memory_bytes: peak memory per cluster device.
+        oom: True when a device ran out of memory.
+        error: why the plan failed (out of memory, invalid, crashed), else None.
+        measured: True when the time was measured on devices, False when simulated.
+        extra: backend details (``allocated_bytes`` per GPU after a real run ...).
+    """
+
+    step_time_s: float
+    peak_memory_bytes: list[int] = field(default_factory=list)
+    oom: bool = False
+    error: str | None = None
+    measured: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.oom or self.error is not None
+
+    @classmethod
+    def failure(cls, error: str, num_devices: int, *, oom: bool = False) -> Measurement:
+        return cls(step_time_s=math.inf, peak_memory_bytes=[0] * num_devices, oom=oom,
+                   error=error)
+
+
+class Backend(Protocol):
+    name: str
+
+    def evaluate(self, plan: Plan) -> Measurement: ...
+
+    def close(self) -> None: ...
+
+
+class SimBackend:
+    """Step times from the simulator, cached by plan (it is deterministic).
+
+    Args:
+        graph: the graph plans are made for.
+        cluster: the cluster to simulate.
+        cache_size: plans remembered (0 disables the cache).
+    """
+
+    name = "sim"
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, *, cache_size: int = 4096) -> None:
+        from autoplace.sim import simulate
+
+        self._simulate = simulate
+        self.graph, self.cluster, self.cache_size = graph, cluster, cache_size
+        self._cache: OrderedDict[tuple, Measurement] = OrderedDict()
+
+    def evaluate(self, plan: Plan) -> Measurement:
+        key = (plan.placement, plan.parallel)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return _copy(hit)
+        res = self._simulate(self.graph, plan, self.cluster)
+        oom_devices = list(getattr(res, "oom_devices", []))
+        m = Measurement(
+            step_time_s=float(res.step_time_s),
+            peak_memory_bytes=[int(b) for b in res.peak_memory_bytes],
+            oom=bool(res.oom),
+            error=f"out of memory on device(s) {oom_devices}" if res.oom else None,
+            extra={"lower_bound_s": float(getattr(res, "lower_bound_s", 0.0))},
+        )
+        if self.cache_size > 0:
+            self._cache[key] = m
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return _copy(m)
+
+    def timeline(self, plan: Plan) -> Any:
+        """The simulated :class:`SimResult` of ``plan`` with its timeline."""
+        return self._simulate(self.graph, plan, self.cluster, timeline=True)
+
+    def close(self) -> None:
+        self._cache.clear()
+
+
+def _copy(m: Measurement) -> Measurement:
+    return Measurement(step_time_s=m.step_time_s, peak_memory_bytes=list(m.peak_memory_bytes),
+                       oom=m.oom, error=m.error, measured=m.measured, extra=dict(m.extra))
+
+
+class RealBackend:
+    """Step times measured by executing the plan in a persistent worker subprocess.
+
+    Args:
+        workload: ``{"spec": zoo name or module:factory, "options": {...}, "seed": 0}``.
+        cluster: the cluster (its devices must exist on this machine).
+        steps: steps per measurement, warm-up included.
+        warmup: steps not timed.
+        timeout_s: seconds one measurement may take before the worker is killed.
+    """
+
+    name = "real"
+
+    def __init__(
+        self,
+        workload: dict[str, Any],
+        cluster: Cluster,
+        *,
+        steps: int = 5,
+        warmup: int = 2,
+        timeout_s: float = 300.0,
+    ) -> None:
+        from autoplace.envs.real_worker import MeasuringWorker
+
+        if steps <= warmup:
+            raise AutoplaceError(f"real backend: steps ({steps}) must exceed warmup ({warmup})")
+        self.workload, self.cluster = workload, cluster
+        self.steps, self.warmup, self.timeout_s = steps, warmup, timeout_s
+        self.worker = MeasuringWorker()
+        self._cluster_json = cluster.to_json()
+        #: the next request's ``inject`` (test hook: "oom", "hang", "crash"); used once.
+        self.inject: str | None = None
+
+    def evaluate(self, plan: Plan) -> Measurement:
+        from autoplace.envs.real_worker import WorkerDied, WorkerTimeout
+
+        request = {"cmd": "measure", "workload": self.workload, "cluster": self._cluster_json,
+                   "plan": plan.to_json(), "steps": self.steps, "warmup": self.warmup,
+                   "timeout_s": self.timeout_s, "inject": self.inject}
+        self.inject = None
+        n = self.cluster.num_devices
+        reply = None
+        for attempt in range(2):  # a crashed worker is restarted and the plan retried once
+            try:
+                reply = self.worker.request(request, self.timeout_s)
+                break
+            except WorkerTimeout as e:
+                return Measurement.failure(str(e), n)
+            except WorkerDied as e:
+                if attempt == 1:
+                    return Measurement.failure(f"{e} twice while running this plan", n)
+                request["inject"] = None
+        assert reply is not None
+        extra = {"allocated_bytes": reply.get("allocated_bytes", []),
+                 "worker_restarts": self.worker.restarts}
+        if not reply.get("ok"):
+            m = Measurement.failure(reply.get("error") or "unknown error", n,
+                                    oom=bool(reply.get("oom")))
+            m.extra = extra
+            return m
+        report = reply["report"]
+        t = report.get("step_time_s")
+        peak = [int(b) for b in report.get("peak_memory_bytes") or []]
+        peak = (peak + [0] * n)[:n]
+        failed = bool(report.get("oom")) or report.get("error") is not None or t is None
+        return Measurement(
+            step_time_s=float(t) if t is not None else math.inf,
+            peak_memory_bytes=peak,
+            oom=bool(report.get("oom")),
+            error=(report.get("error") or "no step was timed") if failed else None,
+            measured=not failed,
+            extra={**extra, "step_times_s": report.get("step_times_s", [])},
+        )
+
+    @property
+    def worker_pid(self) -> int | None:
+        """Pid of the running worker process (None before the first measurement)."""
+        return self.worker.pid
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+BACKENDS = ("sim", "real")
+
+
+def make_backend(name: str, **kwargs: Any) -> Backend:
+    """A backend by name; the error lists the valid names."""
+    if name == "sim":
+        return SimBackend(kwargs["graph"], kwargs["cluster"], cache_size=kwargs.get("cache_size", 4096))
+    if name == "real":
+        return RealBackend(kwargs["workload"], kwargs["cluster"], steps=kwargs.get("steps", 5),
+                           warmup=kwargs.get("warmup", 2), timeout_s=kwargs.get("timeout_s", 300.0))
+    raise AutoplaceError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")

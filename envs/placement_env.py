@@ -1,0 +1,431 @@
+"""PlacementEnv: place op groups on devices (and pick the hybrid split); reward from step time.
+
+Modes:
+
+* ``oneshot``: one action places every group and picks the hybrid split; the
+  episode is one step (``terminated=True``). Action ``MultiDiscrete([D] * max_groups
+  + [n_data, n_pipeline, n_microbatches])``: a device per group (entries of padded
+  groups are ignored), then indices into ``data_options``, ``pipeline_options`` and
+  ``microbatch_options``. How the split reads the devices:
+
+  - data degree ``d``: each replica has ``k = D // d`` local devices; a group's
+    device is its action entry modulo ``k``.
+  - pipeline ``p > 1``: a group's stage is the running maximum, over groups in
+    topological order, of its device modulo ``p`` (so stages are contiguous and in
+    order). If that does not give every stage ``0..p-1`` a run of ops in
+    topological order, or there are fewer microbatches than stages, the plan is
+    invalid: it gets the failing signal and ``info["error"]`` says why.
+
+* ``incremental`` (Placeto, Addanki et al. 2019): groups are visited one per step
+  in topological order, ``passes`` times; action ``Discrete(D)`` is the device for
+  the focused group (``focus`` in the observation). The split is fixed to the first
+  entry of each option list. Reward is the improvement of the score (below) over
+  the previous placement, so an episode's return is score(final) - score(initial).
+
+Score of a plan with step time ``t`` (``t1`` = the single-device step time):
+``"neg_sqrt"`` (default) ``-sqrt(t / t1)``; ``"improvement"`` ``1 - t / t1``;
+``"neg_time"`` ``-t / t1``. A plan that runs out of memory, is invalid, or crashes
+scores ``fail_reward`` (default -2.0, as bad as a plan 4x slower than one device
+under ``neg_sqrt``).
+
+``info`` after a step: ``step_time_s`` (``inf`` when nothing ran), ``peak_memory_bytes``
+(per device), ``oom``, ``error`` (None or why it failed), ``backend``, ``measured``
+(True only for a successful real measurement), ``plan`` (Plan JSON), ``score``,
+``single_device_step_time_s``. Observation layout: :mod:`autoplace.envs.observation`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from autoplace.cluster import Cluster, resolve
+from autoplace.errors import AutoplaceError, PlanError
+from autoplace.graph import OpGraph
+from autoplace.grouping import coarsen, group_costs
+from autoplace.plan import ParallelConfig, Plan, model_info
+
+from .backends import BACKENDS, Backend, Measurement, make_backend
+from .observation import group_edges, group_features, observation_space
+from .render import gantt_rgb, placement_table
+
+__all__ = ["EnvConfig", "PlacementEnv", "MODES", "REWARDS"]
+
+MODES = ("oneshot", "incremental")
+REWARDS = ("neg_sqrt", "improvement", "neg_time")
+
+
+@dataclass(kw_only=True)
+class EnvConfig:
+    """Options of :class:`PlacementEnv` (keyword arguments of the constructor)."""
+
+    backend: str = "sim"  #: "sim" (simulator) or "real" (measured in a worker subprocess)
+    mode: str = "oneshot"  #: "oneshot" or "incremental" (Placeto)
+    max_groups: int = 64  #: groups the graph is coarsened to (and observation padding)
+    max_edges: int | None = None  #: edge padding; None: max(4 * max_groups, edges present)
+    grouping: str = "contiguous"  #: coarsening method of autoplace.grouping.coarsen
+    memory_cap: str | int | None = None  #: cap every device's memory ("16GB")
+    reward: str = "neg_sqrt"  #: "neg_sqrt", "improvement" or "neg_time"
+    fail_reward: float = -2.0  #: score of an OOM, invalid or crashed plan
+    data_options: tuple[int, ...] = (1,)  #: data-parallel degrees an action may pick
+    pipeline_options: tuple[int, ...] = (1,)  #: pipeline stage counts an action may pick
+    microbatch_options: tuple[int, ...] = (1,)  #: microbatch counts an action may pick
+    schedule: str = "gpipe"  #: pipeline schedule, "gpipe" or "1f1b"
+    passes: int = 1  #: incremental mode: times every group is visited per episode
+    initial_placement: str = "single"  #: "single" (all on device 0) or "random"
+    workload_options: dict[str, Any] = field(default_factory=dict)  #: factory options
+    batch_size: int | None = None  #: global batch size (None: the workload's)
+    seed: int = 0  #: weight-init seed of the workload
+    steps: int = 5  #: real backend: steps per measurement, warm-up included
+    warmup: int = 2  #: real backend: steps not timed
+    timeout_s: float = 300.0  #: real backend: seconds before a hung run is killed
+    cache_size: int = 4096  #: sim backend: plans whose results are remembered
+
+
+class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
+    """Place a model's op groups on a cluster's devices; see the module docstring.
+
+    Args:
+        workload: zoo name, ``module:factory`` or a Workload (needed by ``backend="real"``).
+        graph: an OpGraph to place (default: captured from ``workload``).
+        cluster: preset name, JSON path, ``"detect"`` or a Cluster.
+        render_mode: None, ``"ansi"`` or ``"rgb_array"``.
+        **options: fields of :class:`EnvConfig`.
+    """
+
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 1}
+
+    def __init__(
+        self,
+        workload: Any = None,
+        graph: OpGraph | None = None,
+        cluster: str | Cluster = "cpu-x2",
+        *,
+        render_mode: str | None = None,
+        **options: Any,
+    ) -> None:
+        valid = [f.name for f in dataclasses.fields(EnvConfig)]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise AutoplaceError(f"unknown PlacementEnv option(s) {unknown}; valid: {valid}")
+        for key in ("data_options", "pipeline_options", "microbatch_options"):
+            if key in options:
+                options[key] = tuple(int(x) for x in options[key])
+        self.config = cfg = EnvConfig(**options)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise AutoplaceError(f"unknown render_mode {render_mode!r}; valid: ansi, rgb_array")
+        self.render_mode = render_mode
+        self.cluster = resolve(cluster, cfg.memory_cap)
+        self.num_devices = d = self.cluster.num_devices
+        _check_config(cfg, d)
+        self.data_options = cfg.data_options
+        self.pipeline_options = cfg.pipeline_options
+        self.microbatch_options = cfg.microbatch_options
+
+        workload_spec, self.graph = _resolve_workload(workload, graph, cfg)
+        _ensure_costs(self.graph, self.cluster)
+        self.groups = coarsen(self.graph, cfg.max_groups, method=cfg.grouping)
+        self.num_groups = g = max(self.groups.values()) + 1
+        kind = next((k for k in self.cluster.device_kinds if self.graph.has_costs(k)), None)
+        self._sums = group_costs(self.graph, self.groups, kind)
+        edges, _ = group_edges(self.graph, self.groups)
+        max_edges = cfg.max_edges if cfg.max_edges is not None else max(4 * cfg.max_groups,
+                                                                          len(edges))
+        if len(edges) > max_edges:
+            raise AutoplaceError(f"the group graph has {len(edges)} edges but max_edges is "
+                                 f"{max_edges}; raise max_edges")
+        feats = group_features(self.graph, self.groups, kind)
+        self._features = np.zeros((cfg.max_groups, feats.shape[1]), dtype=np.float32)
+        self._features[:g] = feats
+        self._edge_index = np.zeros((2, max_edges), dtype=np.int64)
+        self._edge_index[:, : len(edges)] = edges.T
+        self._edge_mask = np.zeros(max_edges, dtype=np.int8)
+        self._edge_mask[: len(edges)] = 1
+        self._node_mask = np.zeros(cfg.max_groups, dtype=np.int8)
+        self._node_mask[:g] = 1
+
+        self.incremental = cfg.mode == "incremental"
+        self.observation_space = observation_space(cfg.max_groups, max_edges, d,
+                                                    incremental=self.incremental)
+        if self.incremental:
+            self.action_space = spaces.Discrete(d)
+        else:
+            self.action_space = spaces.MultiDiscrete(np.array(
+                [d] * cfg.max_groups + [len(self.data_options), len(self.pipeline_options),
+                                        len(self.microbatch_options)], dtype=np.int64))
+
+        self._model_info = model_info(self.graph)
+        self._cluster_info = self.cluster.summary()
+        self.backend: Backend = make_backend(
+            cfg.backend, graph=self.graph, cluster=self.cluster, workload=workload_spec,
+            cache_size=cfg.cache_size, steps=cfg.steps, warmup=cfg.warmup,
+            timeout_s=cfg.timeout_s)
+        self._sim = self.backend if cfg.backend == "sim" else None
+        self._single_time_s: float | None = None
+        self._placement = np.zeros(g, dtype=np.int64)
+        self._parallel = self._split(0, 0, 0)
+        self._step_in_episode = 0
+        self._score: float | None = None
+        self._last: dict[str, Any] | None = None
+        self._spec: Any = None
+
+    # ---------------------------------------------------------------- gym API
+    @property
+    def spec(self) -> Any:
+        """The EnvSpec; measured step times vary, so the real backend is nondeterministic."""
+        s = self._spec
+        if s is not None and self.config.backend == "real" and not s.nondeterministic:
+            s = dataclasses.replace(s, nondeterministic=True)
+        return s
+
+    @spec.setter
+    def spec(self, value: Any) -> None:
+        self._spec = value
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Start an episode; ``options={"placement": [...]}`` sets the initial placement."""
+        super().reset(seed=seed)
+        g, d = self.num_groups, self.num_devices
+        if options and options.get("placement") is not None:
+            p = np.asarray(options["placement"], dtype=np.int64)[:g]
+            if p.shape != (g,) or p.min() < 0 or p.max() >= d:
+                raise AutoplaceError(f"reset placement must be {g} devices in 0..{d - 1}")
+            self._placement = p.copy()
+        elif self.config.initial_placement == "random":
+            self._placement = self.np_random.integers(0, d, size=g, dtype=np.int64)
+        else:
+            self._placement = np.zeros(g, dtype=np.int64)
+        self._parallel = self._split(0, 0, 0)
+        self._step_in_episode = 0
+        self._score = None
+        self._last = None
+        info = {"backend": self.backend.name, "num_groups": g, "num_devices": d,
+                "plan": _plan_json(self._plan(self._placement, self._parallel))}
+        return self._observation(), info
+
+    def step(
+        self, action: Any
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        g = self.num_groups
+        if self.incremental:
+            if self._score is None:  # score of the initial placement, on the first step
+                self._score = self._score_of(self._evaluate(self._placement, self._parallel)[0])
+            focus = self._step_in_episode % g
+            self._placement = self._placement.copy()
+            self._placement[focus] = int(action)
+            m, plan, error = self._evaluate(self._placement, self._parallel)
+            score = self._score_of(m)
+            reward = score - self._score
+            self._score = score
+            self._step_in_episode += 1
+            terminated = self._step_in_episode >= self.config.passes * g
+        else:
+            a = np.asarray(action, dtype=np.int64)
+            placement, parallel, error = self._decode(a)
+            self._placement, self._parallel = placement, parallel
+            m, plan, error = self._evaluate(placement, parallel, error)
+            score = reward = self._score_of(m)
+            self._step_in_episode += 1
+            terminated = True
+        info = {
+            "step_time_s": float(m.step_time_s),
+            "peak_memory_bytes": [int(b) for b in m.peak_memory_bytes],
+            "oom": bool(m.oom),
+            "error": error,
+            "backend": self.backend.name,
+            "measured": bool(m.measured),
+            "plan": _plan_json(plan),
+            "score": float(score),
+            "single_device_step_time_s": float(self.single_device_step_time_s),
+            **{k: v for k, v in m.extra.items() if k == "allocated_bytes"},
+        }
+        self._last = {**info, "reward": float(reward)}
+        return self._observation(), float(reward), bool(terminated), False, info
+
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "ansi":
+            ops: list[list[str]] = [[] for _ in range(self.num_groups)]
+            for name in self.graph.order:
+                ops[self.groups[name]].append(name)
+            names = [dev.name for dev in self.cluster.devices]
+            return placement_table(ops, self._placement, self._sums["fwd_time_s"],
+                                   self._sums["param_bytes"], names, self._last)
+        if self.render_mode == "rgb_array":
+            plan = self._plan(self._placement, self._parallel)
+            result = self._simulator().timeline(plan)
+            title = f"{self.graph.name} on {self.cluster.name}: {plan.parallel.describe()}, " \
+                    f"{result.step_time_s * 1e3:.2f} ms (simulated)"
+            return gantt_rgb(result, title)
+        return None
+
+    def close(self) -> None:
+        self.backend.close()
+        if self._sim is not None and self._sim is not self.backend:
+            self._sim.close()
+
+    # ------------------------------------------------------------ internals
+    @property
+    def single_device_step_time_s(self) -> float:
+        """Step time of the whole graph on device 0: the reward's normaliser."""
+        if self._single_time_s is None:
+            plan = Plan.single(self.graph, cluster=self.cluster)
+            m = self.backend.evaluate(plan)
+            if not math.isfinite(m.step_time_s) or m.step_time_s <= 0:
+                m = self._simulator().evaluate(plan)  # e.g. a real single device runs OOM
+            self._single_time_s = float(m.step_time_s)
+        return self._single_time_s
+
+    def _simulator(self) -> Any:
+        if self._sim is None:
+            self._sim = make_backend("sim", graph=self.graph, cluster=self.cluster,
+                                     cache_size=self.config.cache_size)
+        return self._sim
+
+    def _split(self, i_data: int, i_pipe: int, i_micro: int) -> ParallelConfig:
+        return ParallelConfig(data=self.data_options[i_data],
+                              pipeline=self.pipeline_options[i_pipe],
+                              microbatches=self.microbatch_options[i_micro],
+                              schedule=self.config.schedule)
+
+    def _decode(self, a: np.ndarray) -> tuple[np.ndarray, ParallelConfig, str | None]:
+        """Placement and split of a oneshot action (see the module docstring)."""
+        g, mg = self.num_groups, self.config.max_groups
+        devices = a[:g].astype(np.int64)
+        i_data, i_pipe, i_micro = (int(x) for x in a[mg: mg + 3])
+        data = self.data_options[i_data]
+        pipe = self.pipeline_options[i_pipe]
+        micro = self.microbatch_options[i_micro]
+        local = devices % (self.num_devices // data)
+        if pipe > 1:
+            local = np.maximum.accumulate(local % pipe)
+        try:
+            parallel = self._split(i_data, i_pipe, i_micro)
+        except PlanError as e:
+            fallback = ParallelConfig(data=data, pipeline=1, microbatches=micro,
+                                      schedule=self.config.schedule)
+            return local, fallback, str(e)
+        return local, parallel, None
+
+    def _plan(self, placement: np.ndarray, parallel: ParallelConfig) -> Plan:
+        return Plan(groups=self.groups, placement=tuple(int(x) for x in placement),
+                    parallel=parallel, model=self._model_info, cluster=self._cluster_info,
+                    planner={"name": "env", "mode": self.config.mode})
+
+    def _evaluate(
+        self, placement: np.ndarray, parallel: ParallelConfig, error: str | None = None
+    ) -> tuple[Measurement, Plan, str | None]:
+        plan = self._plan(placement, parallel)
+        if error is None and (parallel.data > 1 or parallel.pipeline > 1):
+            try:
+                plan.validate(self.graph, self.cluster)
+            except PlanError as e:
+                error = f"invalid plan: {e}"
+        if error is not None:
+            return Measurement.failure(error, self.num_devices), plan, error
+        m = self.backend.evaluate(plan)
+        return m, plan, m.error
+
+    def _score_of(self, m: Measurement) -> float:
+        if m.failed or not math.isfinite(m.step_time_s):
+            return float(self.config.fail_reward)
+        r = m.step_time_s / self.single_device_step_time_s
+        if self.config.reward == "neg_sqrt":
+            return -math.sqrt(r)
+        if self.config.reward == "improvement":
+            return 1.0 - r
+        return -r
+
+    def _observation(self) -> dict[str, np.ndarray]:
+        mg = self.config.max_groups
+        placement = np.zeros(mg, dtype=np.int64)
+        placement[: self.num_groups] = self._placement
+        obs = {
+            "edge_index": self._edge_index.copy(),
+            "edge_mask": self._edge_mask.copy(),
+            "node_features": self._features.copy(),
+            "node_mask": self._node_mask.copy(),
+            "placement": placement,
+        }
+        if self.incremental:
+            focus = np.zeros(mg, dtype=np.int64)
+            focus[self._step_in_episode % self.num_groups] = 1
+            obs["focus"] = focus
+        return dict(sorted(obs.items()))
+
+
+def _plan_json(plan: Plan) -> dict[str, Any]:
+    """The plan as JSON sharing no object with the env (users keep what infos hold)."""
+    d = plan.to_json()
+    for key in ("model", "cluster", "planner"):
+        d[key] = copy.deepcopy(d[key])
+    return d
+
+
+def _check_config(cfg: EnvConfig, num_devices: int) -> None:
+    checks = [("backend", cfg.backend, BACKENDS), ("mode", cfg.mode, MODES),
+              ("reward", cfg.reward, REWARDS),
+              ("initial_placement", cfg.initial_placement, ("single", "random"))]
+    for name, value, valid in checks:
+        if value not in valid:
+            raise AutoplaceError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+    for name in ("data_options", "pipeline_options", "microbatch_options"):
+        values = getattr(cfg, name)
+        limit = num_devices if name != "microbatch_options" else math.inf
+        if not values or any(v < 1 or v > limit for v in values):
+            raise AutoplaceError(
+                f"{name} must be a non-empty list of integers in 1..{limit}, got {list(values)}")
+    if cfg.max_groups < 1 or cfg.passes < 1:
+        raise AutoplaceError(f"max_groups and passes must be >= 1, got {cfg.max_groups}, "
+                             f"{cfg.passes}")
+
+
+def _resolve_workload(
+    workload: Any, graph: OpGraph | None, cfg: EnvConfig
+) -> tuple[dict[str, Any] | None, OpGraph]:
+    """The worker's workload spec (None without a workload) and the graph to place."""
+    from autoplace.workloads import Workload, get
+
+    if workload is None:
+        if graph is None:
+            raise AutoplaceError("PlacementEnv needs a workload (zoo name or module:factory) "
+                                 "or a graph")
+        if cfg.backend == "real":
+            raise AutoplaceError("backend='real' needs a workload to execute, not only a graph")
+        return None, graph
+    options = dict(cfg.workload_options)
+    if cfg.batch_size is not None:
+        options["batch_size"] = cfg.batch_size
+    if isinstance(workload, Workload):
+        spec = {"spec": workload.spec.get("spec", workload.name),
+                "options": {**workload.spec.get("options", {}), **options},
+                "seed": workload.spec.get("seed", cfg.seed)}
+        wl = workload
+    else:
+        spec = {"spec": str(workload), "options": options, "seed": cfg.seed}
+        wl = None
+    if graph is None:
+        from autoplace.capture import capture_workload
+
+        if wl is None:  # on the meta device: the planner needs shapes, not memory
+            wl = get(spec["spec"], device="meta", seed=spec["seed"], **options)
+        graph = capture_workload(wl, batch_size=cfg.batch_size)
+    return spec, graph
+
+
+def _ensure_costs(graph: OpGraph, cluster: Cluster) -> None:
+    if all(graph.has_costs(k) for k in cluster.device_kinds):
+        return
+    try:
+        from autoplace.costs import estimate_costs
+    except ImportError:  # the simulator estimates costs itself; features then lack times
+        return
+    estimate_costs(graph, cluster)

@@ -1,0 +1,103 @@
+"""Heads shared by every policy: a masked categorical choice and the hybrid-split head.
+
+:func:`categorical` is the single place where a policy samples: with ``action`` given it
+scores that action, otherwise it draws one with the trainer's ``torch.Generator`` (or
+takes the argmax when ``greedy``), so sampled and recomputed log-probabilities come from
+the same code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["categorical", "HybridHead"]
+
+
+def categorical(
+    logits: Tensor,
+    action: Tensor | None = None,
+    *,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    greedy: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Sample (or score) one choice per row of ``logits [..., K]``.
+
+    Args:
+        logits: unnormalised scores.
+        action: ``[...]`` choices to score instead of sampling.
+        mask: ``[...]`` bool; where false the choice is forced to 0 and contributes no
+            log-probability or entropy (padded groups).
+        generator: the trainer's generator (reproducible sampling).
+        greedy: take the most likely choice instead of sampling.
+
+    Returns:
+        ``(action [...], log_prob [...], entropy [...])``.
+    """
+    logp_all = F.log_softmax(logits, dim=-1)
+    if action is None:
+        if greedy:
+            action = logp_all.argmax(-1)
+        else:
+            flat = logp_all.detach().exp().reshape(-1, logits.shape[-1])
+            action = torch.multinomial(flat, 1, generator=generator).view(logits.shape[:-1])
+    if mask is not None:
+        action = action.masked_fill(~mask, 0)
+    log_prob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    if mask is not None:
+        log_prob = log_prob * mask
+        entropy = entropy * mask
+    return action, log_prob, entropy
+
+
+class HybridHead(nn.Module):
+    """Chooses the hybrid split (data-parallel degree, pipeline stages, microbatches).
+
+    The three choices are made in that order, each conditioned on the graph summary
+    and the choices before it; the head returns an embedding of the whole choice so
+    the placement decoder can condition on it (a pipeline split wants a chain placement,
+    data parallelism fewer devices per replica).
+
+    Args:
+        hidden: width of the graph summary and of the returned embedding.
+        sizes: option count of each choice (the env's last three action entries);
+            empty for none, in which case the head returns the summary unchanged.
+
+    Shapes:
+        summary ``[B, hidden]``, action ``[B, len(sizes)]`` -> action, log_prob ``[B]``,
+        entropy ``[B]``, embedding ``[B, hidden]``.
+    """
+
+    def __init__(self, hidden: int, sizes: tuple[int, ...] | list[int]) -> None:
+        super().__init__()
+        self.sizes = tuple(int(s) for s in sizes)
+        self.trunk = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh())
+        self.logits = nn.ModuleList(nn.Linear(hidden, s) for s in self.sizes)
+        self.embed = nn.ModuleList(nn.Embedding(s, hidden) for s in self.sizes)
+
+    def forward(
+        self,
+        summary: Tensor,
+        action: Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        b = summary.shape[0]
+        h = self.trunk(summary)
+        chosen, log_prob, entropy = [], summary.new_zeros(b), summary.new_zeros(b)
+        for i, (head, emb) in enumerate(zip(self.logits, self.embed)):
+            given = None if action is None else action[:, i]
+            a, lp, ent = categorical(head(h), given, generator=generator, greedy=greedy)
+            chosen.append(a)
+            log_prob = log_prob + lp
+            entropy = entropy + ent
+            h = torch.tanh(h + emb(a))
+        act = torch.stack(chosen, 1) if chosen else summary.new_zeros(b, 0, dtype=torch.long)
+        return act, log_prob, entropy, h
+
+    def extra_repr(self) -> str:
+        return f"sizes={list(self.sizes)}"

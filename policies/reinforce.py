@@ -1,0 +1,380 @@
+"""REINFORCE for placement policies: one trainer, read top to bottom.
+
+Every update samples ``batch_size`` episodes with the policy (envs step in lockstep so
+the policy runs once per step for all of them), turns rewards into returns, subtracts
+a moving-average baseline (one per graph and step), normalises the advantages, and
+takes one Adam step on ``-(log_prob * advantage) - entropy_coef * entropy`` with the
+gradient norm clipped and the learning rate following a schedule. The best plan seen
+(``info["plan"]`` of an env step) is kept. Checkpoints hold every piece of state, so a
+run killed at any moment resumes from its last checkpoint to the same result.
+
+Reproducibility: ``random``, numpy and torch are seeded, the policy samples with a
+``torch.Generator`` seeded here, and every env reset gets a seed derived from the run
+seed and the episode number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from autoplace.errors import AutoplaceError
+
+from . import checkpoint as ckpt
+from .base import PlacementPolicy, batch_obs
+
+__all__ = ["ReinforceConfig", "ReinforceResult", "reinforce", "parse_budget", "LR_SCHEDULES"]
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass(kw_only=True)
+class ReinforceConfig:
+    """Options of :func:`reinforce`."""
+
+    budget: str | int = "200"
+    """how long to train: updates ("200"), episodes ("2000ep") or wall time ("90s", "5m", "1h")"""
+    batch_size: int = 16
+    """episodes (sampled plans) per update"""
+    lr: float = 3e-3
+    """peak learning rate of Adam"""
+    lr_schedule: str = "cosine"
+    """learning-rate schedule over the budget: constant, linear or cosine"""
+    lr_final: float = 0.1
+    """final learning rate as a fraction of lr (linear and cosine schedules)"""
+    entropy_coef: float = 1e-2
+    """weight of the entropy bonus"""
+    baseline_decay: float = 0.9
+    """moving-average factor of the reward baseline"""
+    normalize_advantages: bool = True
+    """scale advantages to zero mean and unit variance within each batch"""
+    gamma: float = 1.0
+    """discount of later rewards (incremental mode)"""
+    max_grad_norm: float = 1.0
+    """gradient norm clip"""
+    seed: int = 0
+    """seed of random, numpy, torch, the sampling generator and env resets"""
+    out_dir: str | None = None
+    """where checkpoint.pt, tb/ and best_plan.json go (None: nothing written)"""
+    checkpoint_every: int = 10
+    """updates between checkpoints (0: only at the end)"""
+    resume: bool = False
+    """continue from out_dir/checkpoint.pt when it exists"""
+    progress: bool = True
+    """show a tqdm progress bar"""
+    tensorboard: bool = True
+    """write TensorBoard scalars to out_dir/tb"""
+
+
+@dataclass
+class ReinforceResult:
+    """What a run found: the best plan per graph and the training history."""
+
+    best_plan: Any
+    best_step_time_s: float
+    best_reward: float
+    best: dict[str, dict[str, Any]]
+    history: dict[str, list[float]]
+    updates: int
+    episodes: int
+    elapsed_s: float
+    checkpoint_path: Path | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_budget(budget: str | int) -> tuple[str, float]:
+    """``200`` / ``"200"`` -> updates, ``"2000ep"`` -> episodes, ``"90s"``/``"5m"``/``"1h"``
+    -> seconds. Returns ``(unit, amount)`` with unit ``updates``, ``episodes`` or ``seconds``."""
+    text = str(budget).strip().lower()
+    units = (("episodes", "episodes", 1), ("episode", "episodes", 1), ("ep", "episodes", 1),
+             ("updates", "updates", 1), ("u", "updates", 1), ("s", "seconds", 1),
+             ("m", "seconds", 60), ("h", "seconds", 3600))
+    for suffix, unit, scale in (("", "updates", 1), *units):
+        number = text[: len(text) - len(suffix)] if suffix else text
+        if (not suffix or text.endswith(suffix)) and number.replace(".", "", 1).isdigit():
+            amount = float(number) * scale
+            if amount > 0:
+                return unit, amount
+    raise AutoplaceError(
+        f"cannot read a budget from {budget!r}; write updates (200), episodes (2000ep) or "
+        "wall time (90s, 5m, 1h)"
+    )
+
+
+def _lr_factor(schedule: str, frac: float, final: float) -> float:
+    frac = min(max(frac, 0.0), 1.0)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return 1.0 - (1.0 - final) * frac
+    return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def _graph_key(env: Any, index: int) -> str:
+    graph = getattr(getattr(env, "unwrapped", env), "graph", None)
+    fp = getattr(graph, "fingerprint", None)
+    return f"{getattr(graph, 'name', 'graph')}-{fp}" if fp else f"env{index}"
+
+
+def _outcome(info: dict[str, Any], reward: float) -> tuple[tuple, float, Any]:
+    """``(rank, step_time_s, plan)`` of an env step; a lower rank is a better plan."""
+    plan = info.get("plan")
+    step = info.get("step_time_s")
+    if step is None and plan is not None:
+        pred = plan.get("predicted") if isinstance(plan, dict) else getattr(plan, "predicted", None)
+        step = (pred or {}).get("step_time_s")
+    step = float(step) if step is not None and math.isfinite(float(step)) else math.inf
+    failed = bool(info.get("oom")) or bool(info.get("invalid")) or bool(info.get("error"))
+    return (failed, step, -float(reward)), step, plan
+
+
+def _plan_text(plan: Any) -> str | None:
+    if plan is None:
+        return None
+    data = plan if isinstance(plan, dict) else plan.to_json()
+    return json.dumps(data, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else
+                      o.item() if hasattr(o, "item") else str(o))
+
+
+def _rollout(envs, policy, first_episode, batch_size, seed, generator):
+    """Play ``batch_size`` episodes, envs in lockstep. Returns transitions and episodes."""
+    transitions, episodes = [], []
+    n = len(envs)
+    for start in range(0, batch_size, n):
+        alive, obs = [], {}
+        for j in range(start, min(start + n, batch_size)):
+            env = (first_episode + j) % n
+            obs[len(episodes)], _ = envs[env].reset(seed=(seed * 1_000_003 + first_episode + j)
+                                                    % 2**31)
+            alive.append(len(episodes))
+            episodes.append({"env": env, "return": 0.0, "outcomes": []})
+        t = 0
+        while alive:
+            with torch.no_grad():
+                out = policy(batch_obs([obs[e] for e in alive]), generator=generator)
+            still = []
+            for row, e in enumerate(alive):
+                ep = episodes[e]
+                act = out.action[row].numpy()
+                env_action = int(act[0]) if policy.mode == "incremental" else act
+                next_obs, r, terminated, truncated, info = envs[ep["env"]].step(env_action)
+                ep["return"] += float(r)
+                ep["outcomes"].append(_outcome(info, float(r)))
+                transitions.append({
+                    "obs": obs[e], "action": out.action[row], "reward": float(r), "t": t,
+                    "episode": e, "env": ep["env"],
+                    "latent": {k: v[row] for k, v in out.latent.items()},
+                })
+                if not (terminated or truncated):
+                    obs[e] = next_obs
+                    still.append(e)
+            alive, t = still, t + 1
+    return transitions, episodes
+
+
+def reinforce(
+    envs: list[Any],
+    policy: PlacementPolicy,
+    config: ReinforceConfig | None = None,
+    *,
+    extra: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> ReinforceResult:
+    """Train ``policy`` with REINFORCE on ``envs`` (env instances or zero-argument factories).
+
+    Args:
+        envs: environments following the PlacementEnv contract; several graphs may be
+            mixed (their padded shapes must agree). Episodes of one update are spread
+            over them round-robin and stepped in lockstep.
+        policy: a policy from :mod:`autoplace.policies` sized for the envs' spaces.
+        config: options (see :class:`ReinforceConfig`); ``overrides`` replace fields.
+        extra: plain data saved in the checkpoint beside the trainer state.
+    """
+    cfg = replace(config or ReinforceConfig(), **overrides)
+    if cfg.lr_schedule not in LR_SCHEDULES:
+        raise AutoplaceError(
+            f"unknown lr_schedule {cfg.lr_schedule!r}; valid: {', '.join(LR_SCHEDULES)}")
+    unit, amount = parse_budget(cfg.budget)
+    envs = [e if hasattr(e, "step") else e() for e in envs]
+    if not envs:
+        raise AutoplaceError("reinforce needs at least one env")
+    keys = [_graph_key(e, i) for i, e in enumerate(envs)]
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    ckpt_path = out_dir / "checkpoint.pt" if out_dir else None
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    update, episodes_done, elapsed_before = 0, 0, 0.0
+    baselines: dict[str, list[float]] = {}
+    best: dict[str, dict[str, Any]] = {}
+    history: dict[str, list[float]] = {k: [] for k in (
+        "reward_mean", "reward_max", "best_step_time_s", "best_reward", "entropy", "loss", "lr",
+        "episodes", "elapsed_s")}
+
+    if cfg.resume and ckpt_path is not None and ckpt_path.exists():
+        data = ckpt.load(ckpt_path)
+        if data["policy"]["name"] != policy.name or data["policy"]["config"] != policy.config:
+            raise AutoplaceError(
+                f"{ckpt_path} holds a {data['policy']['name']!r} policy with config "
+                f"{data['policy']['config']}, not this {policy.name!r} {policy.config}")
+        policy.load_state_dict(data["policy_state"])
+        optimizer.load_state_dict(data["optimizer"])
+        ckpt.set_rng_state(data["rng"], generator)
+        update, episodes_done = int(data["update"]), int(data["episodes"])
+        elapsed_before = float(data["elapsed_s"])
+        baselines, best, history = data["baselines"], data["best"], data["history"]
+
+    def progress_fraction(elapsed_s: float) -> float:
+        done = {"updates": update, "episodes": episodes_done, "seconds": elapsed_s}[unit]
+        return done / amount
+
+    def save_checkpoint(elapsed_s: float) -> None:
+        if ckpt_path is None:
+            return
+        ckpt.save(ckpt_path, {
+            "policy": {"name": policy.name, "config": policy.config},
+            "policy_state": policy.state_dict(), "optimizer": optimizer.state_dict(),
+            "rng": ckpt.rng_state(generator), "update": update, "episodes": episodes_done,
+            "elapsed_s": elapsed_s, "baselines": baselines, "best": best, "history": history,
+            "config": {k: v for k, v in asdict(cfg).items() if k != "resume"},
+            "extra": extra or {},
+        })
+
+    writer = None
+    if out_dir is not None and cfg.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out_dir / "tb"), purge_step=update or None)
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=int(amount), initial=int(min(amount, {"updates": update, "episodes":
+                   episodes_done, "seconds": elapsed_before}[unit])), desc=policy.name,
+                   unit={"updates": "upd", "episodes": "ep", "seconds": "s"}[unit])
+
+    t0 = time.perf_counter()
+    while progress_fraction(elapsed_before + time.perf_counter() - t0) < 1.0:
+        lr = cfg.lr * _lr_factor(cfg.lr_schedule, progress_fraction(
+            elapsed_before + time.perf_counter() - t0), cfg.lr_final)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        # 1. sample a batch of episodes
+        policy.eval()
+        trans, eps = _rollout(envs, policy, episodes_done, cfg.batch_size, cfg.seed, generator)
+        for ep in eps:
+            key = keys[ep["env"]]
+            rank, step, plan = min(ep["outcomes"], key=lambda o: o[0])
+            old = best.get(key)
+            if old is None or list(rank) < list(old["rank"]):
+                best[key] = {"rank": list(rank), "step_time_s": step, "reward": -rank[2],
+                             "plan": _plan_text(plan), "update": update}
+
+        # 2. returns-to-go, minus a moving-average baseline per (graph, step)
+        returns = np.zeros(len(trans))
+        running: dict[int, float] = {}
+        for i in reversed(range(len(trans))):
+            e = trans[i]["episode"]
+            running[e] = trans[i]["reward"] + cfg.gamma * running.get(e, 0.0)
+            returns[i] = running[e]
+        advantages = np.zeros(len(trans))
+        by_slot: dict[tuple[str, int], list[int]] = {}
+        for i, tr in enumerate(trans):
+            by_slot.setdefault((keys[tr["env"]], tr["t"]), []).append(i)
+        for (key, t), idx in by_slot.items():
+            b = baselines.setdefault(key, [])
+            mean = float(returns[idx].mean())
+            if t >= len(b):
+                b.append(mean)
+            advantages[idx] = returns[idx] - b[t]
+            b[t] = cfg.baseline_decay * b[t] + (1 - cfg.baseline_decay) * mean
+        if cfg.normalize_advantages and len(trans) > 1:
+            std = advantages.std()
+            advantages = (advantages - advantages.mean()) / std if std > 1e-8 else advantages * 0
+
+        # 3. one gradient step on the recomputed log-probabilities
+        policy.train()
+        latent = {k: torch.stack([tr["latent"][k] for tr in trans]) for k in trans[0]["latent"]}
+        out = policy(batch_obs([tr["obs"] for tr in trans]),
+                     torch.stack([tr["action"] for tr in trans]), latent or None)
+        adv = torch.as_tensor(advantages, dtype=torch.float32)
+        entropy = out.entropy.mean()
+        loss = -(out.log_prob * adv).mean() - cfg.entropy_coef * entropy
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+
+        # 4. bookkeeping
+        update += 1
+        episodes_done += len(eps)
+        elapsed = elapsed_before + time.perf_counter() - t0
+        ep_returns = [ep["return"] for ep in eps]
+        first = best.get(keys[0], {})
+        row = {"reward_mean": float(np.mean(ep_returns)), "reward_max": float(np.max(ep_returns)),
+               "best_step_time_s": float(first.get("step_time_s", math.inf)),
+               "best_reward": float(first.get("reward", -math.inf)), "entropy": float(entropy),
+               "loss": float(loss), "lr": lr, "episodes": float(episodes_done),
+               "elapsed_s": elapsed}
+        for k, v in row.items():
+            history[k].append(v)
+        if writer is not None:
+            for k in ("reward_mean", "reward_max", "best_step_time_s", "entropy", "loss", "lr"):
+                if math.isfinite(row[k]):
+                    writer.add_scalar(k.replace("_", "/", 1) if k.startswith("reward") else k,
+                                      row[k], update)
+        if bar is not None:
+            bar.n = int(min(amount, {"updates": update, "episodes": episodes_done,
+                                     "seconds": elapsed}[unit]))
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}",
+                            best_ms=f"{row['best_step_time_s'] * 1e3:.3g}", refresh=False)
+            bar.refresh()
+        if cfg.checkpoint_every and update % cfg.checkpoint_every == 0:
+            save_checkpoint(elapsed)
+
+    elapsed = elapsed_before + time.perf_counter() - t0
+    save_checkpoint(elapsed)
+    if bar is not None:
+        bar.close()
+    if writer is not None:
+        writer.close()
+    return _result(best, keys, history, update, episodes_done, elapsed, ckpt_path, out_dir, cfg)
+
+
+def _result(best, keys, history, update, episodes, elapsed, ckpt_path, out_dir, cfg):
+    first = best.get(keys[0], {})
+    plan = _load_plan(first.get("plan"))
+    if out_dir is not None and plan is not None:
+        (out_dir / "best_plan.json").write_text(first["plan"])
+        if len(set(keys)) > 1:
+            (out_dir / "best_plans.json").write_text(json.dumps(
+                {k: json.loads(v["plan"]) for k, v in best.items() if v.get("plan")}, indent=1))
+    return ReinforceResult(
+        best_plan=plan, best_step_time_s=float(first.get("step_time_s", math.inf)),
+        best_reward=float(first.get("reward", -math.inf)), best=best, history=history,
+        updates=update, episodes=episodes, elapsed_s=elapsed, checkpoint_path=ckpt_path,
+        config=asdict(cfg))
+
+
+def _load_plan(text: str | None) -> Any:
+    if text is None:
+        return None
+    from autoplace.plan import Plan
+
+    data = json.loads(text)
+    try:
+        return Plan.from_json(data)
+    except AutoplaceError:
+        return data

@@ -1,0 +1,123 @@
+"""profile: per-op times measured on the CPU, the cache, link measurement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from assets.capture_models import CausalAttention, LSTMTagger, ResidualMLP
+from torch import nn
+
+import autoplace.profile as prof
+from autoplace.capture import capture
+from autoplace.errors import AutoplaceError
+from autoplace.profile import measure_links, profile
+from autoplace.workloads import Workload
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Shared 2-core CI: one intra-op thread keeps timings from thrashing."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_profile_mlp_on_cpu_times_every_op():
+    torch.manual_seed(0)
+    model = ResidualMLP(dim=128, hidden=512)
+    x = torch.randn(64, 128)
+    g = capture(model, (x,))
+    before = model(x).detach()
+    assert profile(g, ["cpu"], repeats=3, inputs=(x,)) is g
+    assert g.has_costs("cpu")
+    assert g["x"].fwd_time_s["cpu"] == 0.0 and g["output"].bwd_time_s["cpu"] == 0.0
+    for name in ("ups_0", "relu", "downs_0", "add", "head"):
+        assert g[name].fwd_time_s["cpu"] > 0
+    # a 64x128x512 matmul (8.4 MFLOP) outweighs an add of 8K elements, both ways
+    assert g["ups_0"].fwd_time_s["cpu"] > 3 * g["add"].fwd_time_s["cpu"]
+    assert g["ups_0"].bwd_time_s["cpu"] > g["add"].bwd_time_s["cpu"]
+    assert g["ups_0"].bwd_time_s["cpu"] > 0
+    cal = g.profile_info["cpu"]["calibration"]
+    assert 0.25 <= cal["fwd_scale"] <= 4 and cal["whole_step_s"] > cal["whole_fwd_s"] > 0
+    torch.testing.assert_close(model(x), before)  # profiling left the weights alone
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_cache_round_trip(tmp_path, monkeypatch):
+    model = LSTMTagger()
+    tokens = torch.randint(0, 100, (4, 10))
+    g = profile(capture(model, (tokens,)), "cpu", repeats=2, inputs=(tokens,),
+                cache_dir=tmp_path)
+    path = tmp_path / f"{g.fingerprint}-cpu.json"
+    data = json.loads(path.read_text())
+    assert data["format"] == "autoplace.profile/1" and data["device_kind"] == "cpu"
+    assert data["fwd_time_s"]["lstm"] == g["lstm"].fwd_time_s["cpu"] > 0
+    assert g["lstm"].bwd_time_s["cpu"] > 0
+
+    def boom(*a, **k):
+        raise AssertionError("measured again despite the cache")
+
+    monkeypatch.setattr(prof, "_measure", boom)
+    g2 = profile(capture(model, (tokens,)), ["cpu"], cache_dir=tmp_path)
+    assert g2.fwd_times("cpu").tolist() == g.fwd_times("cpu").tolist()
+    assert g2.bwd_times("cpu").tolist() == g.bwd_times("cpu").tolist()
+
+
+def test_profile_exported_graph_with_synthesized_inputs():
+    g = capture(CausalAttention(dim=32), (torch.randn(2, 16, 32),))
+    assert g.capture_method == "export"
+    profile(g, ["cpu"], repeats=2, calibrate=False)
+    assert g["linear"].fwd_time_s["cpu"] > 0 and g["linear"].bwd_time_s["cpu"] > 0
+    assert g["qkv_weight"].fwd_time_s["cpu"] == 0.0
+    assert g.profile_info["cpu"]["calibration"]["fwd_scale"] == 1.0
+
+
+def test_profile_workload_with_inplace_ops():
+    class InplaceNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.act = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            y = self.act(self.fc(x))
+            return (y * 2.0).add_(x)
+
+    wl = Workload(
+        name="inplace",
+        model=InplaceNet(),
+        make_batch=lambda bs, dev: ((torch.randn(bs, 8, device=dev),), torch.zeros(bs, 8)),
+        loss_fn=F.mse_loss,
+        batch_size=4,
+    )
+    g = profile(wl, ["cpu"], repeats=2)
+    assert g.name == "inplace" and g.batch_size == 4
+    assert g["act"].fwd_time_s["cpu"] > 0 and g["add_"].fwd_time_s["cpu"] > 0
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(g.module(x), wl.model(x))
+
+
+def test_meta_graph_is_refused():
+    with torch.device("meta"):
+        model = nn.Linear(4, 4)
+    g = capture(model, (torch.randn(2, 4, device="meta"),))
+    with pytest.raises(AutoplaceError, match="meta"):
+        profile(g, ["cpu"])
+
+
+def test_fit_alpha_beta_recovers_exact_line():
+    xs = [1024, 65536, 2**20]
+    ts = [5e-6 + x / 2e9 for x in xs]
+    alpha, bw = prof._fit_alpha_beta(xs, ts)
+    assert alpha == pytest.approx(5e-6) and bw == pytest.approx(2e9)
+
+
+def test_measure_links_cpu_pair():
+    alpha, bw = measure_links(["cpu", "cpu"], sizes=(2**12, 2**18, 2**21), repeats=3)
+    assert alpha[0][0] == 0.0 and bw[1][1] == float("inf")
+    assert alpha[0][1] >= 0.0 and alpha[0][1] < 1e-3
+    assert 1e8 < bw[0][1] < 1e13 and 1e8 < bw[1][0] < 1e13
