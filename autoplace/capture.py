@@ -360,12 +360,8 @@ def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | Non
         if n.op == "call_module":
             submod = gm.get_submodule(n.target)
             params = list(submod.parameters())
-        elif n.op == "get_attr":
-            attr = env.get(n)
-            real = _fetch(gm, n.target)
-            if isinstance(real, nn.Parameter):
-                params = [real]
-            del attr
+        elif n.op == "get_attr" and isinstance(_fetch(gm, n.target), nn.Parameter):
+            params = [_fetch(gm, n.target)]
         pbytes = 0
         pnames = []
         for p in params:

@@ -150,6 +150,10 @@ class DemoConfig(ModelArgs, ClusterArgs):
 def _model(cfg: ModelArgs, device: Any = None):
     from autoplace import workloads
 
+    return workloads.get(cfg.model, device=device, **_options(cfg))
+
+
+def _options(cfg: ModelArgs) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for kv in cfg.option:
         if "=" not in kv:
@@ -161,7 +165,7 @@ def _model(cfg: ModelArgs, device: Any = None):
             options[k] = v
     if cfg.batch_size is not None:
         options["batch_size"] = cfg.batch_size
-    return workloads.get(cfg.model, device=device, **options)
+    return options
 
 
 def _graph_of(workload):
@@ -351,7 +355,7 @@ def cmd_plan(cfg: PlanConfig) -> int:
     elif cfg.planner == "auto":
         from autoplace.auto import auto_plan
 
-        plan = auto_plan(wl.spec, cluster, budget=cfg.budget, progress=True)
+        plan = auto_plan(wl.spec, cluster, budget=cfg.budget, graph=graph, progress=True)
     else:
         plan = baselines.get(cfg.planner)(graph, cluster, seed=cfg.seed)
     from autoplace.sim import simulate
@@ -377,7 +381,8 @@ def cmd_compare(cfg: CompareConfig) -> int:
         from autoplace.executor import launch
 
         def execute(plan):
-            return launch.run_plan(plan, cluster=cluster, steps=cfg.steps, reference=False)
+            return launch.run_plan(plan, wl.spec, cluster=cluster, steps=cfg.steps,
+                                   reference=False)
 
     planners = cfg.planners.split(",") if cfg.planners else None
     rows = compare(graph, cluster, planners, execute=execute, progress=True)
@@ -399,8 +404,12 @@ def cmd_run(cfg: RunConfig) -> int:
 
     plan = Plan.load(cfg.plan)
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
+    spec = {"spec": plan.model.get("spec"), "options": plan.model.get("options", {}),
+            "seed": int(plan.model.get("seed", 0))}
+    if not spec["spec"]:
+        raise AutoplaceError(f"{cfg.plan}: the plan records no model spec; it cannot be run")
     report = launch.run_plan(
-        plan, cluster=cluster, steps=cfg.steps, warmup=cfg.warmup,
+        plan, spec, cluster=cluster, steps=cfg.steps, warmup=cfg.warmup,
         reference=not cfg.no_reference, checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
         seed=cfg.seed, progress=True,
     )
@@ -455,7 +464,8 @@ def cmd_profile(cfg: ProfileConfig) -> int:
 def cmd_demo(cfg: DemoConfig) -> int:
     from autoplace.demo import run_demo
 
-    run_demo(cfg)
+    run_demo(cfg.model, cfg.cluster, memory_cap=cfg.memory_cap, options=_options(cfg),
+             out_dir=cfg.out, policy=cfg.policy, budget=cfg.budget, steps=cfg.steps)
     return 0
 
 

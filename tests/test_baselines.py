@@ -274,3 +274,19 @@ def test_anneal_never_worse_than_its_seed():
     assert info["cost_s"] <= info["seed_cost_s"]
     assert simulate(g, plan, c).step_time_s == pytest.approx(info["cost_s"])
     assert info["evaluations"] >= 120
+
+
+def test_zoo_gpt_under_memory_cap_hybrid_fits_where_single_and_ddp_do_not():
+    from autoplace import workloads
+    from autoplace.capture import capture_workload
+
+    g = capture_workload(workloads.get("gpt-medium"))
+    base = preset("h200x2")
+    cap = int(max(simulate(g, baselines.get("ddp")(g, base), base).peak_memory_bytes) * 0.75)
+    c = base.with_memory_cap(cap)
+    assert simulate(g, baselines.get("single")(g, c), c).oom
+    assert simulate(g, baselines.get("ddp")(g, c), c).oom
+    for name in ("hybrid-dp", "m-etf", "m-topo"):
+        plan = baselines.get(name)(g, c)
+        plan.validate(g, c)
+        assert not simulate(g, plan, c).oom, name

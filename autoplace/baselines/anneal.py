@@ -99,14 +99,17 @@ def anneal(
         starts.append(Plan.from_groups(graph, groups, placement, parallel=par,
                                        recompute=_project_recompute(p, groups), planner="anneal",
                                        cluster=cluster))
-    step_s, peak, oom = evaluate(graph, starts, cluster)
+    # the seeds as they are, and projected on the search's groups (what the moves edit)
+    everything = starts + [p for _, p in candidates]
+    step_s, peak, oom = evaluate(graph, everything, cluster)
     costs = _cost(step_s, overflow(peak, cluster), oom)
-    i = int(np.argmin(costs))
+    n = len(starts)
+    i = int(np.argmin(costs[:n]))
     current, cur_cost = starts[i], float(costs[i])
-    seed_name, seed_cost = candidates[i][0], cur_cost
-    best, best_cost = current, cur_cost
-    best_oom = bool(oom[i])
-    evaluations, steps, accepted = len(starts), 0, 0
+    j = int(np.argmin(costs))
+    best, best_cost, best_oom = everything[j], float(costs[j]), bool(oom[j])
+    seed_name, seed_cost = candidates[j % n][0], best_cost
+    evaluations, steps, accepted = len(costs), 0, 0
     degrees = [d for d in range(1, n_dev + 1) if n_dev % d == 0 and _microbatch_ok(graph, d, 1)]
 
     def propose(plan: Plan) -> Plan:

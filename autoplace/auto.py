@@ -1,0 +1,199 @@
+"""The ``auto`` planner: simulate everything, measure the best few, return the fastest *measured*.
+
+1. Capture the workload; use profiled costs when a profile is given, else estimates.
+2. Run every baseline planner (and optionally a briefly trained policy) on the simulator.
+3. Pick candidates: the fastest feasible plans by simulation, plus the best plan of
+   every family not among them (single device, one-process placement, data parallel,
+   sharded data parallel, pipeline) so one mis-modelled family cannot hide the winner.
+4. Execute candidates for real, fastest predicted first, until the time budget is
+   spent; after each measurement, correct every family's predictions by its
+   measured/simulated ratio (the recalibration) and re-rank what is left.
+5. Return the plan that was fastest measured, with ``measured`` and the per-family
+   correction recorded in ``planner``. A plan that was only simulated is never returned.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autoplace.errors import AutoplaceError
+from autoplace.plan import Plan
+
+__all__ = ["auto_plan", "family", "parse_duration"]
+
+
+def parse_duration(text: str | float | int) -> float:
+    """``"90s"``, ``"5m"``, ``"1h"`` or a number of seconds -> seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(s|m|h|)\s*", str(text))
+    if not m:
+        raise AutoplaceError(f"cannot read a duration from {text!r}; write 90s, 5m or 1h")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def family(plan: Plan) -> str:
+    """The execution family of a plan: its measured/simulated error is shared in a family."""
+    p = plan.parallel
+    if p.pipeline > 1:
+        return "pipeline" if p.data == 1 else "dp+pipeline"
+    local = "placement" if plan.devices_per_replica > 1 else "single"
+    if p.data > 1:
+        return f"dp-{p.shard}" + ("+placement" if local == "placement" else "")
+    return local
+
+
+def _signature(plan: Plan) -> tuple:
+    return (tuple(plan.placement[plan.groups[op]] for op in sorted(plan.groups)),
+            plan.parallel, tuple(sorted(plan.recompute)))
+
+
+def auto_plan(
+    spec: dict[str, Any] | str,
+    cluster: Any,
+    *,
+    budget: str | float = "5m",
+    top_k: int = 3,
+    steps: int = 12,
+    graph: Any = None,
+    planners: list[str] | None = None,
+    policy: str | None = None,
+    measure: Callable[[Plan], Any] | None = None,
+    progress: bool = True,
+) -> Plan:
+    """The fastest measured plan for ``spec`` on ``cluster``.
+
+    Args:
+        spec: workload spec (``{"spec", "options", "seed"}``) or a zoo name.
+        cluster: a Cluster (its devices must be present to measure).
+        budget: wall-clock budget for the whole search, measurements included.
+        top_k: plans measured at least (budget permitting) before stopping early.
+        steps: real steps per measurement (warm-up 2 included).
+        graph: a captured (possibly profiled) graph; captured here when None.
+        planners: baseline planners to run (default: all).
+        policy: also train this policy briefly on the simulator and add its plan.
+        measure: ``plan -> RunReport`` (default: the executor through ``run_plan``).
+        progress: print progress lines to stderr.
+    """
+    from autoplace import workloads
+    from autoplace.capture import capture_workload
+    from autoplace.compare import compare
+
+    t_start = time.perf_counter()
+    limit_s = parse_duration(budget)
+    if isinstance(spec, str):
+        spec = {"spec": spec, "options": {}}
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[auto {time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr,
+                  flush=True)
+
+    if graph is None:
+        wl = workloads.get(spec["spec"], device="meta", seed=spec.get("seed", 0),
+                           **spec.get("options", {}))
+        graph = capture_workload(wl)
+    if measure is None:
+        from autoplace.executor.launch import run_plan
+
+        def measure(plan: Plan):
+            return run_plan(plan, spec, cluster=cluster, steps=steps, warmup=2,
+                            reference=False)
+
+    rows = compare(graph, cluster, planners, progress=progress)
+    if policy is not None:
+        from autoplace.policies import train
+        from autoplace.sim import simulate
+
+        res = train(spec, cluster, policy=policy, backend="sim",
+                    budget=f"{max(10.0, 0.2 * limit_s):.0f}s", out_dir=None, progress=progress)
+        r = simulate(graph, res.best_plan, cluster)
+        rows.append({"planner": f"policy:{policy}", "plan": res.best_plan,
+                     "sim_step_time_s": r.step_time_s, "oom": r.oom, "error": None})
+    cands: list[dict[str, Any]] = []
+    seen: set[tuple] = set()
+    for r in sorted((r for r in rows if r.get("plan") is not None and not r.get("oom")),
+                    key=lambda r: r["sim_step_time_s"]):
+        sig = _signature(r["plan"])
+        if sig not in seen:
+            seen.add(sig)
+            cands.append({"planner": r["planner"], "plan": r["plan"],
+                          "sim": r["sim_step_time_s"], "family": family(r["plan"])})
+    if not cands:
+        raise AutoplaceError(
+            f"no planner found a plan that fits in memory on {cluster.name}; "
+            "try more devices or a larger memory cap"
+        )
+    say(f"{len(cands)} distinct feasible plans; simulated best {cands[0]['sim'] * 1e3:.2f} ms "
+        f"({cands[0]['planner']})")
+
+    # the top-k by simulation, then each family's best, in predicted order
+    queue = cands[:top_k]
+    fams = {c["family"] for c in queue}
+    for c in cands[top_k:]:
+        if c["family"] not in fams:
+            fams.add(c["family"])
+            queue.append(c)
+    measured: list[dict[str, Any]] = []
+    correction: dict[str, float] = {}
+
+    def corrected(c: dict[str, Any]) -> float:
+        ratios = list(correction.values())
+        default = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
+        return c["sim"] * correction.get(c["family"], default)
+
+    while queue:
+        elapsed = time.perf_counter() - t_start
+        if measured and elapsed > limit_s:
+            say(f"budget of {limit_s:.0f} s spent")
+            break
+        queue.sort(key=corrected)
+        best_so_far = min((m["measured"] for m in measured), default=None)
+        c = queue.pop(0)
+        if best_so_far is not None and len(measured) >= top_k and corrected(c) > 1.3 * best_so_far:
+            break
+        say(f"measuring {c['planner']} ({c['plan'].parallel.describe()}), predicted "
+            f"{corrected(c) * 1e3:.2f} ms")
+        rep = measure(c["plan"])
+        step = getattr(rep, "step_time_s", None) if not isinstance(rep, (int, float)) else rep
+        err = getattr(rep, "error", None)
+        if err or not step:
+            say(f"  failed: {err}")
+            continue
+        c["measured"] = float(step)
+        c["report"] = rep
+        measured.append(c)
+        ratios = [m["measured"] / m["sim"] for m in measured if m["family"] == c["family"]]
+        correction[c["family"]] = sorted(ratios)[len(ratios) // 2]
+        say(f"  measured {step * 1e3:.2f} ms (sim x{c['measured'] / c['sim']:.2f})")
+        # a family whose best member was measured may hold others worth trying
+        if len(measured) < 2 * top_k + 3:
+            for other in cands:
+                if other not in queue and "measured" not in other and other is not c \
+                        and corrected(other) < 0.9 * min(m["measured"] for m in measured):
+                    queue.append(other)
+    if not measured:
+        raise AutoplaceError("auto planner: every candidate plan failed when executed; "
+                             "see the errors above")
+    win = min(measured, key=lambda m: m["measured"])
+    rep = win["report"]
+    plan = win["plan"].with_measured({
+        "step_time_s": win["measured"],
+        "peak_memory_bytes": list(getattr(rep, "peak_memory_bytes", []) or []),
+        "device_names": list(getattr(rep, "device_names", []) or []),
+    })
+    info = dict(plan.planner)
+    info.update(name="auto", chosen=win["planner"],
+                search_time_s=time.perf_counter() - t_start,
+                correction=correction,
+                candidates=[{"planner": m["planner"], "family": m["family"],
+                             "sim_step_time_s": m["sim"], "measured_step_time_s": m["measured"]}
+                            for m in measured])
+    from dataclasses import replace
+
+    say(f"chose {win['planner']}: {win['measured'] * 1e3:.2f} ms measured")
+    return replace(plan, planner=info)

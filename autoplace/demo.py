@@ -1,0 +1,132 @@
+"""The main job: the whole chain on one workload, on the devices present.
+
+capture -> every baseline planner on the simulator -> a placement policy trained
+briefly with REINFORCE -> the policy's plan exported -> the policy's plan and the
+best baselines executed for real (loss checked against unpartitioned training) ->
+one table, plus a Gantt chart of the best plan and a bar chart, under ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run_demo", "DEFAULT_PLANNERS"]
+
+#: The baselines the demo compares (the full list is ``autoplace plan --list``).
+DEFAULT_PLANNERS = ("single", "expert", "hash", "critical-path", "mincut", "m-etf",
+                    "hybrid-dp", "ddp", "pipeline")
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", file=sys.stderr, flush=True)
+
+
+def run_demo(
+    model: str,
+    cluster_spec: str,
+    *,
+    memory_cap: str | None = None,
+    options: dict[str, Any] | None = None,
+    out_dir: str | Path = "runs/demo",
+    policy: str = "gnn",
+    budget: str = "60s",
+    steps: int = 6,
+    execute_top: int = 3,
+) -> list[dict[str, Any]]:
+    """Run the chain and print the table; returns its rows.
+
+    Args:
+        model: zoo name or ``module:factory``.
+        cluster_spec: preset, ``detect`` or a cluster JSON path.
+        memory_cap: cap every device (``"16GB"``).
+        options: workload options.
+        out_dir: where plans, reports and plots go.
+        policy: policy trained with REINFORCE (seq2seq, hierarchical, gnn).
+        budget: its training budget (``60s``, ``500ep``).
+        steps: real training steps per executed plan (warm-up included).
+        execute_top: baselines executed for real beside the policy's plan (fastest
+            simulated first; ``single`` always).
+    """
+    from autoplace import viz, workloads
+    from autoplace.capture import capture_workload
+    from autoplace.cluster import resolve
+    from autoplace.compare import compare, format_table
+    from autoplace.executor.launch import run_plan
+    from autoplace.policies import train
+    from autoplace.sim import simulate
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    cluster = resolve(cluster_spec, memory_cap)
+    wl = workloads.get(model, device="meta", **(options or {}))
+    graph = capture_workload(wl)
+    _say(f"{wl.name}: {len(graph)} ops, {graph.param_bytes / 2**20:.1f} MiB params; "
+         f"cluster {cluster.name} ({cluster.num_devices} x {','.join(cluster.device_kinds)})")
+
+    rows = compare(graph, cluster, list(DEFAULT_PLANNERS), progress=True)
+
+    _say(f"training a {policy} policy for {budget} on the simulator")
+    t0 = time.perf_counter()
+    res = train(wl.spec, cluster, policy=policy, backend="sim", budget=budget,
+                out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True)
+    policy_plan = res.best_plan
+    sim_res = simulate(graph, policy_plan, cluster)
+    policy_plan = policy_plan.with_predicted({"step_time_s": sim_res.step_time_s,
+                                              "peak_memory_bytes": sim_res.peak_memory_bytes,
+                                              "oom": sim_res.oom})
+    policy_plan.save(out / "policy_plan.json")
+    rows.append({"planner": f"policy:{policy}", "plan": policy_plan,
+                 "parallel": policy_plan.parallel.describe(),
+                 "sim_step_time_s": sim_res.step_time_s,
+                 "peak_memory_bytes": sim_res.peak_memory_bytes, "oom": sim_res.oom,
+                 "search_time_s": time.perf_counter() - t0, "error": None,
+                 "lower_bound_s": sim_res.lower_bound_s})
+
+    feasible = sorted((r for r in rows if r["plan"] is not None and not r["oom"]
+                       and r["planner"] != f"policy:{policy}"),
+                      key=lambda r: r["sim_step_time_s"])
+    to_run = [rows[-1]] + feasible[:execute_top]
+    to_run += [r for r in rows if r["planner"] == "single" and r not in to_run]
+    for r in to_run:
+        plan = r["plan"]
+        _say(f"executing {r['planner']} ({plan.parallel.describe()}) for {steps} steps")
+        report = run_plan(plan, wl.spec, cluster=cluster, steps=steps, warmup=2,
+                          reference=True)
+        report.save(out / f"report-{r['planner'].replace(':', '-')}.json")
+        r["measured_step_time_s"] = report.step_time_s if not report.error else None
+        r["measured_error"] = report.error
+        r["max_loss_rel_diff"] = report.max_loss_rel_diff
+    measured = [r["measured_step_time_s"] for r in rows if r.get("measured_step_time_s")]
+    best_m = min(measured, default=None)
+    best_s = min((r["sim_step_time_s"] for r in rows if r["plan"] is not None and not r["oom"]),
+                 default=None)
+    for r in rows:
+        s, m = r.get("sim_step_time_s"), r.get("measured_step_time_s")
+        r["ratio_to_best"] = s / best_s if s and best_s else None
+        r["measured_ratio_to_best"] = m / best_m if m and best_m else None
+    rows.sort(key=lambda r: (r.get("error") is not None, bool(r.get("oom")),
+                             r.get("sim_step_time_s") or 0.0))
+
+    print(f"\n{wl.name} on {cluster.name} ({cluster.num_devices} devices: "
+          f"{', '.join(d.name for d in cluster.devices)})")
+    print(format_table(rows))
+    for r in rows:
+        if r.get("max_loss_rel_diff") is not None:
+            print(f"  {r['planner']}: loss vs unpartitioned reference, max relative diff "
+                  f"{r['max_loss_rel_diff']:.2e}")
+    (out / "compare.json").write_text(json.dumps(
+        [{k: v for k, v in r.items() if k != "plan"} for r in rows], indent=1, default=str))
+    best = next((r for r in rows if r["plan"] is not None and not r["oom"]), None)
+    if best is not None:
+        best["plan"].save(out / "best_plan.json")
+        tl = simulate(graph, best["plan"], cluster, timeline=True)
+        viz.gantt(tl.timeline, out / "gantt.png",
+                  title=f"{best['planner']}: {tl.step_time_s * 1e3:.2f} ms simulated")
+    viz.bar_chart(rows, out / "compare.png", title=f"{wl.name} on {cluster.name}")
+    print(f"\nplans, reports and plots in {out}/ ({time.perf_counter() - t_start:.0f} s)")
+    return rows
