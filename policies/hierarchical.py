@@ -8,7 +8,9 @@ log-probability of a sample is the grouper's plus the placer's. The grouping is 
 latent choice (the env only sees devices), returned in ``PolicyOutput.latent`` so the
 trainer can recompute log-probabilities exactly.
 
-A group's embedding is the paper's: the mean features of its members (op kinds, sizes,
+The grouper starts near contiguous segments of the topological order (a prior with a
+learnable strength is added to its logits) rather than uniform, so the placer learns from
+the first updates. A group's embedding is the paper's: the mean features of its members (op kinds, sizes,
 times), its size, and its adjacency to the other groups (edge counts in and out).
 """
 
@@ -47,15 +49,28 @@ class HierarchicalPolicy(PlacementPolicy):
         f = self.num_features
         self.grouper = nn.Sequential(nn.Linear(3 * f, hidden), nn.ReLU(),
                                      nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, k))
+        # start from contiguous topological segments (as coarsen does): a prior the
+        # grouper's logits are added to, with a learnable strength
+        self.prior_strength = nn.Parameter(torch.tensor(3.0))
         self.group_embed = nn.Sequential(nn.Linear(f + 1 + 2 * k, hidden), nn.Tanh())
         self.core = Seq2SeqCore(hidden, hidden, self.num_devices)
         self.hybrid = HybridHead(hidden, self.hybrid_sizes)
+
+    def _prior(self, mask):
+        """``[B, G, K]``: minus the distance, in group widths, from each op's position in
+        topological order to each group's centre."""
+        k = self.num_groups
+        n = mask.sum(1, keepdim=True).clamp(min=1).to(torch.float32)
+        pos = (torch.arange(mask.shape[1], dtype=torch.float32) + 0.5) / n  # [B, G]
+        centre = (torch.arange(k, dtype=torch.float32) + 0.5) / k
+        return -k * (pos.unsqueeze(2) - centre).abs()
 
     def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False):
         x, mask = obs["node_features"], obs["node_mask"]
         devices, hybrid = self._split_action(action)
         given = None if latent is None else latent.get("grouping")
-        grouping, lp_g, ent_g = categorical(self.grouper(neighbour_features(obs)), given,
+        logits = self.grouper(neighbour_features(obs)) + self.prior_strength * self._prior(mask)
+        grouping, lp_g, ent_g = categorical(logits, given,
                                             mask=mask, generator=generator, greedy=greedy)
         # group embeddings from the sampled grouping
         member = F.one_hot(grouping, self.num_groups).to(x.dtype) * mask.unsqueeze(2)

@@ -325,8 +325,8 @@ def reinforce(
         first = best.get(keys[0], {})
         row = {"reward_mean": float(np.mean(ep_returns)), "reward_max": float(np.max(ep_returns)),
                "best_step_time_s": float(first.get("step_time_s", math.inf)),
-               "best_reward": float(first.get("reward", -math.inf)), "entropy": float(entropy),
-               "loss": float(loss), "lr": lr, "episodes": float(episodes_done),
+               "best_reward": float(first.get("reward", -math.inf)), "entropy": entropy.item(),
+               "loss": loss.item(), "lr": lr, "episodes": float(episodes_done),
                "elapsed_s": elapsed}
         for k, v in row.items():
             history[k].append(v)
