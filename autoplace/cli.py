@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import sys
@@ -209,8 +210,12 @@ def _workload_of_plan(plan, device: Any = None):
 def _print_table(rows: list[list[Any]], header: list[str]) -> None:
     cells = [[str(c) for c in r] for r in [header, *rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    def numeric(c: str) -> bool:
+        return c.replace(".", "", 1).replace("-", "", 1).replace("e", "", 1).isdigit()
+
     for j, r in enumerate(cells):
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        print("  ".join(c.rjust(w) if numeric(c) else c.ljust(w)
+                        for c, w in zip(r, widths)).rstrip())
         if j == 0:
             print("  ".join("-" * w for w in widths))
 
@@ -357,7 +362,9 @@ def cmd_plan(cfg: PlanConfig) -> int:
 
         plan = auto_plan(wl.spec, cluster, budget=cfg.budget, graph=graph, progress=True)
     else:
-        plan = baselines.get(cfg.planner)(graph, cluster, seed=cfg.seed)
+        planner = baselines.get(cfg.planner)
+        seeded = "seed" in inspect.signature(inspect.unwrap(planner)).parameters
+        plan = planner(graph, cluster, **({"seed": cfg.seed} if seeded else {}))
     from autoplace.sim import simulate
 
     res = simulate(graph, plan, cluster)

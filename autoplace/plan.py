@@ -282,9 +282,13 @@ class Plan:
                 f"a {p}-stage pipeline must place ops on local devices 0..{p - 1}, "
                 f"one stage each; the plan uses devices {used}"
             )
-        stage_seq = [self.device_of(op.name) for op in graph]
+        # model inputs and parameter fetches have no producers: wherever they sit in
+        # program order, the stage that holds them receives them, so they are skipped here
         last = -1
-        for op, s in zip(graph.order, stage_seq):
+        for node in graph:
+            if node.kind in ("input", "param"):
+                continue
+            op, s = node.name, self.device_of(node.name)
             if s < last:
                 raise PlanError(
                     f"pipeline stages do not form a chain: op {op!r} is on stage {s} after an op "

@@ -15,7 +15,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim_local import local_plan, simulate_local
+from autoplace.sim_local import simulate_local
 from autoplace.sim_model import (
     BUCKET_BYTES,
     OPTIMIZER_STATE_PER_PARAM_BYTE,

@@ -33,7 +33,8 @@ class Measurement:
         oom: True when a device ran out of memory.
         error: why the plan failed (out of memory, invalid, crashed), else None.
         measured: True when the time was measured on devices, False when simulated.
-        extra: backend details (``allocated_bytes`` per GPU after a real run ...).
+        extra: backend details (``allocated_bytes``, ``reserved_bytes`` per GPU after a
+            real run, ``worker_restarts``, ``step_times_s``; ``lower_bound_s`` from the sim).
     """
 
     step_time_s: float
@@ -122,6 +123,7 @@ class RealBackend:
         steps: steps per measurement, warm-up included.
         warmup: steps not timed.
         timeout_s: seconds one measurement may take before the worker is killed.
+        threads: CPU threads of the worker (``OMP_NUM_THREADS``; None: torch's default).
     """
 
     name = "real"
@@ -134,6 +136,7 @@ class RealBackend:
         steps: int = 5,
         warmup: int = 2,
         timeout_s: float = 300.0,
+        threads: int | None = None,
     ) -> None:
         from autoplace.envs.real_worker import MeasuringWorker
 
@@ -141,7 +144,8 @@ class RealBackend:
             raise AutoplaceError(f"real backend: steps ({steps}) must exceed warmup ({warmup})")
         self.workload, self.cluster = workload, cluster
         self.steps, self.warmup, self.timeout_s = steps, warmup, timeout_s
-        self.worker = MeasuringWorker()
+        self.worker = MeasuringWorker(
+            env={"OMP_NUM_THREADS": str(threads)} if threads is not None else None)
         self._cluster_json = cluster.to_json()
         #: the next request's ``inject`` (test hook: "oom", "hang", "crash"); used once.
         self.inject: str | None = None
@@ -167,6 +171,7 @@ class RealBackend:
                 request["inject"] = None
         assert reply is not None
         extra = {"allocated_bytes": reply.get("allocated_bytes", []),
+                 "reserved_bytes": reply.get("reserved_bytes", []),
                  "worker_restarts": self.worker.restarts}
         if not reply.get("ok"):
             m = Measurement.failure(reply.get("error") or "unknown error", n,
@@ -205,5 +210,6 @@ def make_backend(name: str, **kwargs: Any) -> Backend:
         return SimBackend(kwargs["graph"], kwargs["cluster"], cache_size=kwargs.get("cache_size", 4096))
     if name == "real":
         return RealBackend(kwargs["workload"], kwargs["cluster"], steps=kwargs.get("steps", 5),
-                           warmup=kwargs.get("warmup", 2), timeout_s=kwargs.get("timeout_s", 300.0))
+                           warmup=kwargs.get("warmup", 2), timeout_s=kwargs.get("timeout_s", 300.0),
+                           threads=kwargs.get("threads"))
     raise AutoplaceError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")

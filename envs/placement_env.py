@@ -31,7 +31,9 @@ under ``neg_sqrt``).
 ``info`` after a step: ``step_time_s`` (``inf`` when nothing ran), ``peak_memory_bytes``
 (per device), ``oom``, ``error`` (None or why it failed), ``backend``, ``measured``
 (True only for a successful real measurement), ``plan`` (Plan JSON), ``score``,
-``single_device_step_time_s``. Observation layout: :mod:`autoplace.envs.observation`.
+``single_device_step_time_s``; real backend also ``allocated_bytes`` and
+``reserved_bytes`` (per GPU in the worker after the run). Observation layout:
+:mod:`autoplace.envs.observation`.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from .render import gantt_rgb, placement_table
 __all__ = ["EnvConfig", "PlacementEnv", "MODES", "REWARDS"]
 
 MODES = ("oneshot", "incremental")
+_MEMORY_AFTER = ("allocated_bytes", "reserved_bytes")  # real backend: GPU memory after a run
 REWARDS = ("neg_sqrt", "improvement", "neg_time")
 
 
@@ -86,6 +89,7 @@ class EnvConfig:
     steps: int = 5  #: real backend: steps per measurement, warm-up included
     warmup: int = 2  #: real backend: steps not timed
     timeout_s: float = 300.0  #: real backend: seconds before a hung run is killed
+    worker_threads: int | None = None  #: real backend: CPU threads of the worker (None: default)
     cache_size: int = 4096  #: sim backend: plans whose results are remembered
 
 
@@ -166,7 +170,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.backend: Backend = make_backend(
             cfg.backend, graph=self.graph, cluster=self.cluster, workload=workload_spec,
             cache_size=cfg.cache_size, steps=cfg.steps, warmup=cfg.warmup,
-            timeout_s=cfg.timeout_s)
+            timeout_s=cfg.timeout_s, threads=cfg.worker_threads)
         self._sim = self.backend if cfg.backend == "sim" else None
         self._single_time_s: float | None = None
         self._placement = np.zeros(g, dtype=np.int64)
@@ -246,7 +250,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             "plan": _plan_json(plan),
             "score": float(score),
             "single_device_step_time_s": float(self.single_device_step_time_s),
-            **{k: v for k, v in m.extra.items() if k == "allocated_bytes"},
+            **{k: list(v) for k, v in m.extra.items() if k in _MEMORY_AFTER},
         }
         self._last = {**info, "reward": float(reward)}
         return self._observation(), float(reward), bool(terminated), False, info
@@ -264,7 +268,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             result = self._simulator().timeline(plan)
             title = f"{self.graph.name} on {self.cluster.name}: {plan.parallel.describe()}, " \
                     f"{result.step_time_s * 1e3:.2f} ms (simulated)"
-            return gantt_rgb(result, title)
+            return gantt_rgb(result.timeline, title)
         return None
 
     def close(self) -> None:

@@ -14,8 +14,9 @@ Requests (JSON objects):
 * ``{"cmd": "ping"}`` -> ``{"ok": true, "pid": ...}``
 * ``{"cmd": "measure", "workload": {"spec", "options", "seed"}, "cluster": {...},
   "plan": {...}, "steps": 5, "warmup": 2, "inject": null | "oom" | "hang" | "crash"}``
-  -> ``{"ok": true, "report": {...RunReport JSON...}, "allocated_bytes": [...]}`` or
-  ``{"ok": false, "oom": bool, "error": "...", "allocated_bytes": [...]}``.
+  -> ``{"ok": true, "report": {...RunReport JSON...}, "allocated_bytes": [...],
+  "reserved_bytes": [...]}`` or ``{"ok": false, "oom": bool, "error": "...", ...}``; the
+  byte counts are per GPU after the run, once the caches are emptied.
   ``inject`` is a test hook: raise ``torch.OutOfMemoryError``, sleep forever, or exit.
 * ``{"cmd": "exit"}``
 
@@ -230,24 +231,25 @@ def _measure(request: dict[str, Any], workloads: dict[str, Any]) -> dict[str, An
         traceback.print_exc(file=sys.stderr)
         answer = {"ok": False, "oom": False, "error": f"{type(e).__name__}: {_first_line(e)}"}
     gc.collect()
-    answer["allocated_bytes"] = _release_memory()
+    answer["allocated_bytes"], answer["reserved_bytes"] = _release_memory()
     return answer
 
 
-def _release_memory() -> list[int]:
-    """Empty the CUDA caches; return the bytes still allocated per GPU."""
+def _release_memory() -> tuple[list[int], list[int]]:
+    """Empty the CUDA caches; return the bytes still allocated and reserved per GPU."""
     import torch
 
-    if not torch.cuda.is_available():
-        return []
-    out = []
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return [], []
+    allocated, reserved = [], []
     for i in range(torch.cuda.device_count()):
         with torch.cuda.device(i):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        out.append(int(torch.cuda.memory_allocated(i)))
-    return out
+        allocated.append(int(torch.cuda.memory_allocated(i)))
+        reserved.append(int(torch.cuda.memory_reserved(i)))
+    return allocated, reserved
 
 
 def _first_line(e: BaseException) -> str:

@@ -35,40 +35,18 @@ def placement_table(
     return "\n".join(lines) + "\n"
 
 
-def gantt_rgb(result: Any, title: str, *, width_px: int = 960, height_px: int = 480) -> np.ndarray:
-    """A Gantt chart of a simulated step (``SimResult`` with a timeline) as ``[H, W, 3]`` uint8.
+def gantt_rgb(timeline: Any, title: str) -> np.ndarray:
+    """A Gantt chart of a simulated step's timeline as an ``[H, W, 3]`` uint8 array."""
+    import tempfile
+    from pathlib import Path
 
-    Uses :func:`autoplace.viz.gantt` when it is available, else draws with matplotlib.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.image import imread
 
-    fig = None
-    try:
-        from autoplace import viz
+    from autoplace.viz import gantt
 
-        fig = viz.gantt(result.timeline, title=title)
-    except Exception:  # viz missing or with another signature: draw it here
-        fig = None
-    if not isinstance(fig, Figure):
-        fig = Figure(figsize=(width_px / 100, height_px / 100), dpi=100)
-        ax = fig.add_subplot()
-        events = list(result.timeline or [])
-        resources = sorted({e.resource for e in events}, key=_resource_key)
-        row = {r: i for i, r in enumerate(resources)}
-        colors = {"fwd": "tab:blue", "bwd": "tab:orange", "copy": "tab:green",
-                  "transfer": "tab:green", "allreduce": "tab:red", "optim": "tab:purple"}
-        for e in events:
-            ax.barh(row[e.resource], (e.end_s - e.start_s) * 1e3, left=e.start_s * 1e3,
-                    color=colors.get(str(e.kind), "tab:gray"), edgecolor="none")
-        ax.set_yticks(range(len(resources)), resources)
-        ax.invert_yaxis()
-        ax.set_xlabel("ms")
-        ax.set_title(title)
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-
-
-def _resource_key(r: str) -> tuple[int, str]:
-    return (0 if r.startswith("dev") else 1 if r.startswith("link") else 2, r)
+    with tempfile.TemporaryDirectory(prefix="autoplace-render-") as tmp:
+        rgba = imread(gantt(timeline, Path(tmp) / "gantt.png", title=title))
+    rgb = rgba[..., :3]
+    if rgb.dtype != np.uint8:  # PNGs read as floats in [0, 1]
+        rgb = np.round(rgb * 255).astype(np.uint8)
+    return np.ascontiguousarray(rgb)

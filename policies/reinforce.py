@@ -124,8 +124,8 @@ def _graph_key(env: Any, index: int) -> str:
     return f"{getattr(graph, 'name', 'graph')}-{fp}" if fp else f"env{index}"
 
 
-def _outcome(info: dict[str, Any], reward: float) -> tuple[tuple, float, Any]:
-    """``(rank, step_time_s, plan)`` of an env step; a lower rank is a better plan."""
+def _outcome(info: dict[str, Any], reward: float) -> tuple[tuple, float, Any, bool]:
+    """``(rank, step_time_s, plan, measured)`` of an env step; a lower rank is better."""
     plan = info.get("plan")
     step = info.get("step_time_s")
     if step is None and plan is not None:
@@ -133,13 +133,18 @@ def _outcome(info: dict[str, Any], reward: float) -> tuple[tuple, float, Any]:
         step = (pred or {}).get("step_time_s")
     step = float(step) if step is not None and math.isfinite(float(step)) else math.inf
     failed = bool(info.get("oom")) or bool(info.get("invalid")) or bool(info.get("error"))
-    return (failed, step, -float(reward)), step, plan
+    score = float(info.get("score", reward))  # incremental rewards are score differences
+    return (failed, step, -score), step, plan, bool(info.get("measured"))
 
 
-def _plan_text(plan: Any) -> str | None:
+def _plan_text(plan: Any, step: float, measured: bool, planner: dict[str, Any]) -> str | None:
+    """The plan as JSON text, naming the policy that found it and its step time."""
     if plan is None:
         return None
-    data = plan if isinstance(plan, dict) else plan.to_json()
+    data = dict(plan if isinstance(plan, dict) else plan.to_json())
+    data["planner"] = {**planner, "env": data.get("planner", {})}
+    if math.isfinite(step):
+        data["measured" if measured else "predicted"] = {"step_time_s": step}
     return json.dumps(data, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else
                       o.item() if hasattr(o, "item") else str(o))
 
@@ -199,6 +204,8 @@ def reinforce(
         extra: plain data saved in the checkpoint beside the trainer state.
     """
     cfg = replace(config or ReinforceConfig(), **overrides)
+    if cfg.out_dir is not None:
+        cfg = replace(cfg, out_dir=str(cfg.out_dir))
     if cfg.lr_schedule not in LR_SCHEDULES:
         raise AutoplaceError(
             f"unknown lr_schedule {cfg.lr_schedule!r}; valid: {', '.join(LR_SCHEDULES)}")
@@ -276,11 +283,14 @@ def reinforce(
         trans, eps = _rollout(envs, policy, episodes_done, cfg.batch_size, cfg.seed, generator)
         for ep in eps:
             key = keys[ep["env"]]
-            rank, step, plan = min(ep["outcomes"], key=lambda o: o[0])
+            rank, step, plan, measured = min(ep["outcomes"], key=lambda o: o[0])
             old = best.get(key)
             if old is None or list(rank) < list(old["rank"]):
+                planner = {"name": policy.name, "trainer": "reinforce", "update": update,
+                           "seed": cfg.seed}
                 best[key] = {"rank": list(rank), "step_time_s": step, "reward": -rank[2],
-                             "plan": _plan_text(plan), "update": update}
+                             "plan": _plan_text(plan, step, measured, planner),
+                             "update": update}
 
         # 2. returns-to-go, minus a moving-average baseline per (graph, step)
         returns = np.zeros(len(trans))

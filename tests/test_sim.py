@@ -30,15 +30,17 @@ def cpu_cluster(n: int = 2, *, bandwidth: float = 5e9, alpha: float = 50e-6,
 
 
 def chain(n: int, *, fwd: float = 1e-3, param_bytes: int = 2**20, act: int = 2**20,
-          out: int = 2**20, fanout_op: int | None = None) -> OpGraph:
+          out: int = 2**20, fanout_op: int | None = None, sink: bool = False) -> OpGraph:
     """A chain of ``n`` equal ops; with ``fanout_op``, that op also feeds every later op
-    (a wide fan-out and, at the end, a wide fan-in)."""
+    (a wide fan-out); with ``sink``, every op feeds the last (a wide fan-in)."""
     nodes = [OpNode(name=f"op{i}", kind="Linear", module_path=f"layers.{i}", output_bytes=out, param_bytes=param_bytes,
                     activation_bytes=act, fwd_time_s={"cpu": fwd}, bwd_time_s={"cpu": 2 * fwd})
              for i in range(n)]
     edges = [(f"op{i}", f"op{i + 1}", out) for i in range(n - 1)]
     if fanout_op is not None:
         edges += [(f"op{fanout_op}", f"op{j}", out) for j in range(fanout_op + 2, n)]
+    if sink:
+        edges += [(f"op{i}", f"op{n - 1}", out) for i in range(n - 2)]
     return OpGraph(f"chain{n}", nodes, edges)
 
 
@@ -235,7 +237,7 @@ def test_recompute_lowers_memory_and_raises_time():
 
 def test_batch_equals_scalar():
     rng = random.Random(7)
-    graphs = [random_dag(90, seed=3), chain(30, fanout_op=1)]  # the chain has degree > 8
+    graphs = [random_dag(90, seed=3), chain(30, fanout_op=1), chain(30, sink=True)]
     for graph in graphs:
         cluster = cpu_cluster(4, overhead=20e-6)
         plans = [random_plan(graph, cluster, rng) for _ in range(40)]
@@ -262,6 +264,7 @@ def test_timeline_and_json():
 
 
 # ------------------------------------------------------------- a real model
+@pytest.mark.slow
 def test_gpt_1b_needs_two_devices_under_a_16gb_cap():
     pytest.importorskip("autoplace.capture")
     from autoplace import workloads
@@ -285,6 +288,7 @@ def test_gpt_1b_needs_two_devices_under_a_16gb_cap():
     assert not simulate(graph, Plan.single(graph), cluster).oom
 
 
+@pytest.mark.slow
 def test_bench_script_runs():
     out = subprocess.run(
         [sys.executable, "scripts/bench_sim.py", "--ops", "60", "--plans", "20",

@@ -59,7 +59,7 @@ def anneal(
     seed: int = 0,
     seeds: tuple[str, ...] = DEFAULT_SEEDS,
     seed_plans: list[Plan] | None = None,
-    max_groups: int = 256,
+    max_groups: int = 1024,
     initial_temperature: float = 0.05,
     final_temperature: float = 0.002,
 ) -> Plan:

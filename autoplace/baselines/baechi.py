@@ -6,7 +6,8 @@ output of its ops on top; no device is given more than its usable memory while a
 placement of the group fits.
 
 * ``m-topo``: groups in topological order fill devices in turn, each up to an even
-  share of the total memory (and never over a device's usable memory).
+  share of the total memory (and never over a device's usable memory; when that
+  leaves the last device short, each device is filled up to its usable memory).
 * ``m-etf``: earliest-task-first list scheduling: repeatedly the ready group and
   device with the earliest start time, among devices with room.
 * ``m-sct``: m-ETF with small-communication-time favourite children: an LP
@@ -53,8 +54,18 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, max_groups: int = 1024) -> Plan:
     """
     t0 = time.perf_counter()
     groups, view = _setup(graph, cluster, max_groups)
+    # an even share of the memory per device; when the last device then overflows,
+    # fill each device up to its usable memory instead
+    for share in (view.memory_bytes.sum() / view.num_devices, float("inf")):
+        placement, feasible = _fill_in_order(view, share)
+        if feasible:
+            break
+    return make_plan(graph, cluster, "m-topo", t0, groups, placement,
+                     memory_feasible=feasible)
+
+
+def _fill_in_order(view: GroupView, share: float) -> tuple[np.ndarray, bool]:
     n_dev = view.num_devices
-    share = view.memory_bytes.sum() / n_dev
     used = np.zeros(n_dev)
     peak = np.zeros(n_dev)  # largest transient tensor per device
     placement = np.zeros(view.num_groups, dtype=np.int64)
@@ -73,9 +84,7 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, max_groups: int = 1024) -> Plan:
         placement[g] = target
         used[target] += view.memory_bytes[g]
         peak[target] = max(peak[target], view.transient_bytes[g])
-    feasible = bool(np.all(used + peak <= view.usable_bytes))
-    return make_plan(graph, cluster, "m-topo", t0, groups, placement,
-                     memory_feasible=feasible)
+    return placement, bool(np.all(used + peak <= view.usable_bytes))
 
 
 def _etf(view: GroupView, cluster: Cluster, favourite: dict[int, int] | None) -> ListSchedule:

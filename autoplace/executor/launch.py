@@ -69,8 +69,14 @@ def _failure_message(log: str, rc: int, nproc: int) -> str:
         first = f"training process {', '.join(parts)} of {nproc} died"
     else:
         first = f"torchrun exited with code {rc}"
-    tail = "\n".join(line for line in log.strip().splitlines()[-25:])
-    return f"{first}; no report was written.\n--- last lines of the run's log ---\n{tail}"
+    lines = log.strip().splitlines()
+    causes = list(dict.fromkeys(
+        line for line in lines
+        if re.match(r"^(\[rank\d+\]:\s*)?[\w.]*(Error|Exception)\b.*:", line)
+        and "ChildFailedError" not in line))
+    cause = ("\n--- errors raised ---\n" + "\n".join(causes[:5])) if causes else ""
+    tail = "\n".join(lines[-15:])
+    return f"{first}; no report was written.{cause}\n--- last lines of the run's log ---\n{tail}"
 
 
 def run_plan(
@@ -142,6 +148,8 @@ def _torchrun(plan: Plan, spec: dict[str, Any], cluster: Cluster, opts: RunOptio
             except subprocess.TimeoutExpired:
                 rc = None
         text = log_path.read_text(errors="replace")
+        if os.environ.get("AUTOPLACE_RUN_LOG"):  # keep the whole log for debugging
+            Path(os.environ["AUTOPLACE_RUN_LOG"]).write_text(text)
         if opts.progress:
             print(text, end="")
         if rc == 0 and result.exists():

@@ -32,6 +32,25 @@ from autoplace.plan import Plan
 __all__ = ["build_stage", "example_values", "make_schedule", "stage_of_ops"]
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose gradient is made contiguous (p2p buffers must be contiguous)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
+    """``x``, with the gradient sent back to the previous stage made contiguous."""
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return _ContiguousGrad.apply(x)
+    return x
+
+
 def example_values(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
     """The value of every node of ``gm`` on ``inputs``, computed with fake tensors.
 
@@ -176,7 +195,8 @@ def build_stage(
             env[p.name] = g.placeholder(p.name)
     else:
         for name, path in crossing(stage - 1):
-            leaf_in[(name, path)] = g.placeholder(f"{name}_{'_'.join(map(str, path)) or 'x'}")
+            ph = g.placeholder(f"{name}_{'_'.join(map(str, path)) or 'x'}")
+            leaf_in[(name, path)] = g.call_function(contiguous_grad, (ph,))
 
     attrs: dict[str, Any] = {}
 
@@ -212,7 +232,9 @@ def build_stage(
         output = next(n for n in nodes if n.op == "output")
         g.output(fx.map_arg(output.args[0], ref))
     else:
-        outs = [leaf_value(name, path) for name, path in crossing(stage)]
+        # send buffers must be contiguous (gloo and NCCL p2p reject strided tensors)
+        outs = [g.call_method("contiguous", (leaf_value(name, path),))
+                for name, path in crossing(stage)]
         if not outs:
             raise PlanError(f"pipeline stage {stage} passes nothing to stage {stage + 1}")
         g.output(tuple(outs) if len(outs) > 1 else outs[0])

@@ -25,3 +25,20 @@ def tiny_regression(features: int = 4, batch_size: int = 3) -> Workload:
         loss_fn=F.mse_loss,
         batch_size=batch_size,
     )
+
+
+def untraceable(batch_size: int = 3) -> Workload:
+    """A model with data-dependent control flow: neither fx nor export can capture it."""
+    from functools import partial
+
+    from assets.capture_models import DataDependent
+
+    model = DataDependent()
+    features = model.fc.in_features if hasattr(model, "fc") else 8
+    return Workload(
+        name="untraceable",
+        model=model,
+        make_batch=partial(_batch, features=features),
+        loss_fn=lambda out, y: out.float().mean(),
+        batch_size=batch_size,
+    )

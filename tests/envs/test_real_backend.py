@@ -5,19 +5,18 @@ from __future__ import annotations
 import os
 import signal
 
+import autoplace.envs  # noqa: F401  (registers the id)
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-
-import autoplace.envs  # noqa: F401  (registers the id)
 
 pytest.importorskip("autoplace.executor")
 pytest.importorskip("autoplace.zoo.gpt")
 
 ID = "autoplace/Placement-v0"
 TINY = dict(workload="gpt-tiny", cluster="cpu-x2", backend="real", max_groups=4, steps=2,
-            warmup=1, workload_options={"batch_size": 2})
+            warmup=1, worker_threads=1, workload_options={"batch_size": 2})
 
 
 @pytest.mark.parametrize("mode", ["oneshot", "incremental"])

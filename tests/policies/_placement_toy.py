@@ -7,6 +7,8 @@ exactly one plan (``TARGET`` devices, ``TARGET_HYBRID`` split) reaches 1.0.
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -23,7 +25,8 @@ class ToyPlacementEnv(gym.Env):
 
     def __init__(self, *, num_ops: int = 24, num_groups: int = 6, max_groups: int = 8,
                  num_devices: int = 2, graph_seed: int = 0, target_seed: int = 1,
-                 mode: str = "oneshot") -> None:
+                 mode: str = "oneshot", step_sleep_s: float = 0.0) -> None:
+        self.step_sleep_s = step_sleep_s
         self.graph = random_dag(num_ops, seed=graph_seed)
         self.groups = coarsen(self.graph, num_groups)
         self.num_groups = max(self.groups.values()) + 1
@@ -91,6 +94,8 @@ class ToyPlacementEnv(gym.Env):
         return {"plan": plan, "step_time_s": step_time, "oom": False}
 
     def step(self, action):
+        if self.step_sleep_s:
+            time.sleep(self.step_sleep_s)
         if self.mode == "incremental":
             self.placement[self.focus] = int(action)
             st = self.step_time(self.placement, self.target_hybrid)

@@ -1,0 +1,255 @@
+"""What the CLI calls: :func:`train` a policy on one model (or a family of graphs) and
+:func:`place` a graph, possibly never seen in training, with a trained checkpoint.
+
+``train`` builds ``PlacementEnv`` instances (the simulator backend gets one env per
+episode of an update, all sharing one captured graph), a policy from the registry,
+and runs :func:`~autoplace.policies.reinforce.reinforce`. It writes
+``DIR/checkpoint.pt``, ``DIR/tb/``, ``DIR/best_plan.json`` and ``DIR/curve.png``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autoplace.errors import AutoplaceError
+
+from . import checkpoint as ckpt
+from . import make
+from .base import batch_obs
+from .reinforce import ReinforceConfig, _outcome, reinforce
+
+__all__ = ["TrainResult", "train", "place", "default_env_options"]
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` found.
+
+    Attributes:
+        best_plan: the fastest plan seen for the (first) model, as a ``Plan``.
+        best_step_time_s: its step time (simulated, or measured with ``backend="real"``).
+        history: per-update series (``reward_mean``, ``best_step_time_s``, ``entropy``...).
+        checkpoint_path: ``DIR/checkpoint.pt`` (None without ``out_dir``).
+        best_plans: the best plan per graph when several were trained on.
+        elapsed_s: training wall time.
+    """
+
+    best_plan: Any
+    best_step_time_s: float
+    history: dict[str, list[float]]
+    checkpoint_path: Path | None
+    best_plans: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+def default_env_options(num_devices: int) -> dict[str, Any]:
+    """The hybrid choices offered by default: data and pipeline degrees that divide the
+    device count, and 1-8 microbatches."""
+    divisors = tuple(k for k in range(1, num_devices + 1) if num_devices % k == 0)
+    return {"data_options": divisors, "pipeline_options": divisors,
+            "microbatch_options": (1, 2, 4, 8)}
+
+
+def _make_envs(specs: list[Any], cluster: Any, backend: str, copies: int,
+               options: dict[str, Any]) -> list[Any]:
+    from autoplace.envs import PlacementEnv
+    from autoplace.graph import OpGraph
+
+    envs = []
+    for spec in specs:
+        if isinstance(spec, OpGraph):
+            first = PlacementEnv(graph=spec, cluster=cluster, backend=backend, **options)
+        else:
+            first = PlacementEnv(workload=spec, cluster=cluster, backend=backend, **options)
+        envs.append(first)
+        if backend == "sim":  # cheap copies sharing the captured graph
+            envs += [PlacementEnv(graph=first.graph, cluster=first.cluster, backend=backend,
+                                  **options) for _ in range(copies - 1)]
+    return envs
+
+
+def _describe_spec(spec: Any) -> str:
+    return spec if isinstance(spec, str) else getattr(spec, "name", type(spec).__name__)
+
+
+def train(
+    model_spec: Any,
+    cluster: Any,
+    policy: str = "seq2seq",
+    backend: str = "sim",
+    budget: str | int = "2000ep",
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+    max_groups: int = 64,
+    resume: bool = False,
+    progress: bool = True,
+    *,
+    mode: str = "oneshot",
+    memory_cap: str | int | None = None,
+    policy_options: dict[str, Any] | None = None,
+    env_options: dict[str, Any] | None = None,
+    **reinforce_options: Any,
+) -> TrainResult:
+    """Train a placement policy with REINFORCE and return the best plan it found.
+
+    Args:
+        model_spec: zoo name, ``module:factory``, a Workload, an OpGraph, or a list of
+            them (one policy trained on all: a family of graphs for zero-shot placement).
+        cluster: preset name, JSON path, ``"detect"`` or a Cluster.
+        policy: ``seq2seq``, ``hierarchical`` or ``gnn``.
+        backend: ``sim`` (simulated step time) or ``real`` (measured).
+        budget: updates (``"200"``), episodes (``"2000ep"``) or wall time (``"5m"``).
+        out_dir: where checkpoint.pt, tb/, best_plan.json and curve.png go.
+        seed: seeds the policy's weights, its sampling and the env resets.
+        max_groups: groups each graph is coarsened to.
+        resume: continue from ``out_dir/checkpoint.pt`` when it exists.
+        progress: show a progress bar.
+        mode: ``oneshot`` or ``incremental`` (gnn only).
+        memory_cap: cap every device's memory (``"16GB"``).
+        policy_options: the policy's own options (``hidden``, ``conv``...).
+        env_options: PlacementEnv options (default hybrid choices:
+            :func:`default_env_options`).
+        **reinforce_options: fields of :class:`ReinforceConfig` (``batch_size``, ``lr``...).
+    """
+    from autoplace.cluster import resolve
+
+    cl = resolve(cluster, memory_cap)
+    specs = list(model_spec) if isinstance(model_spec, (list, tuple)) else [model_spec]
+    cfg = ReinforceConfig(budget=budget, seed=seed, resume=resume, progress=progress,
+                          out_dir=str(out_dir) if out_dir is not None else None,
+                          **reinforce_options)
+    env_opts = {**default_env_options(cl.num_devices), "max_groups": max_groups, "mode": mode,
+                **(env_options or {})}
+    copies = max(1, math.ceil(cfg.batch_size / len(specs)))
+    envs = _make_envs(specs, cl, backend, copies, env_opts)
+    torch.manual_seed(seed)
+    pol = make(policy, envs[0].observation_space, envs[0].action_space,
+               **(policy_options or {}))
+    extra = {"env_options": {k: list(v) if isinstance(v, tuple) else v
+                             for k, v in env_opts.items()},
+             "cluster": cl.to_json(), "models": [_describe_spec(s) for s in specs],
+             "backend": backend}
+    try:
+        result = reinforce(envs, pol, cfg, extra=extra)
+    finally:
+        for env in envs:
+            env.close()
+    if out_dir is not None:
+        _plot(result.history, Path(out_dir) / "curve.png", f"{policy} on "
+              f"{', '.join(extra['models'][:3])} ({cl.name})")
+    from autoplace.plan import Plan
+
+    plans = {k: Plan.loads(v["plan"]) for k, v in result.best.items() if v.get("plan")}
+    return TrainResult(best_plan=result.best_plan, best_step_time_s=result.best_step_time_s,
+                       history=result.history, checkpoint_path=result.checkpoint_path,
+                       best_plans=plans, elapsed_s=result.elapsed_s)
+
+
+def _plot(history: dict[str, list[float]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    x = list(range(1, len(history["reward_mean"]) + 1))
+    ax1.plot(x, history["reward_mean"], label="mean reward")
+    ax1.plot(x, history["reward_max"], alpha=0.5, label="max reward")
+    ax1.set_xlabel("update")
+    ax1.legend()
+    best = [v * 1e3 if math.isfinite(v) else float("nan") for v in history["best_step_time_s"]]
+    ax2.plot(x, best, color="C2")
+    ax2.set_xlabel("update")
+    ax2.set_ylabel("best step time (ms)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def place(
+    checkpoint: str | Path,
+    graph_or_workload: Any,
+    cluster: Any,
+    *,
+    samples: int = 16,
+    seed: int = 0,
+    memory_cap: str | int | None = None,
+    max_groups: int | None = None,
+) -> Any:
+    """Place a graph with a trained policy, without training on it (zero-shot).
+
+    The policy's most likely plan and ``samples`` sampled ones are scored on the
+    simulator; the fastest is returned (``predicted`` and ``planner`` filled in, with
+    the search time). The graph may differ from those trained on; the cluster must
+    have as many devices as the training cluster.
+
+    Args:
+        checkpoint: a ``checkpoint.pt`` written by :func:`train`.
+        graph_or_workload: OpGraph, Workload, zoo name or ``module:factory``.
+        cluster: preset name, JSON path, ``"detect"`` or a Cluster.
+        samples: sampled plans scored beside the greedy one (0: greedy only).
+        seed: seed of the sampling generator.
+        memory_cap: cap every device's memory.
+        max_groups: coarsening of the graph (default: the one trained with).
+    """
+    from autoplace.cluster import resolve
+    from autoplace.plan import Plan
+
+    t0 = time.perf_counter()
+    policy, data = ckpt.load_policy(checkpoint)
+    cl = resolve(cluster, memory_cap)
+    opts = {k: tuple(v) if isinstance(v, list) else v
+            for k, v in data.get("extra", {}).get("env_options", {}).items()}
+    if max_groups is not None:
+        opts["max_groups"] = max_groups
+    env = _make_envs([graph_or_workload], cl, "sim", 1, opts)[0]
+    try:
+        f, d = env.observation_space["node_features"].shape[1], env.num_devices
+        if (f, d) != (policy.num_features, policy.num_devices):
+            raise AutoplaceError(
+                f"checkpoint {checkpoint} was trained for {policy.num_devices} devices and "
+                f"{policy.num_features} features; this cluster has {d} devices and the env "
+                f"{f} features")
+        rank, step, plan, _ = _search(env, policy, samples, seed)
+    finally:
+        env.close()
+    planner = {"name": f"policy:{policy.name}", "checkpoint": str(checkpoint),
+               "samples": samples, "search_time_s": time.perf_counter() - t0,
+               "failed": bool(rank[0])}
+    return Plan.from_json({**plan, "predicted": {"step_time_s": step}, "planner": planner})
+
+
+def _search(env: Any, policy: Any, samples: int, seed: int) -> tuple:
+    """Greedy plus sampled episodes; returns the best outcome (see ``_outcome``)."""
+    generator = torch.Generator().manual_seed(seed)
+    outcomes = []
+    for greedy, n in ((True, 1), (False, samples)):
+        if n == 0:
+            continue
+        if policy.mode == "oneshot":
+            obs, _ = env.reset(seed=seed)
+            with torch.no_grad():
+                out = policy(batch_obs([obs] * n), generator=generator, greedy=greedy)
+            for row in out.action.numpy():
+                env.reset(seed=seed)
+                _, r, _, _, info = env.step(row)
+                outcomes.append(_outcome(info, r))
+        else:
+            for _ in range(n):
+                obs, _ = env.reset(seed=seed)
+                done = False
+                while not done:
+                    with torch.no_grad():
+                        out = policy(batch_obs([obs]), generator=generator, greedy=greedy)
+                    obs, r, term, trunc, info = env.step(int(out.action[0, 0]))
+                    outcomes.append(_outcome(info, r))
+                    done = term or trunc
+    return min(outcomes, key=lambda o: o[0])

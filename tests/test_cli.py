@@ -1,0 +1,107 @@
+"""The command line: real subprocesses, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "autoplace.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=300)
+
+
+def assert_clean_error(p: subprocess.CompletedProcess, *needles: str) -> None:
+    assert p.returncode != 0, p.stdout
+    assert "Traceback" not in p.stderr, p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1, p.stderr
+    for n in needles:
+        assert n in err[0], err[0]
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "plan.json"
+    p = run("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planner", "expert",
+            "-o", str(path))
+    assert p.returncode == 0, p.stderr
+    return path
+
+
+def test_capture_json():
+    p = run("capture", "--model", "gpt-tiny", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["num_ops"] > 10 and d["num_edges"] >= d["num_ops"] - 1
+    assert d["param_bytes"] == 134_912 * 4
+    assert d["flops"] > 0 and len(d["fingerprint"]) == 16
+
+
+def test_plan_simulate_show(plan_file, tmp_path):
+    plan = json.loads(plan_file.read_text())
+    assert plan["format"] == "autoplace.plan/1" and plan["model"]["spec"] == "gpt-tiny"
+    assert sorted(set(plan["placement"])) == [0, 1]
+    p = run("simulate", str(plan_file), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["step_time_s"] >= d["lower_bound_s"] > 0
+    assert len(d["peak_memory_bytes"]) == 2 and d["oom"] is False
+    gantt = tmp_path / "g.png"
+    p = run("show", str(plan_file), "--gantt", str(gantt))
+    assert p.returncode == 0, p.stderr
+    assert gantt.stat().st_size > 5000
+
+
+def test_corrupt_plan(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "autoplace.plan/1", "groups": ')
+    assert_clean_error(run("simulate", str(bad)), "not valid JSON")
+    assert_clean_error(run("run", str(bad)), "not valid JSON")
+
+
+def test_plan_for_another_graph(plan_file, tmp_path):
+    other = json.loads(plan_file.read_text())
+    other["model"]["options"] = {"n_layers": 3}
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    assert_clean_error(run("simulate", str(path)), "another graph")
+
+
+def test_device_out_of_range(plan_file, tmp_path):
+    d = json.loads(plan_file.read_text())
+    d["placement"] = [5 for _ in d["placement"]]
+    path = tmp_path / "far.json"
+    path.write_text(json.dumps(d))
+    before = path.read_text()
+    assert_clean_error(run("simulate", str(path), "--cluster", "cpu-x2"), "out of range")
+    assert path.read_text() == before
+
+
+def test_unknown_workload():
+    assert_clean_error(run("capture", "--model", "gpt-huge"), "unknown workload", "gpt-tiny")
+
+
+def test_untraceable_model():
+    assert_clean_error(run("capture", "--model", "assets.zoo_user_workload:untraceable"),
+                       "x.sum() > 0")
+
+
+def test_unknown_planner():
+    assert_clean_error(run("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2",
+                           "--planner", "magic"), "valid", "hybrid-dp")
+
+
+def test_models_lists_zoo():
+    p = run("models", "--json")
+    names = {m["name"] for m in json.loads(p.stdout)}
+    assert {"gpt-tiny", "gpt-1b", "rnnlm", "gnmt-4", "inception-v3", "resnet50",
+            "branchy-mlp"} <= names
