@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from .config import EnvConfig
 from .observation import GROUP_FEATURES, obs_batch_to_pyg, obs_to_pyg
-from .placement_env import EnvConfig, PlacementEnv
+from .placement_env import PlacementEnv
 
 __all__ = ["ENV_ID", "EnvConfig", "GROUP_FEATURES", "PlacementEnv", "obs_batch_to_pyg",
            "obs_to_pyg"]

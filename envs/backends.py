@@ -57,7 +57,9 @@ class Measurement:
 class Backend(Protocol):
     name: str
 
-    def evaluate(self, plan: Plan) -> Measurement: ...
+    def evaluate(self, plan: Plan, *, uncapped: bool = False) -> Measurement:
+        """Step time of ``plan``; ``uncapped`` lifts the cluster's memory caps (reference runs)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -80,7 +82,8 @@ class SimBackend:
         self.graph, self.cluster, self.cache_size = graph, cluster, cache_size
         self._cache: OrderedDict[tuple, Measurement] = OrderedDict()
 
-    def evaluate(self, plan: Plan) -> Measurement:
+    def evaluate(self, plan: Plan, *, uncapped: bool = False) -> Measurement:
+        # the simulator times a plan whether or not it fits, so ``uncapped`` changes nothing
         key = (plan.placement, plan.parallel)
         hit = self._cache.get(key)
         if hit is not None:
@@ -146,14 +149,14 @@ class RealBackend:
         self.steps, self.warmup, self.timeout_s = steps, warmup, timeout_s
         self.worker = MeasuringWorker(
             env={"OMP_NUM_THREADS": str(threads)} if threads is not None else None)
-        self._cluster_json = cluster.to_json()
         #: the next request's ``inject`` (test hook: "oom", "hang", "crash"); used once.
         self.inject: str | None = None
 
-    def evaluate(self, plan: Plan) -> Measurement:
+    def evaluate(self, plan: Plan, *, uncapped: bool = False) -> Measurement:
         from autoplace.envs.real_worker import WorkerDied, WorkerTimeout
 
-        request = {"cmd": "measure", "workload": self.workload, "cluster": self._cluster_json,
+        cluster = self.cluster.with_memory_cap(None) if uncapped else self.cluster
+        request = {"cmd": "measure", "workload": self.workload, "cluster": cluster.to_json(),
                    "plan": plan.to_json(), "steps": self.steps, "warmup": self.warmup,
                    "timeout_s": self.timeout_s, "inject": self.inject}
         self.inject = None

@@ -22,7 +22,8 @@ Modes:
   entry of each option list. Reward is the improvement of the score (below) over
   the previous placement, so an episode's return is score(final) - score(initial).
 
-Score of a plan with step time ``t`` (``t1`` = the single-device step time):
+Score of a plan with step time ``t`` (``t1`` = the step time of everything on device 0
+with memory caps lifted, from the same backend):
 ``"neg_sqrt"`` (default) ``-sqrt(t / t1)``; ``"improvement"`` ``1 - t / t1``;
 ``"neg_time"`` ``-t / t1``. A plan that runs out of memory, is invalid, or crashes
 scores ``fail_reward`` (default -2.0, as bad as a plan 4x slower than one device
@@ -41,7 +42,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -49,49 +49,20 @@ import numpy as np
 from gymnasium import spaces
 
 from autoplace.cluster import Cluster, resolve
+from autoplace.costs import estimate_costs
 from autoplace.errors import AutoplaceError, PlanError
 from autoplace.graph import OpGraph
 from autoplace.grouping import coarsen, group_costs
 from autoplace.plan import ParallelConfig, Plan, model_info
 
-from .backends import BACKENDS, Backend, Measurement, make_backend
+from .backends import Backend, Measurement, make_backend
+from .config import EnvConfig, check_config, resolve_workload
 from .observation import group_edges, group_features, observation_space
 from .render import gantt_rgb, placement_table
 
-__all__ = ["EnvConfig", "PlacementEnv", "MODES", "REWARDS"]
+__all__ = ["PlacementEnv"]
 
-MODES = ("oneshot", "incremental")
 _MEMORY_AFTER = ("allocated_bytes", "reserved_bytes")  # real backend: GPU memory after a run
-REWARDS = ("neg_sqrt", "improvement", "neg_time")
-
-
-@dataclass(kw_only=True)
-class EnvConfig:
-    """Options of :class:`PlacementEnv` (keyword arguments of the constructor)."""
-
-    backend: str = "sim"  #: "sim" (simulator) or "real" (measured in a worker subprocess)
-    mode: str = "oneshot"  #: "oneshot" or "incremental" (Placeto)
-    max_groups: int = 64  #: groups the graph is coarsened to (and observation padding)
-    max_edges: int | None = None  #: edge padding; None: max(4 * max_groups, edges present)
-    grouping: str = "contiguous"  #: coarsening method of autoplace.grouping.coarsen
-    memory_cap: str | int | None = None  #: cap every device's memory ("16GB")
-    reward: str = "neg_sqrt"  #: "neg_sqrt", "improvement" or "neg_time"
-    fail_reward: float = -2.0  #: score of an OOM, invalid or crashed plan
-    data_options: tuple[int, ...] = (1,)  #: data-parallel degrees an action may pick
-    pipeline_options: tuple[int, ...] = (1,)  #: pipeline stage counts an action may pick
-    microbatch_options: tuple[int, ...] = (1,)  #: microbatch counts an action may pick
-    schedule: str = "gpipe"  #: pipeline schedule, "gpipe" or "1f1b"
-    passes: int = 1  #: incremental mode: times every group is visited per episode
-    initial_placement: str = "single"  #: "single" (all on device 0) or "random"
-    workload_options: dict[str, Any] = field(default_factory=dict)  #: factory options
-    batch_size: int | None = None  #: global batch size (None: the workload's)
-    seed: int = 0  #: weight-init seed of the workload
-    steps: int = 5  #: real backend: steps per measurement, warm-up included
-    warmup: int = 2  #: real backend: steps not timed
-    timeout_s: float = 300.0  #: real backend: seconds before a hung run is killed
-    worker_threads: int | None = None  #: real backend: CPU threads of the worker (None: default)
-    cache_size: int = 4096  #: sim backend: plans whose results are remembered
-
 
 class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     """Place a model's op groups on a cluster's devices; see the module docstring.
@@ -128,13 +99,13 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.render_mode = render_mode
         self.cluster = resolve(cluster, cfg.memory_cap)
         self.num_devices = d = self.cluster.num_devices
-        _check_config(cfg, d)
+        check_config(cfg, d)
         self.data_options = cfg.data_options
         self.pipeline_options = cfg.pipeline_options
         self.microbatch_options = cfg.microbatch_options
 
-        workload_spec, self.graph = _resolve_workload(workload, graph, cfg)
-        _ensure_costs(self.graph, self.cluster)
+        workload_spec, self.graph = resolve_workload(workload, graph, cfg)
+        estimate_costs(self.graph, self.cluster)  # fills only the device kinds it lacks
         self.groups = coarsen(self.graph, cfg.max_groups, method=cfg.grouping)
         self.num_groups = g = max(self.groups.values()) + 1
         kind = next((k for k in self.cluster.device_kinds if self.graph.has_costs(k)), None)
@@ -184,7 +155,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     @property
     def spec(self) -> Any:
         """The EnvSpec; measured step times vary, so the real backend is nondeterministic."""
-        s = self._spec
+        s = getattr(self, "_spec", None)
         if s is not None and self.config.backend == "real" and not s.nondeterministic:
             s = dataclasses.replace(s, nondeterministic=True)
         return s
@@ -279,12 +250,17 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     # ------------------------------------------------------------ internals
     @property
     def single_device_step_time_s(self) -> float:
-        """Step time of the whole graph on device 0: the reward's normaliser."""
+        """Step time of the whole graph on device 0, memory caps lifted: the reward's normaliser.
+
+        Real backend: measured; where even the uncapped device runs out of memory, the
+        simulator's estimate is used instead.
+        """
         if self._single_time_s is None:
+            # without memory caps: a cap constrains plans, not the reference speed
             plan = Plan.single(self.graph, cluster=self.cluster)
-            m = self.backend.evaluate(plan)
+            m = self.backend.evaluate(plan, uncapped=True)
             if not math.isfinite(m.step_time_s) or m.step_time_s <= 0:
-                m = self._simulator().evaluate(plan)  # e.g. a real single device runs OOM
+                m = self._simulator().evaluate(plan)  # the model does not fit one device
             self._single_time_s = float(m.step_time_s)
         return self._single_time_s
 
@@ -372,64 +348,3 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
     for key in ("model", "cluster", "planner"):
         d[key] = copy.deepcopy(d[key])
     return d
-
-
-def _check_config(cfg: EnvConfig, num_devices: int) -> None:
-    checks = [("backend", cfg.backend, BACKENDS), ("mode", cfg.mode, MODES),
-              ("reward", cfg.reward, REWARDS),
-              ("initial_placement", cfg.initial_placement, ("single", "random"))]
-    for name, value, valid in checks:
-        if value not in valid:
-            raise AutoplaceError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
-    for name in ("data_options", "pipeline_options", "microbatch_options"):
-        values = getattr(cfg, name)
-        limit = num_devices if name != "microbatch_options" else math.inf
-        if not values or any(v < 1 or v > limit for v in values):
-            raise AutoplaceError(
-                f"{name} must be a non-empty list of integers in 1..{limit}, got {list(values)}")
-    if cfg.max_groups < 1 or cfg.passes < 1:
-        raise AutoplaceError(f"max_groups and passes must be >= 1, got {cfg.max_groups}, "
-                             f"{cfg.passes}")
-
-
-def _resolve_workload(
-    workload: Any, graph: OpGraph | None, cfg: EnvConfig
-) -> tuple[dict[str, Any] | None, OpGraph]:
-    """The worker's workload spec (None without a workload) and the graph to place."""
-    from autoplace.workloads import Workload, get
-
-    if workload is None:
-        if graph is None:
-            raise AutoplaceError("PlacementEnv needs a workload (zoo name or module:factory) "
-                                 "or a graph")
-        if cfg.backend == "real":
-            raise AutoplaceError("backend='real' needs a workload to execute, not only a graph")
-        return None, graph
-    options = dict(cfg.workload_options)
-    if cfg.batch_size is not None:
-        options["batch_size"] = cfg.batch_size
-    if isinstance(workload, Workload):
-        spec = {"spec": workload.spec.get("spec", workload.name),
-                "options": {**workload.spec.get("options", {}), **options},
-                "seed": workload.spec.get("seed", cfg.seed)}
-        wl = workload
-    else:
-        spec = {"spec": str(workload), "options": options, "seed": cfg.seed}
-        wl = None
-    if graph is None:
-        from autoplace.capture import capture_workload
-
-        if wl is None:  # on the meta device: the planner needs shapes, not memory
-            wl = get(spec["spec"], device="meta", seed=spec["seed"], **options)
-        graph = capture_workload(wl, batch_size=cfg.batch_size)
-    return spec, graph
-
-
-def _ensure_costs(graph: OpGraph, cluster: Cluster) -> None:
-    if all(graph.has_costs(k) for k in cluster.device_kinds):
-        return
-    try:
-        from autoplace.costs import estimate_costs
-    except ImportError:  # the simulator estimates costs itself; features then lack times
-        return
-    estimate_costs(graph, cluster)

@@ -42,6 +42,8 @@ class ReinforceConfig:
 
     budget: str | int = "200"
     """how long to train: updates ("200"), episodes ("2000ep") or wall time ("90s", "5m", "1h")"""
+    time_limit_s: float | None = None
+    """stop after this much wall time whatever the budget (None: no limit)"""
     batch_size: int = 16
     """episodes (sampled plans) per update"""
     lr: float = 3e-3
@@ -272,7 +274,9 @@ def reinforce(
                    unit={"updates": "upd", "episodes": "ep", "seconds": "s"}[unit])
 
     t0 = time.perf_counter()
-    while progress_fraction(elapsed_before + time.perf_counter() - t0) < 1.0:
+    limit_s = cfg.time_limit_s if cfg.time_limit_s is not None else math.inf
+    while (progress_fraction(elapsed_before + time.perf_counter() - t0) < 1.0
+           and elapsed_before + time.perf_counter() - t0 < limit_s):
         lr = cfg.lr * _lr_factor(cfg.lr_schedule, progress_fraction(
             elapsed_before + time.perf_counter() - t0), cfg.lr_final)
         for group in optimizer.param_groups:

@@ -18,7 +18,7 @@ from torch import nn
 
 from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
-from autoplace.executor.data import wrap_data_parallel
+from autoplace.executor.data import allreduce_grads, wrap_data_parallel
 from autoplace.executor.local import build_local
 from autoplace.executor.pipeline import build_stage, example_values, make_schedule
 from autoplace.plan import Plan
@@ -128,18 +128,21 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         ex_inputs, _ = workload.make_batch(micro, "cpu")
     values = example_values(gm, ex_inputs)
     stage_mod = build_stage(gm, plan, stage, ex_inputs, device, values).to(device)
-    group = None
+    group = dp_group = None
     model = stage_mod
     if par.data > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device.type, (par.data, p), mesh_dim_names=("dp", "pp"))
         group = mesh["pp"].get_group()
-        model = wrap_data_parallel(stage_mod, workload.model, par.shard,
-                                   group=mesh["dp"].get_group(), mesh=mesh["dp"],
-                                   device=device)
+        dp_group = mesh["dp"].get_group()
+        if par.shard != "none":
+            model = wrap_data_parallel(stage_mod, workload.model, par.shard,
+                                       group=dp_group, mesh=mesh["dp"], device=device)
     elif not distributed:
         raise PlanError("a pipeline plan must run under torchrun (one process per stage)")
+    manual_dp = par.data > 1 and par.shard == "none"
+    params = [q for q in model.parameters() if q.requires_grad]
     schedule = make_schedule(model, stage, p, device, par.microbatches, par.schedule,
                              workload.loss_fn, group=group)
     last = stage == p - 1
@@ -147,15 +150,18 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
     def pp_step(inputs, targets):
         xs = tuple(_replica_slice(x, replica, par.data).to(device) for x in inputs)
         y = _replica_slice(targets, replica, par.data).to(device)
+        loss = torch.zeros((), device=device)
         if stage == 0:
             schedule.step(*xs)
         elif last:
             losses: list[torch.Tensor] = []
             schedule.step(target=y, losses=losses)
-            return torch.stack([loss.detach().float() for loss in losses]).mean()
+            loss = torch.stack([x.detach().float() for x in losses]).mean()
         else:
             schedule.step()
-        return torch.zeros((), device=device)
+        if manual_dp:
+            allreduce_grads(params, dp_group)
+        return loss
 
     return Built(model=model, state_module=model, step=pp_step, devices=[device],
                  cluster_indices=[cidx], has_loss=last, keep=[schedule])

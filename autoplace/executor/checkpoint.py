@@ -11,6 +11,7 @@ is drawn from ``torch.manual_seed(seed + step)``.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -95,8 +96,11 @@ def load_checkpoint(directory: str | Path, model: nn.Module,
 
     name = latest.read_text().strip()
     msd, osd = get_state_dict(model, optimizer)
+    groups = copy.deepcopy(osd.get("param_groups"))
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(directory / name))
+    if groups is not None:  # DCP does not round-trip tuples (AdamW's betas); same hyperparameters
+        state["optim"]["param_groups"] = groups
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     return int(name.split("-", 1)[1])

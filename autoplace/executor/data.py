@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
-__all__ = ["block_paths", "wrap_data_parallel"]
+__all__ = ["allreduce_grads", "block_paths", "wrap_data_parallel"]
 
 
 def block_paths(model: nn.Module) -> list[str]:
@@ -120,3 +120,32 @@ def all_reduce_mean(t: torch.Tensor, group: Any = None) -> torch.Tensor:
     t = t.clone()
     dist.all_reduce(t, group=group)
     return t / dist.get_world_size(group)
+
+
+def allreduce_grads(params: list[nn.Parameter], group: Any = None,
+                    bucket_bytes: int = 25 * 2**20) -> None:
+    """Average the gradients of ``params`` over ``group`` in flat buckets.
+
+    Used for data parallelism over pipeline stages: DDP's reducer inside
+    ``PipelineStage`` fails its first-iteration bucket rebuild when a stage runs
+    several microbatches ("rebuilt parameter indices size is not same as original
+    model parameters size"), so stages all-reduce after the schedule's step.
+    """
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    world = dist.get_world_size(group)
+    buckets: dict[tuple[Any, Any], list[list[torch.Tensor]]] = {}
+    for p in params:
+        if p.grad is None:
+            continue
+        lists = buckets.setdefault((p.grad.device, p.grad.dtype), [[]])
+        if sum(g.numel() * g.element_size() for g in lists[-1]) > bucket_bytes:
+            lists.append([])
+        lists[-1].append(p.grad)
+    for lists in buckets.values():
+        for grads in lists:
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=group)
+            flat /= world
+            for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)

@@ -213,3 +213,15 @@ def test_zoo_workload_is_captured():
     _, r, *_, info = env.step(env.action_space.sample())
     assert info["error"] is None and -3 < r < 0
     assert env.unwrapped.graph.name
+
+
+def test_bench_env_script_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_env.py"
+    out = subprocess.run([sys.executable, str(script), "--ops", "50", "--max-groups", "8",
+                          "--steps", "5"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "steps/s" in out.stdout and "incremental" in out.stdout

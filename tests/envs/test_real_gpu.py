@@ -50,16 +50,19 @@ def test_oom_storm_then_valid_step():
 
     env = gym.make(ID, cluster=cluster, memory_cap=cap, **OPTS)
     env.reset(seed=0)
-    start = None
-    for i in range(100):
+    levels = []
+    for i in range(100):  # alternately everything on GPU 0 and on GPU 1
         obs, reward, terminated, truncated, info = env.step(_action(env, [i % 2] * g))
         assert obs in env.observation_space and terminated is True and truncated is False
         assert info["oom"] is True and reward == env.unwrapped.config.fail_reward, info["error"]
-        level = (info["allocated_bytes"], info["reserved_bytes"])
-        if start is None:
-            start = level
-        for now, then in zip(level, start):  # nothing leaks, nothing stays cached
-            assert all(a <= b + MiB for a, b in zip(now, then)), (i, level, start)
+        levels.append(np.array([info["allocated_bytes"], info["reserved_bytes"]]))
+    # the start level: once both GPUs were used (a first use keeps a fixed workspace, ~33 MiB
+    # seen on H200); after that nothing leaks and nothing stays cached, OOM after OOM
+    start = levels[1]
+    print(f"memory after OOM steps (allocated, reserved per GPU): {start.tolist()}")
+    for i, level in enumerate(levels[2:], start=2):
+        assert (level <= start + MiB).all(), (i, level.tolist(), start.tolist())
+    assert (levels[-1] == start).all()
     assert env.unwrapped.backend.worker.restarts == 0, "OOMs are results, not crashes"
 
     obs, reward, _, _, info = env.step(_action(env, [0] * cut + [1] * (g - cut)))
@@ -75,4 +78,6 @@ def test_oom_storm_then_valid_step():
     report = execute(workload, plan, cluster=capped, steps=OPTS["steps"],
                      warmup=OPTS["warmup"], reference=False)
     assert report.error is None, report.error
+    print(f"cap {cap / MiB:.0f} MiB (single {peak_single / MiB:.0f}, split {peak_split / MiB:.0f});"
+          f" step: env {env_time * 1e3:.2f} ms, executor {report.step_time_s * 1e3:.2f} ms")
     assert 0.67 < env_time / report.step_time_s < 1.5, (env_time, report.step_time_s)

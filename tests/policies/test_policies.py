@@ -4,11 +4,16 @@ import numpy as np
 import pytest
 import torch
 from _placement_toy import ToyPlacementEnv
+from autoplace.policies import (
+    GNNPolicy,
+    batch_obs,
+    describe_spaces,
+    get,
+    make,
+    names,
+)
 
 from autoplace.errors import AutoplaceError
-from autoplace.policies import (
-    GNNPolicy, batch_obs, describe_spaces, get, make, names,
-)
 
 POLICIES = ["seq2seq", "hierarchical", "gnn"]
 

@@ -1,0 +1,239 @@
+"""Benchmark the executor against the same parallelism written by hand (gpt-1b, 2 GPUs).
+
+Four variants, each its own torchrun job, repeated in interleaved order:
+
+* ``autoplace-ddp``: autoplace's dp=2 plan (DDP over the captured fx program);
+* ``native-ddp``: the eager model under ``DistributedDataParallel``, written by hand;
+* ``autoplace-pp``: autoplace's 2-stage GPipe plan (stages cut from the captured graph);
+* ``native-pp``: the same split (blocks[:L/2] | blocks[L/2:]) written by hand with
+  ``torch.distributed.pipelining``.
+
+Same data (``torch.manual_seed(seed + step)``), AdamW (fused), bf16 autocast.
+Step time = median over >= 20 steps after warm-up per job; the spread is the
+min..max of the per-job medians. JSON to ``--out`` (default
+``bench/results/<date>-<card>-executor.json``).
+
+    python scripts/bench_executor.py --steps 25 --warmup 5 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+WORKLOAD = "gpt-1b"
+MICROBATCHES = 8
+
+
+def split_plan(graph, stages: int, cut_block: str, **parallel):
+    """Ops before the first op of module ``cut_block`` on stage 0, the rest on stage 1."""
+    from autoplace.plan import ParallelConfig, Plan
+
+    first = next(i for i, op in enumerate(graph) if op.module_path.startswith(cut_block))
+    groups = {op: int(i >= first) for i, op in enumerate(graph.order)}
+    return Plan.from_groups(graph, groups, [0, 1], parallel=ParallelConfig(**parallel),
+                            planner="bench-split")
+
+
+# ----------------------------------------------------------------- hand-written runs
+def _native(kind: str, steps: int, warmup: int, seed: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch import nn
+
+    from autoplace import workloads
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    wl = workloads.get(WORKLOAD)
+    model = wl.model
+    amp = torch.autocast("cuda", dtype=torch.bfloat16)
+    if kind == "ddp":
+        model = nn.parallel.DistributedDataParallel(model.to(dev), device_ids=[dev])
+        params = list(model.parameters())
+    else:
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        half = len(model.blocks) // 2
+
+        class Stage0(nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.tok_emb, self.pos_emb = m.tok_emb, m.pos_emb
+                self.register_buffer("positions", m.positions, persistent=False)
+                self.blocks = nn.ModuleList(m.blocks[:half])
+
+            def forward(self, tokens):
+                x = self.tok_emb(tokens) + self.pos_emb(self.positions)
+                for b in self.blocks:
+                    x = b(x)
+                return x
+
+        class Stage1(nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.blocks = nn.ModuleList(m.blocks[half:])
+                self.ln_f, self.head = m.ln_f, m.head
+
+            def forward(self, x):
+                for b in self.blocks:
+                    x = b(x)
+                return self.head(self.ln_f(x))
+
+        stage_mod = (Stage0 if rank == 0 else Stage1)(model).to(dev)
+        params = list(stage_mod.parameters())
+        stage = PipelineStage(stage_mod, rank, world, dev)
+        sched = ScheduleGPipe(stage, n_microbatches=MICROBATCHES, loss_fn=wl.loss_fn)
+    opt = torch.optim.AdamW(params, lr=wl.lr, fused=True)
+    times, losses = [], []
+    for step in range(steps):
+        torch.manual_seed(seed + step)
+        x, y = wl.make_batch(wl.batch_size, "cpu")
+        x, y = x[0].to(dev), y.to(dev)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with amp:
+            if kind == "ddp":
+                xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+                loss = wl.loss_fn(model(xs), ys)
+                loss.backward()
+            elif rank == 0:
+                sched.step(x)
+                loss = None
+            else:
+                mb_losses: list[torch.Tensor] = []
+                sched.step(target=y, losses=mb_losses)
+                loss = torch.stack(mb_losses).mean()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss) if loss is not None else None)
+    peak = torch.cuda.max_memory_allocated(dev)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (times, losses, peak))
+    if rank == 0:
+        step_times = [max(t[i] for t, _, _ in gathered) for i in range(steps)]
+        loss = [next(v[i] for _, v, _ in gathered if v[i] is not None) for i in range(steps)]
+        if kind == "ddp":  # mean over replicas
+            loss = [statistics.mean(v[i] for _, v, _ in gathered) for i in range(steps)]
+        Path(out).write_text(json.dumps({
+            "step_times_s": step_times[warmup:], "loss": loss,
+            "peak_memory_bytes": [p for _, _, p in gathered]}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_native(kind: str, steps: int, warmup: int, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", __file__, "--worker", kind, "--steps", str(steps),
+               "--warmup", str(warmup), "--seed", str(seed), "--result", str(out)]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if p.returncode != 0 or not out.exists():
+            raise RuntimeError(f"native {kind} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+# ---------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=25, help="steps per job, warm-up included")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps per job")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions")
+    ap.add_argument("--seed", type=int, default=0, help="data seed")
+    ap.add_argument("--out", default=None, help="result JSON path")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        _native(a.worker, a.steps, a.warmup, a.seed, a.result)
+        return
+
+    from autoplace import workloads
+    from autoplace.cluster import Cluster
+    from autoplace.executor import execute
+    from autoplace.executor.runner import capture_graph
+    from autoplace.plan import ParallelConfig, Plan
+
+    card = torch.cuda.get_device_name(0)
+    cluster = Cluster.detect().subset([0, 1])
+    real = workloads.get(WORKLOAD)
+    graph = capture_graph(real)
+    half = real.model.config.n_layers // 2
+    plans = {
+        "autoplace-ddp": Plan.from_groups(graph, {op: 0 for op in graph.order}, [0],
+                                          parallel=ParallelConfig(data=2), planner="bench-ddp"),
+        "autoplace-pp": split_plan(graph, 2, f"blocks.{half}", pipeline=2,
+                                   microbatches=MICROBATCHES),
+    }
+    runs: dict[str, list[dict]] = {k: [] for k in
+                                   ("autoplace-ddp", "native-ddp", "autoplace-pp", "native-pp")}
+    t_start = time.time()
+    for rnd in range(a.rounds):
+        for name in runs:
+            t0 = time.time()
+            if name.startswith("autoplace"):
+                r = execute(real, plans[name], cluster=cluster, steps=a.steps, warmup=a.warmup,
+                            reference=False, seed=a.seed)
+                if not r.ok:
+                    raise RuntimeError(f"{name}: {r.error}")
+                res = {"step_times_s": r.step_times_s, "loss": r.loss,
+                       "peak_memory_bytes": r.peak_memory_bytes}
+            else:
+                res = run_native(name.split("-")[1], a.steps, a.warmup, a.seed)
+            res["median_step_s"] = statistics.median(res["step_times_s"])
+            res["job_wall_s"] = time.time() - t0
+            runs[name].append(res)
+            print(f"round {rnd} {name}: {res['median_step_s'] * 1e3:.1f} ms "
+                  f"(job {res['job_wall_s']:.0f} s)", flush=True)
+    batch = real.batch_size
+    summary = {}
+    for name, rs in runs.items():
+        meds = [r["median_step_s"] for r in rs]
+        all_t = [t for r in rs for t in r["step_times_s"]]
+        summary[name] = {
+            "step_time_s": statistics.median(all_t), "job_medians_s": meds,
+            "spread_s": [min(meds), max(meds)], "step_min_max_s": [min(all_t), max(all_t)],
+            "samples_per_s": batch / statistics.median(all_t),
+            "peak_memory_bytes": rs[-1]["peak_memory_bytes"], "loss_first_job": rs[0]["loss"],
+        }
+    for mode in ("ddp", "pp"):
+        ours, theirs = summary[f"autoplace-{mode}"], summary[f"native-{mode}"]
+        ours["throughput_vs_native"] = ours["samples_per_s"] / theirs["samples_per_s"]
+        ours["max_loss_rel_diff_vs_native"] = max(
+            abs(x - y) / abs(y) for x, y in zip(ours["loss_first_job"], theirs["loss_first_job"]))
+    result = {
+        "benchmark": "executor-vs-native", "workload": WORKLOAD, "card": card,
+        "num_gpus": 2, "torch_version": torch.__version__,
+        "date": datetime.date.today().isoformat(), "steps": a.steps, "warmup": a.warmup,
+        "rounds": a.rounds, "microbatches_pp": MICROBATCHES, "global_batch": batch,
+        "wall_s": time.time() - t_start, "results": summary,
+    }
+    out = Path(a.out or f"bench/results/{result['date']}-"
+               f"{card.lower().replace(' ', '-')}-executor.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    for mode in ("ddp", "pp"):
+        s = summary[f"autoplace-{mode}"]
+        print(f"{mode}: autoplace {s['step_time_s'] * 1e3:.1f} ms vs native "
+              f"{summary[f'native-{mode}']['step_time_s'] * 1e3:.1f} ms -> throughput ratio "
+              f"{s['throughput_vs_native']:.3f}, loss diff {s['max_loss_rel_diff_vs_native']:.1e}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""RL policies vs baseline planners on the simulator: one row per scenario and policy.
+
+    python scripts/bench_policies.py                      # every zoo workload, 2 and 4 GPUs,
+                                                          # without and with a memory cap
+    python scripts/bench_policies.py --quick              # smoke test: 1 workload, tiny budget
+    python scripts/bench_policies.py --workloads gpt-small,gnmt-8 --budget 5000ep
+
+A scenario is workload x cluster preset x memory cap. The cap is a fraction of the
+simulated single-device peak memory (``--caps none,0.6``: uncapped, then 60% of what
+one device would need), so a capped model has to be split. For each scenario every
+baseline (``--baselines``) plans on the whole op graph and each policy trains with
+REINFORCE on the simulator (``--budget`` per row, never more than ``--row-limit-s``)
+over the graph coarsened to ``--max-groups`` groups. The table gives each policy's
+best simulated step time, the best baseline's, their ratio, the lower bound and the
+training time. Writes ``bench/results/policies_<tag>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from autoplace import baselines, workloads
+from autoplace.capture import capture_workload
+from autoplace.cluster import format_bytes, resolve
+from autoplace.costs import estimate_costs
+from autoplace.plan import Plan
+from autoplace.policies import train
+from autoplace.sim import lower_bound, simulate
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--workloads", default="all", help="comma-separated zoo names, or all")
+parser.add_argument("--clusters", default="h100x2,h100x4", help="comma-separated presets")
+parser.add_argument("--caps", default="none,0.6",
+                    help="memory caps as fractions of the single-device peak; none = uncapped")
+parser.add_argument("--policies", default="seq2seq,hierarchical,gnn", help="policies to train")
+parser.add_argument("--baselines", default="hash,critical-path,mincut,expert,m-etf",
+                    help="baseline planners to compare with")
+parser.add_argument("--budget", default="2000ep", help="training budget per row (see train)")
+parser.add_argument("--row-limit-s", type=float, default=540.0,
+                    help="wall-time cap of one policy's training")
+parser.add_argument("--batch-size", type=int, default=16, help="episodes per update")
+parser.add_argument("--lr", type=float, default=3e-3, help="learning rate")
+parser.add_argument("--max-groups", type=int, default=32, help="groups a graph is coarsened to")
+parser.add_argument("--seed", type=int, default=0, help="training seed")
+parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+parser.add_argument("--quick", action="store_true",
+                    help="smoke test: gnmt-2 on h100x2, 3 updates")
+parser.add_argument("--out", default="bench/results", help="output folder")
+parser.add_argument("--tag", default=None, help="file name suffix (default: a timestamp)")
+args = parser.parse_args()
+if args.quick:
+    args.workloads, args.clusters, args.budget = "gnmt-2", "h100x2", "3"
+torch.set_num_threads(args.threads)
+
+names = workloads.names() if args.workloads == "all" else args.workloads.split(",")
+caps = [None if c == "none" else float(c) for c in args.caps.split(",")]
+rows: list[dict] = []
+started = time.perf_counter()
+
+for workload in names:
+    graph = capture_workload(workloads.get(workload, device="meta"))
+    for preset in args.clusters.split(","):
+        base_cluster = resolve(preset)
+        estimate_costs(graph, base_cluster)
+        single = simulate(graph, Plan.single(graph), base_cluster)
+        for cap in caps:
+            cluster = base_cluster
+            if cap is not None:
+                cluster = base_cluster.with_memory_cap(int(cap * single.peak_memory_bytes[0]))
+            scenario = {"workload": workload, "ops": len(graph), "cluster": preset,
+                        "devices": cluster.num_devices,
+                        "memory_cap": None if cap is None else format_bytes(
+                            cluster.devices[0].usable_memory_bytes),
+                        "cap_fraction": cap, "single_step_time_s": single.step_time_s,
+                        "lower_bound_s": lower_bound(graph, cluster)}
+
+            # baselines: plan the whole op graph, score on the simulator
+            scores = {}
+            for name in args.baselines.split(","):
+                t = time.perf_counter()
+                try:
+                    result = simulate(graph, baselines.get(name)(graph, cluster), cluster)
+                    scores[name] = math.inf if result.oom else result.step_time_s
+                except Exception as e:  # noqa: BLE001 - a failing baseline is a table entry
+                    print(f"  {name} failed on {workload}/{preset}: {e}")
+                    scores[name] = math.inf
+                scores[name + "_search_s"] = time.perf_counter() - t
+            best_name = min(args.baselines.split(","), key=lambda n: scores[n])
+            best_baseline = scores[best_name]
+
+            # policies: REINFORCE on the simulator
+            for policy in args.policies.split(","):
+                with tempfile.TemporaryDirectory() as tmp:
+                    t = time.perf_counter()
+                    res = train(graph, cluster, policy=policy, budget=args.budget, out_dir=tmp,
+                                seed=args.seed, max_groups=args.max_groups, progress=False,
+                                batch_size=args.batch_size, lr=args.lr,
+                                time_limit_s=args.row_limit_s, tensorboard=False)
+                    train_s = time.perf_counter() - t
+                step = res.best_step_time_s
+                if res.best_plan is not None:  # re-score outside the env, as baselines are
+                    check = simulate(graph, res.best_plan, cluster)
+                    step = math.inf if check.oom else check.step_time_s
+                rows.append({
+                    **scenario, "policy": policy, "policy_step_time_s": step,
+                    "policy_plan": res.best_plan.describe() if res.best_plan else None,
+                    "train_time_s": train_s, "updates": len(res.history["reward_mean"]),
+                    "best_baseline": best_name, "best_baseline_step_time_s": best_baseline,
+                    "ratio_to_best_baseline": step / best_baseline if math.isfinite(
+                        best_baseline) else None,
+                    "ratio_to_lower_bound": step / scenario["lower_bound_s"],
+                    "baselines": scores,
+                })
+                r = rows[-1]
+                print(f"{workload:13s} {preset:7s} cap={scenario['memory_cap'] or '-':>7s} "
+                      f"{policy:12s} {step * 1e3:8.3f} ms  best baseline {best_name} "
+                      f"{best_baseline * 1e3:8.3f} ms  ratio "
+                      f"{r['ratio_to_best_baseline'] or float('nan'):.3f}  "
+                      f"train {train_s:6.1f} s", flush=True)
+
+# ---------------------------------------------------------------- write results
+tag = args.tag or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+out = Path(args.out)
+out.mkdir(parents=True, exist_ok=True)
+meta = {"benchmark": "policies_vs_baselines", "backend": "sim (simulated step times)",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+                   "torch threads (training ran on CPU; step times are simulated)",
+        "torch": torch.__version__, "args": vars(args),
+        "total_time_s": time.perf_counter() - started}
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:.3f}" if math.isfinite(x) else "OOM"
+
+
+(out / f"policies_{tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1,
+                                                     default=str))
+lines = [
+    f"# Policies vs baselines (simulated), {meta['date']}", "",
+    f"Budget {args.budget} per row (cap {args.row_limit_s:.0f} s), batch {args.batch_size}, "
+    f"max_groups {args.max_groups}, seed {args.seed}; {meta['machine']}; torch {meta['torch']}.",
+    "Ratio < 1: the policy's plan is faster than the best baseline's.", "",
+    "| workload | cluster | cap | policy | policy ms | best baseline | baseline ms | ratio "
+    "| / lower bound | train s |",
+    "| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+]
+for r in rows:
+    ratio = r["ratio_to_best_baseline"]
+    lines.append(
+        f"| {r['workload']} | {r['cluster']} | {r['memory_cap'] or '-'} | {r['policy']} | "
+        f"{ms(r['policy_step_time_s'])} | {r['best_baseline']} | "
+        f"{ms(r['best_baseline_step_time_s'])} | {f'{ratio:.3f}' if ratio else '-'} | "
+        f"{r['ratio_to_lower_bound']:.2f} | {r['train_time_s']:.1f} |")
+(out / f"policies_{tag}.md").write_text("\n".join(lines) + "\n")
+print(f"wrote {out / f'policies_{tag}.json'} and .md ({time.perf_counter() - started:.0f} s)")

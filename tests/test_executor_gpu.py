@@ -1,0 +1,117 @@
+"""The executor on 2 GPUs (NCCL): placement, pipeline, DDP, FSDP2, memory caps, failures.
+
+Run through the device tool: ``pytest -m gpu tests/test_executor_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoplace import workloads
+from autoplace.cluster import Cluster
+from autoplace.errors import AutoplaceError
+from autoplace.executor import execute, run_plan
+from autoplace.executor.runner import capture_graph
+from autoplace.plan import ParallelConfig, Plan
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                       reason="needs 2 CUDA GPUs"),
+]
+
+TOL = 1e-3  # GPU kernels reorder reductions (cuDNN, atomics in embedding backward)
+SMALL = {
+    "gpt-tiny": {},
+    "rnnlm": {},
+    "gnmt-2": {},
+    "branchy-mlp": {},
+    "resnet50": {"image_size": 32, "width": 0.125, "blocks": (1, 1, 1, 1), "batch_size": 4},
+    "inception-v3": {"width": 0.125, "batch_size": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def gpus():
+    return Cluster.detect().subset([0, 1])
+
+
+def split(graph, devices: int = 2, recompute=(), **parallel) -> Plan:
+    n = len(graph.order)
+    groups = {op: min(devices - 1, i * devices // n) for i, op in enumerate(graph.order)}
+    return Plan.from_groups(graph, groups, list(range(devices)), recompute=set(recompute),
+                            parallel=ParallelConfig(**parallel))
+
+
+def single(graph, **parallel) -> Plan:
+    return Plan.from_groups(graph, {op: 0 for op in graph.order}, [0],
+                            parallel=ParallelConfig(**parallel))
+
+
+def check(r, steps=3, tol=TOL):
+    assert r.ok, r.error
+    assert len(r.loss) == steps
+    assert r.max_loss_rel_diff < tol, (r.loss, r.reference_loss)
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_local_placement_on_two_gpus(gpus, name):
+    wl = workloads.get(name, **SMALL[name])
+    graph = capture_graph(wl)
+    for mb, rc in ((1, ()), (2, ()), (2, (0, 1))):
+        r = execute(wl, split(graph, microbatches=mb, recompute=rc), cluster=gpus, steps=3,
+                    warmup=1)
+        check(r)
+        assert r.devices == ["cuda:0", "cuda:1"]
+        assert all(b > 0 for b in r.peak_memory_bytes)
+
+
+def test_interleaved_placement_moves_tensors_between_gpus(gpus):
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    plan = Plan.from_groups(graph, {op: i % 2 for i, op in enumerate(graph.order)}, [0, 1])
+    check(execute(wl, plan, cluster=gpus, steps=3, warmup=1))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("name", ["gpt-tiny", "rnnlm"])
+def test_pipeline_on_two_gpus(gpus, name, schedule):
+    wl = workloads.get(name)
+    check(execute(wl, split(capture_graph(wl), pipeline=2, microbatches=4, schedule=schedule),
+                  cluster=gpus, steps=3, warmup=1))
+
+
+@pytest.mark.parametrize("shard", ["none", "zero2", "fsdp"])
+def test_data_parallel_on_two_gpus(gpus, shard):
+    wl = workloads.get("gpt-small")
+    check(execute(wl, single(capture_graph(wl), data=2, shard=shard), cluster=gpus, steps=3,
+                  warmup=1))
+
+
+def test_bf16_autocast_pipeline(gpus):
+    wl = workloads.get("gpt-small", autocast_dtype="bfloat16")
+    check(execute(wl, split(capture_graph(wl), pipeline=2, microbatches=4), cluster=gpus,
+                  steps=3, warmup=1), tol=2e-2)
+
+
+def test_memory_cap_oom_names_the_device(gpus):
+    wl = workloads.get("gpt-small", batch_size=64)
+    graph = capture_graph(wl)
+    capped = gpus.with_memory_cap(64 * 2**20)
+    r = execute(wl, split(graph), cluster=capped, steps=2, warmup=0)
+    assert r.oom and r.oom_device in ("cuda:0", "cuda:1") and "out of memory" in r.error
+    assert len(r.reference_loss) == 2  # the reference ran before the cap
+    # the process is usable afterwards, caps lifted
+    check(execute(workloads.get("gpt-tiny"), split(capture_graph(workloads.get("gpt-tiny"))),
+                  cluster=gpus, steps=3, warmup=1))
+
+
+def test_killed_rank_on_gpus(gpus, tmp_path, monkeypatch):
+    wl = workloads.get("gpt-tiny")
+    monkeypatch.setenv("AUTOPLACE_FAIL_AT_STEP", "1")
+    monkeypatch.setenv("AUTOPLACE_FAIL_RANK", "0")
+    with pytest.raises(AutoplaceError, match=r"rank 0 \(SIGKILL\)"):
+        run_plan(single(capture_graph(wl), data=2), wl, cluster=gpus, steps=3,
+                 reference=False, out=tmp_path / "r.json")
+    assert not (tmp_path / "r.json").exists()

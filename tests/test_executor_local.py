@@ -1,0 +1,161 @@
+"""Local placement (one process): placed + microbatched + recomputed runs match the reference."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from autoplace import workloads
+from autoplace.cluster import preset
+from autoplace.errors import PlanError
+from autoplace.executor import RunReport, execute
+from autoplace.executor.local import build_local, issue_order
+from autoplace.executor.runner import capture_graph
+from autoplace.plan import ParallelConfig, Plan
+
+# small sizes so the whole file runs in about a minute on 2 CPU cores
+SMALL = {
+    "gpt-tiny": {},
+    "rnnlm": {"seq_len": 8, "hidden": 32},
+    "gnmt-2": {"src_len": 6, "tgt_len": 6, "hidden": 32},
+    "branchy-mlp": {},
+    "resnet50": {"image_size": 32, "width": 0.125, "blocks": (1, 1, 1, 1), "batch_size": 4},
+    "inception-v3": {"width": 0.125, "batch_size": 4},
+}
+CPU2 = preset("cpu-x2")
+
+
+def two_halves(graph, **parallel) -> Plan:
+    """Ops in topological order, first half on device 0, second on device 1."""
+    half = len(graph.order) // 2
+    groups = {op: int(i >= half) for i, op in enumerate(graph.order)}
+    return Plan.from_groups(graph, groups, [0, 1], parallel=ParallelConfig(**parallel))
+
+
+def interleaved(graph) -> Plan:
+    """Every other op on the other device: the least contiguous DAG placement."""
+    groups = {op: i % 2 for i, op in enumerate(graph.order)}
+    return Plan.from_groups(graph, groups, [0, 1])
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_two_group_placement_matches_reference(name):
+    wl = workloads.get(name, **SMALL[name])
+    graph = capture_graph(wl)
+    configs = ((1, set()), (2, set()), (2, {0, 1}))
+    if name in ("inception-v3", "resnet50"):  # slow on CPU: the config that covers both
+        configs = configs[2:]
+    for mb, recompute in configs:
+        plan = two_halves(graph, microbatches=mb)
+        plan = Plan.from_groups(graph, plan.groups, plan.placement, parallel=plan.parallel,
+                                recompute=recompute)
+        r = execute(wl, plan, cluster=CPU2, steps=2, warmup=1)
+        assert r.ok, r.error
+        assert len(r.loss) == 2 and len(r.reference_loss) == 2
+        assert r.max_loss_rel_diff < 1e-5, (mb, recompute, r.loss, r.reference_loss)
+
+
+def test_interleaved_placement_and_report_json(tmp_path):
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    r = execute(wl, interleaved(graph), cluster=CPU2, steps=3, warmup=1)
+    assert r.max_loss_rel_diff < 1e-5
+    assert r.loss[-1] < r.loss[0]  # it trains
+    assert len(r.step_times_s) == 2 and r.step_time_s > 0 and r.samples_per_s > 0
+    assert r.devices == ["cpu", "cpu"] and len(r.peak_memory_bytes) == 2
+    assert r.torch_version == torch.__version__ and not r.oom
+    path = tmp_path / "r.json"
+    r.save(path)
+    back = RunReport.from_json(json.loads(path.read_text()))
+    assert back.loss == r.loss and math.isclose(back.step_time_s, r.step_time_s)
+
+
+def test_reference_can_be_skipped():
+    wl = workloads.get("branchy-mlp")
+    r = execute(wl, Plan.single(capture_graph(wl)), cluster=CPU2, steps=2, warmup=0,
+                reference=False)
+    assert r.reference_loss == [] and r.max_loss_rel_diff is None and len(r.loss) == 2
+
+
+def test_issue_order_interleaves_devices_and_microbatches():
+    wl = workloads.get("branchy-mlp")
+    graph = capture_graph(wl)
+    plan = two_halves(graph, microbatches=2)
+    gm = graph.module
+    order = issue_order(gm, plan.device_map(), 2)
+    assert len(order) == 2 * sum(1 for n in gm.graph.nodes if n.op != "get_attr")
+    first_mb1 = next(i for i, (mb, _) in enumerate(order) if mb == 1)
+    last_mb0 = max(i for i, (mb, _) in enumerate(order) if mb == 0)
+    assert first_mb1 < last_mb0  # microbatch 1 starts before microbatch 0 ends
+    pos = {item: i for i, item in enumerate(order)}
+    for n in gm.graph.nodes:  # a topological order inside each microbatch
+        for a in n.all_input_nodes:
+            if a.op != "get_attr":
+                for mb in range(2):
+                    assert pos[(mb, a.name)] < pos[(mb, n.name)]
+
+
+def test_program_moves_tensors_once_per_device_and_checkpoints_groups():
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    plan = interleaved(graph)
+    plan = Plan.from_groups(graph, plan.groups, plan.placement, recompute={1})
+    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn)
+    code = prog.program.code
+    assert "move_to" in code and "_recompute0" in code
+    # each (value, destination) pair moves at most once
+    moves = [n for n in prog.program.graph.nodes if n.target.__class__ is not str
+             and getattr(n.target, "__name__", "") == "move_to"]
+    keys = [(n.args[0].name, str(n.args[1])) for n in moves]
+    assert len(keys) == len(set(keys))
+
+
+def test_plan_for_another_model_is_rejected():
+    tiny = workloads.get("gpt-tiny")
+    plan = Plan.single(capture_graph(workloads.get("branchy-mlp")))
+    with pytest.raises(PlanError, match="another graph"):
+        execute(tiny, plan, cluster=CPU2, steps=1)
+
+
+def test_plan_needing_more_devices_is_rejected():
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    groups = {op: 0 for op in graph.order}
+    plan = Plan.from_groups(graph, groups, [3])
+    with pytest.raises(PlanError, match="needs 4 devices"):
+        execute(wl, plan, cluster=CPU2, steps=1)
+
+
+def test_pipeline_that_is_no_chain_is_rejected():
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    groups = {op: i % 2 for i, op in enumerate(graph.order)}
+    plan = Plan.from_groups(graph, groups, [0, 1],
+                            parallel=ParallelConfig(pipeline=2, microbatches=2))
+    with pytest.raises(PlanError, match="chain"):
+        execute(wl, plan, cluster=CPU2, steps=1)
+
+
+def test_batch_that_does_not_split_is_rejected():
+    wl = workloads.get("gpt-tiny", batch_size=3)
+    plan = two_halves(capture_graph(wl), microbatches=2)
+    with pytest.raises(PlanError, match="does not split"):
+        execute(wl, plan, cluster=CPU2, steps=1)
+
+
+def test_checkpoint_resume_gives_the_same_losses(tmp_path):
+    wl = workloads.get("gpt-tiny")
+    plan = two_halves(capture_graph(wl), microbatches=2)
+    full = execute(wl, plan, cluster=CPU2, steps=4, warmup=0, reference=False)
+    first = execute(wl, plan, cluster=CPU2, steps=2, warmup=0, reference=False,
+                    checkpoint_dir=tmp_path)
+    assert (tmp_path / "checkpoint.pt").exists()
+    rest = execute(wl, plan, cluster=CPU2, steps=4, warmup=0, checkpoint_dir=tmp_path,
+                   resume=True)
+    assert first.loss == full.loss[:2]
+    assert rest.extra["start_step"] == 2 and len(rest.loss) == 2
+    assert rest.loss == pytest.approx(full.loss[2:], rel=1e-6)
+    assert rest.reference_loss == pytest.approx(full.loss[2:], rel=1e-5)
