@@ -187,8 +187,9 @@ def place(
 ) -> Any:
     """Place a graph with a trained policy, without training on it (zero-shot).
 
-    The policy's most likely plan and ``samples`` sampled ones are scored on the
-    simulator; the fastest is returned (``predicted`` and ``planner`` filled in, with
+    The policy's most likely plan, its most likely placement under each hybrid split
+    the env offers, and ``samples`` sampled plans are scored on the simulator (no
+    gradient step: the policy is not trained on the graph); the fastest is returned (``predicted`` and ``planner`` filled in, with
     the search time). The graph may differ from those trained on; the cluster must
     have as many devices as the training cluster.
 
@@ -229,28 +230,36 @@ def place(
 
 
 def _search(env: Any, policy: Any, samples: int, seed: int) -> tuple:
-    """Greedy plus sampled episodes; returns the best outcome (see ``_outcome``)."""
+    """Best outcome (see ``_outcome``) of the greedy plan, the greedy placement under every
+    hybrid split the env offers (oneshot), and ``samples`` sampled plans."""
     generator = torch.Generator().manual_seed(seed)
     outcomes = []
+    if policy.mode == "oneshot":
+        obs, _ = env.reset(seed=seed)
+        splits = torch.cartesian_prod(*(torch.arange(n) for n in policy.hybrid_sizes)) \
+            if policy.hybrid_sizes else torch.zeros(0, 0, dtype=torch.long)
+        splits = splits.view(-1, len(policy.hybrid_sizes))[:256]
+        actions = []
+        with torch.no_grad():
+            actions.append(policy(batch_obs([obs]), greedy=True).action)
+            if len(splits):
+                actions.append(policy(batch_obs([obs] * len(splits)), greedy=True,
+                                      hybrid=splits).action)
+            if samples:
+                actions.append(policy(batch_obs([obs] * samples), generator=generator).action)
+        for row in torch.cat(actions).numpy():
+            env.reset(seed=seed)
+            _, r, _, _, info = env.step(row)
+            outcomes.append(_outcome(info, r))
+        return min(outcomes, key=lambda o: o[0])
     for greedy, n in ((True, 1), (False, samples)):
-        if n == 0:
-            continue
-        if policy.mode == "oneshot":
+        for _ in range(n):
             obs, _ = env.reset(seed=seed)
-            with torch.no_grad():
-                out = policy(batch_obs([obs] * n), generator=generator, greedy=greedy)
-            for row in out.action.numpy():
-                env.reset(seed=seed)
-                _, r, _, _, info = env.step(row)
+            done = False
+            while not done:
+                with torch.no_grad():
+                    out = policy(batch_obs([obs]), generator=generator, greedy=greedy)
+                obs, r, term, trunc, info = env.step(int(out.action[0, 0]))
                 outcomes.append(_outcome(info, r))
-        else:
-            for _ in range(n):
-                obs, _ = env.reset(seed=seed)
-                done = False
-                while not done:
-                    with torch.no_grad():
-                        out = policy(batch_obs([obs]), generator=generator, greedy=greedy)
-                    obs, r, term, trunc, info = env.step(int(out.action[0, 0]))
-                    outcomes.append(_outcome(info, r))
-                    done = term or trunc
+                done = term or trunc
     return min(outcomes, key=lambda o: o[0])

@@ -157,10 +157,13 @@ class PlacementPolicy(nn.Module):
         """Build a policy sized for an env's spaces (``options`` are the policy's own)."""
         return cls(**describe_spaces(observation_space, action_space), **options)
 
-    def _split_action(self, action: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-        """``(devices [B, G], hybrid [B, 3])`` parts of an oneshot action (None when absent)."""
+    def _split_action(
+        self, action: Tensor | None, hybrid: Tensor | None = None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``(devices [B, G], hybrid [B, 3])`` parts of an oneshot action (None when absent);
+        without an action, ``hybrid`` (a forced split) is returned as the second part."""
         if action is None:
-            return None, None
+            return None, hybrid
         g = action.shape[1] - len(self.hybrid_sizes)
         return action[:, :g], (action[:, g:] if self.hybrid_sizes else None)
 
@@ -177,7 +180,18 @@ class PlacementPolicy(nn.Module):
         *,
         generator: torch.Generator | None = None,
         greedy: bool = False,
+        hybrid: Tensor | None = None,
     ) -> PolicyOutput:
+        """Sample plans (``action=None``) or score ``action``.
+
+        Args:
+            obs: batched observation (:func:`batch_obs`).
+            action: ``[B, A]`` actions to score; None to sample.
+            latent: the latent choices that came with ``action`` (hierarchical grouping).
+            generator: sampling generator.
+            greedy: take the most likely choice at every step instead of sampling.
+            hybrid: ``[B, 3]`` split to force while sampling the placement (oneshot).
+        """
         raise NotImplementedError
 
 

@@ -94,7 +94,8 @@ class GNNPolicy(PlacementPolicy):
         peak = h.masked_fill(~mask.unsqueeze(2), float("-inf")).amax(1).clamp(min=-1e4)
         return h, self.pool(torch.cat([mean, peak], 1))
 
-    def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False):
+    def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False,
+                hybrid=None):
         h, summary = self.encode(obs)
         mask = obs["node_mask"]
         if self.mode == "incremental":
@@ -104,7 +105,7 @@ class GNNPolicy(PlacementPolicy):
             a, lp, ent = categorical(self.head(torch.cat([h_focus, summary], 1)), given,
                                      generator=generator, greedy=greedy)
             return PolicyOutput(a.unsqueeze(1), lp, ent)
-        devices, hybrid = self._split_action(action)
+        devices, hybrid = self._split_action(action, hybrid)
         hyb, lp_h, ent_h, condition = self.hybrid(summary, hybrid, generator=generator,
                                                   greedy=greedy)
         cond = condition.unsqueeze(1).expand(-1, h.shape[1], -1)

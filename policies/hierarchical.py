@@ -65,9 +65,10 @@ class HierarchicalPolicy(PlacementPolicy):
         centre = (torch.arange(k, dtype=torch.float32) + 0.5) / k
         return -k * (pos.unsqueeze(2) - centre).abs()
 
-    def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False):
+    def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False,
+                hybrid=None):
         x, mask = obs["node_features"], obs["node_mask"]
-        devices, hybrid = self._split_action(action)
+        devices, hybrid = self._split_action(action, hybrid)
         given = None if latent is None else latent.get("grouping")
         logits = self.grouper(neighbour_features(obs)) + self.prior_strength * self._prior(mask)
         grouping, lp_g, ent_g = categorical(logits, given,

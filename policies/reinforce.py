@@ -215,6 +215,11 @@ def reinforce(
     envs = [e if hasattr(e, "step") else e() for e in envs]
     if not envs:
         raise AutoplaceError("reinforce needs at least one env")
+    shapes = {(e.observation_space["node_features"].shape, str(e.action_space)) for e in envs}
+    if len(shapes) > 1:
+        raise AutoplaceError(
+            f"envs must share padded sizes (same max_groups, devices and hybrid options); "
+            f"got {sorted(shapes)}")
     keys = [_graph_key(e, i) for i, e in enumerate(envs)]
     out_dir = Path(cfg.out_dir) if cfg.out_dir else None
     ckpt_path = out_dir / "checkpoint.pt" if out_dir else None
@@ -244,9 +249,12 @@ def reinforce(
         elapsed_before = float(data["elapsed_s"])
         baselines, best, history = data["baselines"], data["best"], data["history"]
 
-    def progress_fraction(elapsed_s: float) -> float:
-        done = {"updates": update, "episodes": episodes_done, "seconds": elapsed_s}[unit]
-        return done / amount
+    def elapsed_s() -> float:
+        return elapsed_before + time.perf_counter() - t0
+
+    def progress() -> float:
+        """Amount of the budget spent, in its unit."""
+        return {"updates": update, "episodes": episodes_done, "seconds": elapsed_s()}[unit]
 
     def save_checkpoint(elapsed_s: float) -> None:
         if ckpt_path is None:
@@ -260,6 +268,7 @@ def reinforce(
             "extra": extra or {},
         })
 
+    t0 = time.perf_counter()
     writer = None
     if out_dir is not None and cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter
@@ -269,16 +278,12 @@ def reinforce(
     if cfg.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=int(amount), initial=int(min(amount, {"updates": update, "episodes":
-                   episodes_done, "seconds": elapsed_before}[unit])), desc=policy.name,
+        bar = tqdm(total=int(amount), initial=int(min(amount, progress())), desc=policy.name,
                    unit={"updates": "upd", "episodes": "ep", "seconds": "s"}[unit])
 
-    t0 = time.perf_counter()
     limit_s = cfg.time_limit_s if cfg.time_limit_s is not None else math.inf
-    while (progress_fraction(elapsed_before + time.perf_counter() - t0) < 1.0
-           and elapsed_before + time.perf_counter() - t0 < limit_s):
-        lr = cfg.lr * _lr_factor(cfg.lr_schedule, progress_fraction(
-            elapsed_before + time.perf_counter() - t0), cfg.lr_final)
+    while progress() < amount and elapsed_s() < limit_s:
+        lr = cfg.lr * _lr_factor(cfg.lr_schedule, progress() / amount, cfg.lr_final)
         for group in optimizer.param_groups:
             group["lr"] = lr
 
@@ -334,7 +339,7 @@ def reinforce(
         # 4. bookkeeping
         update += 1
         episodes_done += len(eps)
-        elapsed = elapsed_before + time.perf_counter() - t0
+        elapsed = elapsed_s()
         ep_returns = [ep["return"] for ep in eps]
         first = best.get(keys[0], {})
         row = {"reward_mean": float(np.mean(ep_returns)), "reward_max": float(np.max(ep_returns)),
@@ -350,15 +355,14 @@ def reinforce(
                     writer.add_scalar(k.replace("_", "/", 1) if k.startswith("reward") else k,
                                       row[k], update)
         if bar is not None:
-            bar.n = int(min(amount, {"updates": update, "episodes": episodes_done,
-                                     "seconds": elapsed}[unit]))
+            bar.n = int(min(amount, progress()))
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}",
                             best_ms=f"{row['best_step_time_s'] * 1e3:.3g}", refresh=False)
             bar.refresh()
         if cfg.checkpoint_every and update % cfg.checkpoint_every == 0:
             save_checkpoint(elapsed)
 
-    elapsed = elapsed_before + time.perf_counter() - t0
+    elapsed = elapsed_s()
     save_checkpoint(elapsed)
     if bar is not None:
         bar.close()

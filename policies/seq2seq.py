@@ -108,9 +108,10 @@ class Seq2SeqPolicy(PlacementPolicy):
         self.core = Seq2SeqCore(hidden, hidden, self.num_devices)
         self.hybrid = HybridHead(hidden, self.hybrid_sizes)
 
-    def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False):
+    def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False,
+                hybrid=None):
         mask = obs["node_mask"]
-        devices, hybrid = self._split_action(action)
+        devices, hybrid = self._split_action(action, hybrid)
         states, summary = self.core.encode(self.embed(neighbour_features(obs)), mask)
         hyb, lp_h, ent_h, condition = self.hybrid(summary, hybrid, generator=generator,
                                                   greedy=greedy)

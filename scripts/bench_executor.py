@@ -200,9 +200,16 @@ def main() -> None:
             runs[name].append(res)
             print(f"round {rnd} {name}: {res['median_step_s'] * 1e3:.1f} ms "
                   f"(job {res['job_wall_s']:.0f} s)", flush=True)
-    batch = real.batch_size
+            _write(a, card, real.batch_size, runs, t_start, partial=True)
+    _write(a, card, real.batch_size, runs, t_start, partial=False)
+
+
+def _write(a, card: str, batch: int, runs: dict, t_start: float, partial: bool) -> None:
+    """Summarise the jobs done so far and write the JSON (rewritten after every job)."""
     summary = {}
     for name, rs in runs.items():
+        if not rs:
+            continue
         meds = [r["median_step_s"] for r in rs]
         all_t = [t for r in rs for t in r["step_times_s"]]
         summary[name] = {
@@ -212,6 +219,8 @@ def main() -> None:
             "peak_memory_bytes": rs[-1]["peak_memory_bytes"], "loss_first_job": rs[0]["loss"],
         }
     for mode in ("ddp", "pp"):
+        if f"autoplace-{mode}" not in summary or f"native-{mode}" not in summary:
+            continue
         ours, theirs = summary[f"autoplace-{mode}"], summary[f"native-{mode}"]
         ours["throughput_vs_native"] = ours["samples_per_s"] / theirs["samples_per_s"]
         ours["max_loss_rel_diff_vs_native"] = max(
@@ -221,13 +230,17 @@ def main() -> None:
         "num_gpus": 2, "torch_version": torch.__version__,
         "date": datetime.date.today().isoformat(), "steps": a.steps, "warmup": a.warmup,
         "rounds": a.rounds, "microbatches_pp": MICROBATCHES, "global_batch": batch,
-        "wall_s": time.time() - t_start, "results": summary,
+        "wall_s": time.time() - t_start, "partial": partial, "results": summary,
     }
     out = Path(a.out or f"bench/results/{result['date']}-"
                f"{card.lower().replace(' ', '-')}-executor.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
+    if partial:
+        return
     for mode in ("ddp", "pp"):
+        if "throughput_vs_native" not in summary.get(f"autoplace-{mode}", {}):
+            continue
         s = summary[f"autoplace-{mode}"]
         print(f"{mode}: autoplace {s['step_time_s'] * 1e3:.1f} ms vs native "
               f"{summary[f'native-{mode}']['step_time_s'] * 1e3:.1f} ms -> throughput ratio "

@@ -183,12 +183,16 @@ def reset_memory_caps(devices: list[torch.device]) -> None:
 
 
 def gather_results(built: Built, losses: list[torch.Tensor], times: list[float],
-                   plan: Plan) -> tuple[list[float], list[float], list[int]]:
-    """(loss per step, step time per step (max over ranks), peak memory per cluster device)."""
+                   plan: Plan, distributed: bool = True,
+                   ) -> tuple[list[float], list[float], list[int]]:
+    """(loss per step, step time per step (max over ranks), peak memory per cluster device).
+
+    ``distributed=False``: this process ran the whole plan; gather nothing.
+    """
     peaks = {i: (torch.cuda.max_memory_allocated(d) if d.type == "cuda" else 0)
              for d, i in zip(built.devices, built.cluster_indices)}
     loss_t = (torch.stack(losses) if losses else torch.zeros(0)).to(built.devices[0])
-    if not (dist.is_available() and dist.is_initialized()):
+    if not distributed or not (dist.is_available() and dist.is_initialized()):
         return loss_t.cpu().tolist(), times, [peaks.get(i, 0) for i in range(plan.num_devices)]
     if not built.has_loss:
         loss_t = torch.zeros_like(loss_t)

@@ -174,10 +174,11 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions)
     """Run ``plan`` in this process (one rank of it when torch.distributed is initialised)."""
     from autoplace.executor import build
 
-    distributed = dist.is_available() and dist.is_initialized()
+    par = plan.parallel
+    # a one-process plan ignores a process group it may run inside (a benchmark job)
+    distributed = dist.is_available() and dist.is_initialized() and par.data * par.pipeline > 1
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
-    par = plan.parallel
     if world != (par.data * par.pipeline):
         raise PlanError(f"plan needs {par.data * par.pipeline} processes, this run has {world}")
     report = RunReport(plan=plan.describe(), global_batch_size=workload.batch_size,
@@ -232,7 +233,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions)
             if opts.progress and rank == 0:
                 print(f"step {step}: {times[-1] * 1e3:.1f} ms", flush=True)
         report.loss, step_times, report.peak_memory_bytes = build.gather_results(
-            built, losses, times, plan)
+            built, losses, times, plan, distributed)
         report.step_times_s = step_times[max(0, opts.warmup - start):]
     except torch.OutOfMemoryError as e:
         msg = str(e).split("\n")[0]

@@ -166,3 +166,14 @@ def test_policies_drive_the_placement_env(name):
         env.reset(seed=0)
         _, reward, terminated, _, info = env.step(a)
         assert terminated and np.isfinite(reward) and "plan" in info
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_forced_hybrid_split_is_kept(name, toy):
+    policy = _policy(name, toy)
+    obs, _ = toy.reset(seed=0)
+    split = torch.tensor([[1, 0, 2]] * 4)
+    out = policy(batch_obs([obs] * 4), generator=torch.Generator().manual_seed(0), hybrid=split)
+    assert torch.equal(out.action[:, 8:], split)
+    torch.testing.assert_close(policy(batch_obs([obs] * 4), out.action, out.latent or None
+                                      ).log_prob, out.log_prob, atol=1e-5, rtol=1e-5)

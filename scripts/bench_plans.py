@@ -1,0 +1,443 @@
+"""Every plan of every scenario executed for real, side by side, in one run on one machine.
+
+    python scripts/bench_plans.py --out bench/results/                  # GPUs present
+    python scripts/bench_plans.py --cpu --scenarios tiny --out /tmp/b   # CPU smoke run
+
+The script relaunches itself under torchrun with one rank per device; rank 0 plans and
+the other ranks follow its commands (over a gloo group), so multi-process plans (DDP,
+FSDP2, torch.distributed.pipelining) and one-process plans run in the same job, in
+interleaved order, without a relaunch per plan.
+
+For each scenario (workload x devices x memory cap):
+1. capture the workload; on GPUs profile per-op costs on cuda:0 (calibrated);
+2. hand-written options (single device, two halves in one process, DDP, FSDP2, even
+   torch pipelining in GPipe and 1F1B) and the planners (expert, hash, critical-path,
+   m-etf, m-sct, hybrid-dp, an RL policy trained briefly on the simulator, auto) make
+   plans; identical plans are measured once and credited to every planner;
+3. every distinct plan runs ``--reps`` times in interleaved order, ``--steps`` steps
+   after ``--warmup`` each; the step time is the median over all timed steps, with the
+   spread of the per-repetition medians;
+4. results: JSON (card, driver, torch version, date, scenarios with plans, ratios,
+   simulator error and Kendall tau) and a markdown table, written after every
+   measurement so a cut-off run keeps what it measured.
+
+Multi-process plans the simulator predicts out of memory under the cap are not run
+(a rank that runs out of memory mid-collective hangs its peers); they are recorded
+with ``"executed": false``. One-process plans are always run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MANUAL = ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b")
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    # the workload of shared/MEASURED.md
+    "gpt1b-16GB": dict(model="gpt-1b", options={}, cap="16GB"),
+    "gpt1b": dict(model="gpt-1b", options={}, cap=None),
+    # GNMT at the papers' size, capped below what one device needs (set from the simulator)
+    "gnmt4-capped": dict(model="gnmt-4", options=dict(hidden=1024, vocab_size=32000, src_len=50,
+                                                      tgt_len=50, batch_size=128),
+                         cap="auto"),
+    "inception": dict(model="inception-v3", options=dict(image_size=299, width=1.0,
+                                                         num_classes=1000, batch_size=32),
+                      cap=None),
+    "branchy-mlp": dict(model="branchy-mlp", options=dict(in_dim=1024, hidden=2048, branches=8,
+                                                          depth=4, num_classes=1000,
+                                                          batch_size=1024), cap=None),
+    # CPU smoke scenarios
+    "tiny": dict(model="gpt-tiny", options=dict(batch_size=8), cap=None),
+    "tiny-mlp": dict(model="branchy-mlp", options=dict(batch_size=16), cap=None),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--scenarios", default="gpt1b-16GB,gpt1b,gnmt4-capped,branchy-mlp,inception")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per repetition")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per repetition")
+    p.add_argument("--reps", type=int, default=2, help="repetitions per plan, interleaved")
+    p.add_argument("--deadline-s", type=float, default=540, help="stop starting new work after")
+    p.add_argument("--auto-budget", default="60s", help="time budget of the auto planner")
+    p.add_argument("--policy", default="gnn", help="RL policy trained on the simulator")
+    p.add_argument("--policy-budget", default="15s")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                   help="profile per-op costs on the first device (GPU only)")
+    p.add_argument("--cpu", action="store_true", help="two CPU ranks with gloo (smoke test)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: GPUs present)")
+    p.add_argument("--out", default="bench/results", help="folder for the JSON and markdown")
+    return p.parse_args()
+
+
+# --------------------------------------------------------------------- launch
+def relaunch(args: argparse.Namespace) -> int:
+    n = args.nproc or (2 if args.cpu or not torch.cuda.is_available()
+                       else torch.cuda.device_count())
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={n}", __file__, *sys.argv[1:]]
+    return subprocess.call(cmd, env=env)
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------ measuring
+class Harness:
+    """Runs a plan on every rank it needs; rank 0 drives, the others obey."""
+
+    def __init__(self, cpu: bool) -> None:
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        if cpu:
+            dist.init_process_group("gloo", timeout=dt.timedelta(minutes=5))
+            self.cmd_group = dist.group.WORLD
+        else:
+            torch.cuda.set_device(self.rank)
+            dist.init_process_group("nccl", device_id=torch.device(f"cuda:{self.rank}"),
+                                    timeout=dt.timedelta(minutes=3))
+            self.cmd_group = dist.new_group(backend="gloo", timeout=dt.timedelta(minutes=30))
+        self.workloads: dict[str, Any] = {}
+
+    def workload(self, spec: dict[str, Any]):
+        from autoplace import workloads
+
+        key = json.dumps(spec, sort_keys=True)
+        if key not in self.workloads:
+            self.workloads.clear()
+            self.workloads[key] = workloads.get(spec["spec"], seed=spec.get("seed", 0),
+                                                **spec["options"])
+        return self.workloads[key]
+
+    def broadcast(self, cmd: Any) -> Any:
+        box = [cmd]
+        dist.broadcast_object_list(box, src=0, group=self.cmd_group)
+        return box[0]
+
+    def _run(self, cmd: dict[str, Any]):
+        from autoplace.cluster import Cluster
+        from autoplace.executor.runner import RunOptions, run_here
+        from autoplace.plan import Plan
+
+        plan = Plan.from_json(cmd["plan"])
+        cluster = Cluster.from_json(cmd["cluster"])
+        opts = RunOptions(steps=cmd["steps"] + cmd["warmup"], warmup=cmd["warmup"],
+                          reference=False)
+        return run_here(self.workload(cmd["spec"]), plan, cluster, opts)
+
+    def measure(self, spec, plan, cluster, steps: int, warmup: int):
+        """Rank 0: run ``plan`` (on every rank it needs) and return rank 0's report."""
+        cmd = {"op": "run", "spec": spec, "plan": plan.to_json(),
+               "cluster": cluster.to_json(), "steps": steps, "warmup": warmup}
+        if plan.parallel.data * plan.parallel.pipeline > 1:
+            self.broadcast(cmd)
+        try:
+            return self._run(cmd)
+        except Exception as e:  # noqa: BLE001 - a plan that fails is a result
+            from autoplace.executor.report import RunReport
+
+            return RunReport(plan=plan.describe(), error=f"{type(e).__name__}: {e}").finish()
+
+    def follow(self) -> None:
+        """Ranks > 0: run what rank 0 sends until it says stop."""
+        while True:
+            cmd = self.broadcast(None)
+            if cmd["op"] == "stop":
+                return
+            try:
+                self._run(cmd)
+            except Exception as e:  # noqa: BLE001 - rank 0 records the failure
+                say(f"rank {self.rank}: {type(e).__name__}: {e}")
+
+    def stop(self) -> None:
+        self.broadcast({"op": "stop"})
+
+
+# ------------------------------------------------------------------- planning
+def hand_written(graph, cluster) -> dict[str, Any]:
+    from autoplace import baselines
+
+    n = cluster.num_devices
+    out = {
+        "single": baselines.get("single")(graph, cluster),
+        "two-halves": baselines.get("expert")(graph, cluster, per_layer=False)
+        .with_parallel(microbatches=1),
+        "ddp": baselines.get("ddp")(graph, cluster),
+        "fsdp": baselines.get("fsdp")(graph, cluster),
+    }
+    if n > 1:
+        for sched in ("gpipe", "1f1b"):
+            out[f"pipeline-{sched}"] = baselines.get("pipeline")(
+                graph, cluster, microbatches=max(8, n), schedule=sched)
+    return out
+
+
+def signature(plan) -> str:
+    return json.dumps([sorted((op, plan.device_of(op)) for op in plan.groups),
+                       plan.parallel.to_json(), sorted(plan.recompute)])
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 3:
+        return None
+    from scipy.stats import kendalltau
+
+    return float(kendalltau(xs, ys).statistic)
+
+
+def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float,
+                 out: dict[str, Any], save) -> None:
+    from autoplace import baselines, workloads
+    from autoplace.auto import auto_plan
+    from autoplace.capture import capture_workload
+    from autoplace.cluster import Cluster, preset, resolve
+    from autoplace.sim import lower_bound, simulate
+
+    n = h.world
+    cluster = preset(f"cpu-x{n}") if args.cpu else Cluster.detect()
+    spec = {"spec": sc["model"], "options": dict(sc["options"]), "seed": 0}
+    meta = workloads.get(spec["spec"], device="meta", **spec["options"])
+    graph = capture_workload(meta)
+    t0 = time.perf_counter()
+    if args.profile and not args.cpu:
+        from autoplace.profile import profile
+
+        graph = profile(h.workload(spec), [cluster.devices[0].name], repeats=3,
+                        cache_dir="/tmp/autoplace-profile")
+        graph.spec = dict(spec)
+    profile_s = time.perf_counter() - t0
+    cap = sc["cap"]
+    if cap == "auto":  # below what the single device needs, by the simulator
+        single = baselines.get("single")(graph, cluster)
+        cap = int(0.6 * simulate(graph, single, cluster).peak_memory_bytes[0])
+    cluster = resolve(cluster, cap)
+    lb = lower_bound(graph, cluster)
+    say(f"{name}: {len(graph)} ops, {graph.param_bytes / 2**30:.2f} GiB params on "
+        f"{cluster.name} (profile {profile_s:.1f} s)")
+
+    # ---- plans
+    plans: dict[str, Any] = {}
+    search: dict[str, float] = {}
+    for k, plan in hand_written(graph, cluster).items():
+        plans[k], search[k] = plan, float(plan.planner.get("search_time_s", 0.0))
+    for k in ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp"):
+        t = time.perf_counter()
+        try:
+            plans[k] = baselines.get(k)(graph, cluster)
+        except Exception as e:  # noqa: BLE001 - a failing planner is a result
+            say(f"  {k} failed: {e}")
+            continue
+        search[k] = time.perf_counter() - t
+    if args.policy:
+        from autoplace.policies import train
+
+        t = time.perf_counter()
+        res = train(graph, cluster, policy=args.policy, backend="sim",
+                    budget=args.policy_budget, out_dir=None, progress=False, max_groups=16)
+        plans[f"rl-{args.policy}"] = res.best_plan
+        search[f"rl-{args.policy}"] = time.perf_counter() - t
+
+    def measure_for_auto(plan):
+        return h.measure(spec, plan, cluster, steps=8, warmup=2)
+
+    t = time.perf_counter()
+    try:
+        plans["auto"] = auto_plan(spec, cluster, budget=args.auto_budget, graph=graph,
+                                  measure=measure_for_auto, top_k=3)
+        search["auto"] = time.perf_counter() - t
+    except Exception as e:  # noqa: BLE001
+        say(f"  auto failed: {e}")
+
+    # ---- distinct plans, simulated
+    distinct: dict[str, dict[str, Any]] = {}
+    for k, plan in plans.items():
+        sig = signature(plan)
+        if sig not in distinct:
+            r = simulate(graph, plan, cluster)
+            distinct[sig] = {"plan": plan, "planners": [], "sim": r, "runs": []}
+        distinct[sig]["planners"].append(k)
+    rec = {"name": name, "model": sc["model"], "options": sc["options"],
+           "memory_cap_bytes": cap, "num_devices": n, "lower_bound_s": lb,
+           "profile_s": profile_s, "plans": []}
+    out["scenarios"].append(rec)
+
+    def record() -> None:
+        rows = []
+        for d in distinct.values():
+            meds = [r["median"] for r in d["runs"] if r.get("median")]
+            steps = [s for r in d["runs"] for s in r.get("steps", [])]
+            err = next((r["error"] for r in d["runs"] if r.get("error")), d.get("skip"))
+            for k in d["planners"]:
+                rows.append({
+                    "planner": k, "manual": k in MANUAL, "parallel": d["plan"].parallel.describe(),
+                    "same_plan_as": [x for x in d["planners"] if x != k],
+                    "executed": bool(d["runs"]),
+                    "measured_step_time_s": statistics.median(steps) if steps else None,
+                    "rep_medians_s": meds,
+                    "spread_s": [min(meds), max(meds)] if meds else None,
+                    "sim_step_time_s": d["sim"].step_time_s,
+                    "sim_peak_memory_bytes": d["sim"].peak_memory_bytes,
+                    "peak_memory_bytes": next((r["peak"] for r in d["runs"] if r.get("peak")),
+                                              None),
+                    "oom": any(r.get("oom") for r in d["runs"]) if d["runs"] else d["sim"].oom,
+                    "oom_measured": any(r.get("oom") for r in d["runs"]),
+                    "error": err,
+                    "search_time_s": search.get(k),
+                })
+        rec["plans"] = rows
+        ok = {r["planner"]: r["measured_step_time_s"] for r in rows
+              if r["measured_step_time_s"] and not r["oom_measured"]}
+        manual = [v for k, v in ok.items() if k in MANUAL]
+        rec["best_manual_s"] = min(manual) if manual else None
+        rec["best_manual"] = min((k for k in ok if k in MANUAL), key=ok.get, default=None)
+        a = ok.get("auto")
+        rec["auto_vs_best_manual"] = a / rec["best_manual_s"] if a and manual else None
+        rec["auto_vs_lower_bound"] = a / lb if a else None
+        pairs = [(d["sim"].step_time_s, statistics.median(s))
+                 for d in distinct.values()
+                 if (s := [x for r in d["runs"] for x in r.get("steps", [])])
+                 and not any(r.get("oom") for r in d["runs"])]
+        errs = [abs(s - m) / m for s, m in pairs]
+        rec["sim_error_median"] = statistics.median(errs) if errs else None
+        rec["kendall_tau"] = kendall_tau([p[0] for p in pairs], [p[1] for p in pairs])
+        save()
+
+    # ---- measure, interleaved
+    order = list(distinct.values())
+    cap_b = cap or float("inf")
+    for d in order:
+        plan = d["plan"]
+        multi = plan.parallel.data * plan.parallel.pipeline > 1
+        if multi and max(d["sim"].peak_memory_bytes) > 1.1 * cap_b:
+            d["skip"] = (f"not run: simulated peak {max(d['sim'].peak_memory_bytes) / 2**30:.1f} "
+                         f"GiB exceeds the {cap_b / 2**30:.0f} GiB cap (multi-process OOM hangs)")
+    for rep in range(args.reps):
+        for d in order:
+            if d.get("skip") or (rep and any(r.get("oom") or r.get("error") for r in d["runs"])):
+                continue
+            if time.perf_counter() - t_start > args.deadline_s:
+                say("deadline reached: stopping measurements")
+                record()
+                return
+            rep_ = h.measure(spec, d["plan"], cluster, args.steps, args.warmup)
+            d["runs"].append({"median": rep_.step_time_s if not rep_.error else None,
+                              "steps": list(rep_.step_times_s) if not rep_.error else [],
+                              "peak": list(rep_.peak_memory_bytes), "oom": rep_.oom,
+                              "error": rep_.error})
+            say(f"  rep {rep} {'/'.join(d['planners'])}: "
+                + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
+                   if not rep_.error else f"error: {rep_.error[:120]}"))
+            record()
+    record()
+
+
+def markdown(out: dict[str, Any]) -> str:
+    lines = [f"# Plans measured on {out['num_devices']}x {out['card']}",
+             "", f"torch {out['torch_version']}, driver {out['driver']}, {out['date']}. "
+             f"Median of {out['steps']} steps after {out['warmup']} warm-up, "
+             f"{out['reps']} interleaved repetitions (spread = min-max of their medians).", ""]
+    for sc in out["scenarios"]:
+        cap = sc["memory_cap_bytes"]
+        lines += [f"## {sc['name']}: {sc['model']}"
+                  + (f", cap {cap / 2**30:.1f} GiB" if cap else ", no cap"), ""]
+        lines += ["| planner | split | measured ms | spread ms | sim ms | peak GiB | search s |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sorted(sc["plans"], key=lambda r: (r["measured_step_time_s"] is None,
+                                                    r["measured_step_time_s"] or 0)):
+            m = r["measured_step_time_s"]
+            sp = r["spread_s"]
+            peak = r["peak_memory_bytes"] or r["sim_peak_memory_bytes"]
+            status = "OOM" if r["oom_measured"] else ("not run" if not r["executed"] else "")
+            lines.append(
+                f"| {r['planner']}{' (hand-written)' if r['manual'] else ''} | {r['parallel']} | "
+                f"{f'{m * 1e3:.1f}' if m else status or 'error'} | "
+                f"{f'{sp[0] * 1e3:.1f}-{sp[1] * 1e3:.1f}' if sp else ''} | "
+                f"{r['sim_step_time_s'] * 1e3:.1f} | "
+                f"{' / '.join(f'{b / 2**30:.1f}' for b in peak) if peak else ''} | "
+                f"{r['search_time_s']:.1f} |" if r['search_time_s'] is not None else
+                f"| {r['planner']} | {r['parallel']} | {m} | | | | |")
+        def fmt(x, spec=".2f"):
+            return "n/a" if x is None else format(x, spec)
+        lines += ["", f"best hand-written: {sc.get('best_manual')} "
+                  f"({fmt(sc.get('best_manual_s') and sc['best_manual_s'] * 1e3, '.1f')} ms); "
+                  f"auto / best hand-written: {fmt(sc.get('auto_vs_best_manual'))}; "
+                  f"auto / lower bound: {fmt(sc.get('auto_vs_lower_bound'))}; "
+                  f"median |sim-real|/real: {fmt(sc.get('sim_error_median'))}; "
+                  f"Kendall tau: {fmt(sc.get('kendall_tau'))}", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    args = parse_args()
+    if "RANK" not in os.environ:
+        return relaunch(args)
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ["WORLD_SIZE"])))
+    h = Harness(args.cpu)
+    if h.rank != 0:
+        h.follow()
+        dist.destroy_process_group()
+        return 0
+    t_start = time.perf_counter()
+    if args.cpu:
+        card, driver = "cpu", "-"
+    else:
+        card = torch.cuda.get_device_name(0)
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                     "--format=csv,noheader"], capture_output=True,
+                                    text=True).stdout.split("\n")[0].strip()
+        except OSError:
+            driver = "?"
+    date = dt.date.today().isoformat()
+    out: dict[str, Any] = {"card": card, "driver": driver, "torch_version": torch.__version__,
+                           "date": date, "num_devices": h.world, "steps": args.steps,
+                           "warmup": args.warmup, "reps": args.reps, "scenarios": []}
+    slug = card.lower().replace("nvidia ", "").replace(" ", "-")
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{date}-{slug}x{h.world}.json"
+
+    def save() -> None:
+        out["wall_s"] = time.perf_counter() - t_start
+        path.write_text(json.dumps(out, indent=1, default=str))
+        path.with_suffix(".md").write_text(markdown(out))
+
+    try:
+        for name in args.scenarios.split(","):
+            if time.perf_counter() - t_start > args.deadline_s:
+                say(f"deadline reached before {name}")
+                break
+            try:
+                run_scenario(name, SCENARIOS[name], args, h, t_start, out, save)
+            except Exception as e:  # noqa: BLE001 - keep the other scenarios
+                import traceback
+
+                traceback.print_exc()
+                out.setdefault("failed", {})[name] = f"{type(e).__name__}: {e}"
+                save()
+    finally:
+        h.stop()
+        save()
+        say(f"wrote {path} and {path.with_suffix('.md')}")
+        print(path.with_suffix(".md").read_text())
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
