@@ -98,7 +98,7 @@ def compare(
         predicted = result.to_json()
         predicted.pop("timeline", None)
         plan = plan.with_predicted(predicted)
-        row.update(plan=plan, parallel=plan.parallel.describe(),
+        row.update(plan=plan, parallel=plan.split(),
                    sim_step_time_s=result.step_time_s,
                    peak_memory_bytes=list(result.peak_memory_bytes), oom=result.oom,
                    search_time_s=float(plan.planner.get("search_time_s",

@@ -81,7 +81,7 @@ def run_demo(
                                               "oom": sim_res.oom})
     policy_plan.save(out / "policy_plan.json")
     rows.append({"planner": f"policy:{policy}", "plan": policy_plan,
-                 "parallel": policy_plan.parallel.describe(),
+                 "parallel": policy_plan.split(),
                  "sim_step_time_s": sim_res.step_time_s,
                  "peak_memory_bytes": sim_res.peak_memory_bytes, "oom": sim_res.oom,
                  "search_time_s": time.perf_counter() - t0, "error": None,
@@ -94,7 +94,7 @@ def run_demo(
     to_run += [r for r in rows if r["planner"] == "single" and r not in to_run]
     for r in to_run:
         plan = r["plan"]
-        _say(f"executing {r['planner']} ({plan.parallel.describe()}) for {steps} steps")
+        _say(f"executing {r['planner']} ({plan.split()}) for {steps} steps")
         report = run_plan(plan, wl.spec, cluster=cluster, steps=steps, warmup=2,
                           reference=True)
         report.save(out / f"report-{r['planner'].replace(':', '-')}.json")

@@ -221,11 +221,20 @@ class Plan:
     def with_measured(self, measured: dict[str, Any] | None) -> Plan:
         return replace(self, measured=measured)
 
+    def split(self) -> str:
+        """The hybrid split in a few words: ``"2-device placement mb=4"``, ``"dp=2/zero2"``."""
+        text = self.parallel.describe()
+        k = self.devices_per_replica
+        if k > 1 and self.parallel.pipeline == 1:
+            place = f"{k}-device placement"
+            text = place if text == "single" else f"{place} {text}"
+        return text
+
     def describe(self) -> str:
         used = sorted(set(self.placement))
         return (
             f"{self.planner.get('name', '?')}: {self.num_groups} groups on devices {used}, "
-            f"{self.parallel.describe()}"
+            f"{self.split()}"
         )
 
     # ---------------------------------------------------------------- validate

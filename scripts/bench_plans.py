@@ -146,6 +146,8 @@ class Harness:
                "cluster": cluster.to_json(), "steps": steps, "warmup": warmup}
         if plan.parallel.data * plan.parallel.pipeline > 1:
             self.broadcast(cmd)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         try:
             return self._run(cmd)
         except Exception as e:  # noqa: BLE001 - a plan that fails is a result
@@ -284,7 +286,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
             err = next((r["error"] for r in d["runs"] if r.get("error")), d.get("skip"))
             for k in d["planners"]:
                 rows.append({
-                    "planner": k, "manual": k in MANUAL, "parallel": d["plan"].parallel.describe(),
+                    "planner": k, "manual": k in MANUAL, "parallel": d["plan"].split(),
                     "same_plan_as": [x for x in d["planners"] if x != k],
                     "executed": bool(d["runs"]),
                     "measured_step_time_s": statistics.median(steps) if steps else None,
