@@ -156,7 +156,7 @@ def auto_plan(
         c = queue.pop(0)
         if best_so_far is not None and len(measured) >= top_k and corrected(c) > 1.3 * best_so_far:
             break
-        say(f"measuring {c['planner']} ({c["plan"].split()}), predicted "
+        say(f"measuring {c['planner']} ({c['plan'].split()}), predicted "
             f"{corrected(c) * 1e3:.2f} ms")
         rep = measure(c["plan"])
         step = getattr(rep, "step_time_s", None) if not isinstance(rep, (int, float)) else rep
