@@ -76,9 +76,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--policy-budget", default="15s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile per-op costs on the first device (GPU only)")
+    p.add_argument("--multiprocess-under-cap", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="run multi-process plans under a memory cap (a rank that runs out of "
+                   "memory mid-collective hangs its peers until the NCCL timeout)")
     p.add_argument("--cpu", action="store_true", help="two CPU ranks with gloo (smoke test)")
     p.add_argument("--nproc", type=int, default=None, help="ranks (default: GPUs present)")
     p.add_argument("--out", default="bench/results", help="folder for the JSON and markdown")
+    p.add_argument("--render", default=None, metavar="JSON",
+                   help="only regenerate the markdown table of a results JSON")
     return p.parse_args()
 
 
@@ -207,7 +213,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
     from autoplace import baselines, workloads
     from autoplace.auto import auto_plan
     from autoplace.capture import capture_workload
-    from autoplace.cluster import Cluster, preset, resolve
+    from autoplace.cluster import Cluster, parse_bytes, preset, resolve
     from autoplace.sim import lower_bound, simulate
 
     n = h.world
@@ -227,6 +233,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
     if cap == "auto":  # below what the single device needs, by the simulator
         single = baselines.get("single")(graph, cluster)
         cap = int(0.6 * simulate(graph, single, cluster).peak_memory_bytes[0])
+    cap = parse_bytes(cap) if cap is not None else None
     cluster = resolve(cluster, cap)
     lb = lower_bound(graph, cluster)
     say(f"{name}: {len(graph)} ops, {graph.param_bytes / 2**30:.2f} GiB params on "
@@ -254,7 +261,19 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
         plans[f"rl-{args.policy}"] = res.best_plan
         search[f"rl-{args.policy}"] = time.perf_counter() - t
 
+    def unsafe(plan) -> str | None:
+        if cap and not args.multiprocess_under_cap and \
+                plan.parallel.data * plan.parallel.pipeline > 1:
+            return ("not run: multi-process plan under a memory cap (an out-of-memory rank "
+                    "hangs its peers); rerun with --multiprocess-under-cap")
+        return None
+
     def measure_for_auto(plan):
+        why = unsafe(plan)
+        if why:
+            from autoplace.executor.report import RunReport
+
+            return RunReport(plan=plan.describe(), error=why).finish()
         return h.measure(spec, plan, cluster, steps=8, warmup=2)
 
     t = time.perf_counter()
@@ -325,7 +344,9 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
     for d in order:
         plan = d["plan"]
         multi = plan.parallel.data * plan.parallel.pipeline > 1
-        if multi and max(d["sim"].peak_memory_bytes) > 1.1 * cap_b:
+        if unsafe(plan):
+            d["skip"] = unsafe(plan)
+        elif multi and max(d["sim"].peak_memory_bytes) > 1.1 * cap_b:
             d["skip"] = (f"not run: simulated peak {max(d['sim'].peak_memory_bytes) / 2**30:.1f} "
                          f"GiB exceeds the {cap_b / 2**30:.0f} GiB cap (multi-process OOM hangs)")
     for rep in range(args.reps):
@@ -386,6 +407,11 @@ def markdown(out: dict[str, Any]) -> str:
 
 def main() -> int:
     args = parse_args()
+    if args.render:
+        path = Path(args.render)
+        path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
+        print(path.with_suffix(".md").read_text())
+        return 0
     if "RANK" not in os.environ:
         return relaunch(args)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ["WORLD_SIZE"])))
