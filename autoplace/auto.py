@@ -109,7 +109,7 @@ def auto_plan(
         from autoplace.policies import train
         from autoplace.sim import simulate
 
-        res = train(spec, cluster, policy=policy, backend="sim",
+        res = train(graph, cluster, policy=policy, backend="sim",
                     budget=f"{max(10.0, 0.2 * limit_s):.0f}s", out_dir=None, progress=progress)
         r = simulate(graph, res.best_plan, cluster)
         rows.append({"planner": f"policy:{policy}", "plan": res.best_plan,

@@ -449,7 +449,7 @@ def cmd_train(cfg: TrainConfig) -> int:
 
     wl = _model(cfg, device="meta")
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
-    res = train(wl.spec, cluster, policy=cfg.policy, backend=cfg.backend, budget=cfg.budget,
+    res = train(wl, cluster, policy=cfg.policy, backend=cfg.backend, budget=cfg.budget,
                 out_dir=cfg.out, seed=cfg.seed, max_groups=cfg.max_groups, resume=cfg.resume,
                 progress=True)
     print(f"best plan: {res.best_plan.describe()}, {_ms(res.best_step_time_s)} ms -> "

@@ -72,7 +72,7 @@ def run_demo(
 
     _say(f"training a {policy} policy for {budget} on the simulator")
     t0 = time.perf_counter()
-    res = train(wl.spec, cluster, policy=policy, backend="sim", budget=budget,
+    res = train(wl, cluster, policy=policy, backend="sim", budget=budget,
                 out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True)
     policy_plan = res.best_plan
     sim_res = simulate(graph, policy_plan, cluster)

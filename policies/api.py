@@ -59,7 +59,6 @@ def default_env_options(num_devices: int) -> dict[str, Any]:
 def _make_envs(specs: list[Any], cluster: Any, backend: str, copies: int,
                options: dict[str, Any]) -> list[Any]:
     from autoplace.envs import PlacementEnv
-
     from autoplace.graph import OpGraph
 
     envs = []

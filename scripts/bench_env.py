@@ -18,11 +18,11 @@ import platform
 import time
 from pathlib import Path
 
-import autoplace.envs  # noqa: F401  (registers the id)
 import gymnasium as gym
 import numpy as np
 import torch
 
+import autoplace.envs  # noqa: F401  (registers the id)
 from autoplace.cluster import Cluster
 from autoplace.graph import random_dag
 

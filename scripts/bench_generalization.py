@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-from autoplace.policies import place, train
 
 from autoplace import baselines, workloads
 from autoplace.capture import capture_workload
@@ -33,6 +32,7 @@ from autoplace.cluster import resolve
 from autoplace.costs import estimate_costs
 from autoplace.graph import random_dag
 from autoplace.plan import Plan
+from autoplace.policies import place, train
 from autoplace.sim import simulate
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 
 import torch
-from autoplace.policies import train
 
 from autoplace import baselines, workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import format_bytes, resolve
 from autoplace.costs import estimate_costs
 from autoplace.plan import Plan
+from autoplace.policies import train
 from autoplace.sim import lower_bound, simulate
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

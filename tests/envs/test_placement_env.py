@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 
-import autoplace.envs  # noqa: F401  (registers the id)
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from autoplace.envs import GROUP_FEATURES, PlacementEnv, obs_batch_to_pyg, obs_to_pyg
 from envtools import skewed_cluster, small_graph
 from gymnasium.utils.env_checker import check_env
 
+import autoplace.envs  # noqa: F401  (registers the id)
+from autoplace.envs import GROUP_FEATURES, PlacementEnv, obs_batch_to_pyg, obs_to_pyg
 from autoplace.errors import AutoplaceError
 
 ID = "autoplace/Placement-v0"

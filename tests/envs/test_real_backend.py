@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import signal
 
-import autoplace.envs  # noqa: F401  (registers the id)
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+
+import autoplace.envs  # noqa: F401  (registers the id)
 
 pytest.importorskip("autoplace.executor")
 pytest.importorskip("autoplace.zoo.gpt")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import autoplace.envs  # noqa: F401  (registers the id)
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+import autoplace.envs  # noqa: F401  (registers the id)
 from autoplace.cluster import Cluster
 from autoplace.plan import Plan
 

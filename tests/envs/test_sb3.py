@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from autoplace.envs import PlacementEnv
 from envtools import skewed_cluster, small_graph
+
+from autoplace.envs import PlacementEnv
 
 sb3 = pytest.importorskip("stable_baselines3")
 

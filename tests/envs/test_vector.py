@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import autoplace.envs  # noqa: F401  (registers the id)
 import gymnasium as gym
 import numpy as np
 import pytest
-from autoplace.envs import obs_batch_to_pyg
 from envtools import small_graph
+
+import autoplace.envs  # noqa: F401  (registers the id)
+from autoplace.envs import obs_batch_to_pyg
 
 
 @pytest.mark.parametrize("vectorization_mode", ["sync", "async"])

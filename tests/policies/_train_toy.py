@@ -9,6 +9,7 @@ import sys
 
 import torch
 from _placement_toy import ToyPlacementEnv
+
 from autoplace.policies import make, reinforce
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 from _placement_toy import ToyPlacementEnv
+
+from autoplace.errors import AutoplaceError
 from autoplace.policies import (
     GNNPolicy,
     batch_obs,
@@ -12,8 +14,6 @@ from autoplace.policies import (
     make,
     names,
 )
-
-from autoplace.errors import AutoplaceError
 
 POLICIES = ["seq2seq", "hierarchical", "gnn"]
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 from _placement_toy import ToyPlacementEnv
-from autoplace.policies import batch_obs, make, reinforce
-from autoplace.policies.reinforce import parse_budget
 
 from autoplace.errors import AutoplaceError
 from autoplace.plan import Plan
+from autoplace.policies import batch_obs, make, reinforce
+from autoplace.policies.reinforce import parse_budget
 
 HERE = Path(__file__).parent
 
