@@ -302,7 +302,7 @@ _LINKS: dict[str, dict[str, float]] = {
     "a100": dict(alpha_s=10e-6, bandwidth=200e9, collective_bandwidth=180e9),
     "a100-pcie": dict(alpha_s=15e-6, bandwidth=20e9, collective_bandwidth=16e9),
 }
-_CPU = Device(name="cpu", kind="cpu", memory_bytes=8 * GiB, peak_flops=50e9,
+_CPU = Device(name="cpu", kind="cpu", memory_bytes=8 * GiB, peak_flops=150e9,
               memory_bandwidth=10e9, launch_overhead_s=20e-6)
 
 

@@ -85,7 +85,9 @@ def run_demo(
                  "sim_step_time_s": sim_res.step_time_s,
                  "peak_memory_bytes": sim_res.peak_memory_bytes, "oom": sim_res.oom,
                  "search_time_s": time.perf_counter() - t0, "error": None,
-                 "lower_bound_s": sim_res.lower_bound_s})
+                 "lower_bound_s": sim_res.lower_bound_s,
+                 "ratio_to_lower_bound": sim_res.step_time_s / sim_res.lower_bound_s
+                 if sim_res.lower_bound_s else None})
 
     feasible = sorted((r for r in rows if r["plan"] is not None and not r["oom"]
                        and r["planner"] != f"policy:{policy}"),

@@ -279,7 +279,8 @@ def reinforce(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=int(amount), initial=int(min(amount, progress())), desc=policy.name,
-                   unit={"updates": "upd", "episodes": "ep", "seconds": "s"}[unit])
+                   unit={"updates": "upd", "episodes": "ep", "seconds": "s"}[unit],
+                   mininterval=1.0)
 
     limit_s = cfg.time_limit_s if cfg.time_limit_s is not None else math.inf
     while progress() < amount and elapsed_s() < limit_s:
@@ -358,7 +359,7 @@ def reinforce(
             bar.n = int(min(amount, progress()))
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}",
                             best_ms=f"{row['best_step_time_s'] * 1e3:.3g}", refresh=False)
-            bar.refresh()
+            bar.update(0)  # redraws at most every mininterval
         if cfg.checkpoint_every and update % cfg.checkpoint_every == 0:
             save_checkpoint(elapsed)
 
