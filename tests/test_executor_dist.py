@@ -102,3 +102,25 @@ def test_pipeline_checkpoint_kill_and_resume(tiny, tmp_path, monkeypatch):
                    checkpoint_dir=tmp_path, resume=True)
     assert rest.extra["start_step"] == 2
     assert rest.loss == pytest.approx(full.loss[2:], rel=1e-6)
+
+
+# every other zoo workload, small, through each multi-process mode
+ZOO_SMALL = {
+    "rnnlm": dict(seq_len=8, hidden=32),
+    "gnmt-2": dict(src_len=6, tgt_len=6, hidden=32),
+    "branchy-mlp": dict(),
+    "resnet50": dict(batch_size=8),
+    "inception-v3": dict(batch_size=8),
+}
+
+
+@pytest.mark.parametrize("mode", ["pipeline", "ddp", "fsdp"])
+@pytest.mark.parametrize("name", list(ZOO_SMALL))
+def test_zoo_workload_multiprocess(name, mode):
+    wl = workloads.get(name, **ZOO_SMALL[name])
+    graph = capture_graph(wl)
+    if mode == "pipeline":
+        plan = split(graph, pipeline=2, microbatches=4, schedule="gpipe")
+    else:
+        plan = single(graph, data=2, shard="none" if mode == "ddp" else "fsdp")
+    check(execute(wl, plan, cluster=CPU2, steps=3, warmup=1))
