@@ -128,3 +128,30 @@ def image_batch(batch_size: int, device: Any, *, image_size: int, prototypes: to
 def class_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross entropy of ``logits[B, C]`` against ``targets[B]`` (in float32)."""
     return F.cross_entropy(logits.float(), targets)
+
+
+def image_workload(
+    name: str,
+    model: Any,
+    *,
+    image_size: int,
+    num_classes: int,
+    batch_size: int,
+    lr: float = 1e-3,
+    autocast_dtype: str | None = None,
+) -> Any:
+    """An image-classification workload on synthetic images (noise around class patterns)."""
+    from functools import partial
+
+    from autoplace.workloads import Workload
+
+    return Workload(
+        name=name,
+        model=model,
+        make_batch=partial(image_batch, image_size=image_size,
+                           prototypes=image_prototypes(num_classes)),
+        loss_fn=class_cross_entropy,
+        batch_size=batch_size,
+        autocast_dtype=autocast_dtype,
+        lr=lr,
+    )

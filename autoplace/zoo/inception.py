@@ -11,7 +11,6 @@ this a classic model-parallel placement workload.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -21,9 +20,7 @@ from torch import nn
 from autoplace.errors import AutoplaceError
 from autoplace.workloads import Workload, register
 from autoplace.zoo._common import (
-    class_cross_entropy,
-    image_batch,
-    image_prototypes,
+    image_workload,
     split_options,
     zoo_defaults,
 )
@@ -239,19 +236,9 @@ def inception_workload(
     name: str = "inception-v3",
 ) -> Workload:
     """Image classification with an Inception-v3-style network on synthetic images."""
-    return Workload(
-        name=name,
-        model=InceptionV3(config),
-        make_batch=partial(
-            image_batch,
-            image_size=config.image_size,
-            prototypes=image_prototypes(config.num_classes),
-        ),
-        loss_fn=class_cross_entropy,
-        batch_size=batch_size,
-        autocast_dtype=autocast_dtype,
-        lr=lr,
-    )
+    return image_workload(name, InceptionV3(config), image_size=config.image_size,
+                          num_classes=config.num_classes, batch_size=batch_size, lr=lr,
+                          autocast_dtype=autocast_dtype)
 
 
 @register(

@@ -9,7 +9,6 @@ count is torchvision's 25,557,032.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -18,9 +17,7 @@ from torch import nn
 from autoplace.errors import AutoplaceError
 from autoplace.workloads import Workload, register
 from autoplace.zoo._common import (
-    class_cross_entropy,
-    image_batch,
-    image_prototypes,
+    image_workload,
     split_options,
     zoo_defaults,
 )
@@ -145,19 +142,9 @@ def resnet_workload(
     name: str = "resnet50",
 ) -> Workload:
     """Image classification with a bottleneck ResNet on synthetic images."""
-    return Workload(
-        name=name,
-        model=ResNet(config),
-        make_batch=partial(
-            image_batch,
-            image_size=config.image_size,
-            prototypes=image_prototypes(config.num_classes),
-        ),
-        loss_fn=class_cross_entropy,
-        batch_size=batch_size,
-        autocast_dtype=autocast_dtype,
-        lr=lr,
-    )
+    return image_workload(name, ResNet(config), image_size=config.image_size,
+                          num_classes=config.num_classes, batch_size=batch_size, lr=lr,
+                          autocast_dtype=autocast_dtype)
 
 
 @register(
