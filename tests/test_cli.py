@@ -105,3 +105,18 @@ def test_models_lists_zoo():
     names = {m["name"] for m in json.loads(p.stdout)}
     assert {"gpt-tiny", "gpt-1b", "rnnlm", "gnmt-4", "inception-v3", "resnet50",
             "branchy-mlp"} <= names
+
+
+def test_compare_execute(tmp_path):
+    out, plot = tmp_path / "rows.json", tmp_path / "bars.png"
+    p = run("compare", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planners",
+            "single,expert,ddp", "--execute", "--steps", "3", "--json", str(out),
+            "--plot", str(plot))
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())
+    assert [r["planner"] for r in rows if r["planner"] == "ddp"] == ["ddp"]
+    for r in rows:
+        assert r["sim_step_time_s"] > 0 and r["oom"] is False
+        assert r["measured_step_time_s"] > 0, r
+        assert len(r["peak_memory_bytes"]) == 2
+    assert plot.stat().st_size > 5000

@@ -114,13 +114,13 @@ ZOO_SMALL = {
 }
 
 
-@pytest.mark.parametrize("mode", ["pipeline", "ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["gpipe", "1f1b", "ddp", "fsdp"])
 @pytest.mark.parametrize("name", list(ZOO_SMALL))
 def test_zoo_workload_multiprocess(name, mode):
     wl = workloads.get(name, **ZOO_SMALL[name])
     graph = capture_graph(wl)
-    if mode == "pipeline":
-        plan = split(graph, pipeline=2, microbatches=4, schedule="gpipe")
+    if mode in ("gpipe", "1f1b"):
+        plan = split(graph, pipeline=2, microbatches=4, schedule=mode)
     else:
         plan = single(graph, data=2, shard="none" if mode == "ddp" else "fsdp")
     check(execute(wl, plan, cluster=CPU2, steps=3, warmup=1))
