@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import operator
 import os
 import re
 import traceback
@@ -360,8 +361,8 @@ def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | Non
         if n.op == "call_module":
             submod = gm.get_submodule(n.target)
             params = list(submod.parameters())
-        elif n.op == "get_attr" and isinstance(_fetch(gm, n.target), nn.Parameter):
-            params = [_fetch(gm, n.target)]
+        elif n.op == "get_attr" and isinstance(fetch_attr(gm, n.target), nn.Parameter):
+            params = [fetch_attr(gm, n.target)]
         pbytes = 0
         pnames = []
         for p in params:
@@ -409,11 +410,9 @@ def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | Non
     return graph
 
 
-def _fetch(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
+def fetch_attr(root: nn.Module, target: str) -> Any:
+    """The attribute a ``get_attr`` / ``call_module`` target names (``"h.0.attn.weight"``)."""
+    return operator.attrgetter(target)(root)
 
 
 def _materialize(a: Any, env: dict) -> Any:

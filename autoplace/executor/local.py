@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
+from autoplace.capture import fetch_attr
 from autoplace.plan import Plan
 
 __all__ = ["LocalProgram", "build_local", "issue_order", "move_to"]
@@ -76,12 +77,6 @@ def _is_meta_op(node: fx.Node) -> bool:
     return (node.op == "call_function" and node.target is getattr and len(node.args) > 1
             and node.args[1] in _META_ATTRS)
 
-
-def _resolve(root: nn.Module, target: str) -> Any:
-    obj: Any = root
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def issue_order(
@@ -211,7 +206,7 @@ class _Builder:
              dev: int) -> fx.Node:
         """Copy ``node`` into ``graph`` on local device ``dev``."""
         if node.op == "call_module":
-            mod = _resolve(self.gm, node.target)
+            mod = fetch_attr(self.gm, node.target)
             if self.module_home(node.target) not in (None, dev):
                 self.attrs[node.target] = mod
                 ref = graph.get_attr(node.target)
@@ -221,7 +216,7 @@ class _Builder:
                     _call_module_on, (ref, self.devices[dev], *args), dict(kwargs))
             self.attrs[node.target] = mod
         elif node.op == "get_attr":
-            self.attrs[node.target] = _resolve(self.gm, node.target)
+            self.attrs[node.target] = fetch_attr(self.gm, node.target)
         new = graph.node_copy(node, arg)
         if "device" in new.kwargs and node.op in ("call_function", "call_method"):
             new.kwargs = {**new.kwargs, "device": self.devices[dev]}
@@ -230,7 +225,7 @@ class _Builder:
     homes: dict[int, int]
 
     def module_home(self, target: str) -> int | None:
-        mod = _resolve(self.gm, target)
+        mod = fetch_attr(self.gm, target)
         homes = {self.homes.get(id(t)) for t in (*mod.parameters(), *mod.buffers())}
         homes.discard(None)
         if len(homes) > 1:
@@ -244,7 +239,7 @@ def _param_homes(gm: fx.GraphModule, dev_of: dict[str, int]) -> dict[int, int]:
     for node in gm.graph.nodes:
         if node.op not in ("call_module", "get_attr"):
             continue
-        obj = _resolve(gm, node.target)
+        obj = fetch_attr(gm, node.target)
         tensors = ([*obj.parameters(), *obj.buffers()] if isinstance(obj, nn.Module)
                    else [obj] if isinstance(obj, torch.Tensor) else [])
         for t in tensors:
@@ -270,12 +265,12 @@ def place_parameters(gm: fx.GraphModule, homes: dict[int, int],
                     mod._buffers[name] = new
     for node in gm.graph.nodes:  # plain tensor attributes (fx constants)
         if node.op == "get_attr":
-            obj = _resolve(gm, node.target)
+            obj = fetch_attr(gm, node.target)
             if isinstance(obj, torch.Tensor) and not isinstance(obj, nn.Parameter):
                 dev = devices[homes.get(id(obj), 0)]
                 if obj.device != dev:
                     *path, last = node.target.split(".")
-                    owner = _resolve(gm, ".".join(path)) if path else gm
+                    owner = fetch_attr(gm, ".".join(path)) if path else gm
                     new = obj.to(dev)
                     homes[id(new)] = homes.get(id(obj), 0)
                     setattr(owner, last, new)
@@ -307,7 +302,7 @@ def build_local(
     dev_of = b.dev_of
     for node in gm.graph.nodes:  # actual device of each op's output
         if node.op == "get_attr":
-            obj = _resolve(gm, node.target)
+            obj = fetch_attr(gm, node.target)
             t = obj if isinstance(obj, torch.Tensor) else next(
                 iter([*obj.parameters(), *obj.buffers()]), None)
             dev_of[node.name] = homes.get(id(t), plan_dev[node.name]) if t is not None \

@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from autoplace.capture import fetch_attr
 from autoplace.errors import PlanError
 from autoplace.plan import Plan
 
@@ -102,16 +103,10 @@ def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
     return stage
 
 
-def _resolve(root: nn.Module, target: str) -> Any:
-    obj: Any = root
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
 
 def _tensors_of(gm: fx.GraphModule, target: str) -> list[int]:
     """ids of the parameters (and a module's buffers) behind a get_attr / call_module target."""
-    obj = _resolve(gm, target)
+    obj = fetch_attr(gm, target)
     if isinstance(obj, nn.Module):
         return [id(t) for t in (*obj.parameters(), *obj.buffers())]
     return [id(obj)] if isinstance(obj, nn.Parameter) else []
@@ -204,7 +199,7 @@ def build_stage(
         if a.name in env:
             return env[a.name]
         if a.op == "get_attr":  # parameters and constants are copied where they are used
-            attrs[a.target] = _resolve(gm, a.target)
+            attrs[a.target] = fetch_attr(gm, a.target)
             env[a.name] = g.node_copy(a)
             return env[a.name]
         # a value from an earlier stage: tensors are inputs, the rest constants
@@ -214,7 +209,7 @@ def build_stage(
         if n.op in ("placeholder", "output", "get_attr") or st[n.name] != stage:
             continue
         if n.op == "call_module":
-            attrs[n.target] = _resolve(gm, n.target)
+            attrs[n.target] = fetch_attr(gm, n.target)
         new = g.node_copy(n, ref)
         if "device" in new.kwargs and n.op in ("call_function", "call_method"):
             new.kwargs = {**new.kwargs, "device": device}
