@@ -16,14 +16,7 @@ from autoplace.errors import AutoplaceError
 from autoplace.profile import measure_links, profile
 from autoplace.workloads import Workload
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Shared 2-core CI: one intra-op thread keeps timings from thrashing."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def test_profile_mlp_on_cpu_times_every_op():

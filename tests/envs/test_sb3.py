@@ -22,17 +22,7 @@ def _mean_reward(env: PlacementEnv, act, episodes: int = 64) -> float:
     return float(np.mean(rewards))
 
 
-@pytest.fixture
-def one_torch_thread():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: intra-op threads only contend (100x slower)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_ppo_beats_random_placement(one_torch_thread):
+def test_ppo_beats_random_placement(one_thread):
     import torch
 
     torch.manual_seed(0)

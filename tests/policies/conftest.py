@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from _placement_toy import ToyPlacementEnv
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread_everywhere(one_thread):
+    """Every policy test runs on one torch thread (fixture in tests/conftest.py)."""
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
