@@ -23,7 +23,7 @@ from typing import Any
 from autoplace.errors import AutoplaceError
 from autoplace.plan import Plan
 
-__all__ = ["auto_plan", "family", "parse_duration"]
+__all__ = ["auto_plan", "family", "parse_duration", "signature"]
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -47,7 +47,8 @@ def family(plan: Plan) -> str:
     return local
 
 
-def _signature(plan: Plan) -> tuple:
+def signature(plan: Plan) -> tuple:
+    """What makes two plans the same plan: each op's device, the split, the recompute set."""
     return (tuple(plan.placement[plan.groups[op]] for op in sorted(plan.groups)),
             plan.parallel, tuple(sorted(plan.recompute)))
 
@@ -118,7 +119,7 @@ def auto_plan(
     seen: set[tuple] = set()
     for r in sorted((r for r in rows if r.get("plan") is not None and not r.get("oom")),
                     key=lambda r: r["sim_step_time_s"]):
-        sig = _signature(r["plan"])
+        sig = signature(r["plan"])
         if sig not in seen:
             seen.add(sig)
             cands.append({"planner": r["planner"], "plan": r["plan"],

@@ -195,11 +195,6 @@ def hand_written(graph, cluster) -> dict[str, Any]:
     return out
 
 
-def signature(plan) -> str:
-    return json.dumps([sorted((op, plan.device_of(op)) for op in plan.groups),
-                       plan.parallel.to_json(), sorted(plan.recompute)])
-
-
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
     if len(xs) < 3:
         return None
@@ -211,7 +206,7 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
 def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float,
                  out: dict[str, Any], save) -> None:
     from autoplace import baselines, workloads
-    from autoplace.auto import auto_plan
+    from autoplace.auto import auto_plan, signature
     from autoplace.capture import capture_workload
     from autoplace.cluster import Cluster, parse_bytes, preset, resolve
     from autoplace.sim import lower_bound, simulate
