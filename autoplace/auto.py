@@ -8,6 +8,12 @@
 4. Execute candidates for real, fastest predicted first, until the time budget is
    spent; after each measurement, correct every family's predictions by its
    measured/simulated ratio (the recalibration) and re-rank what is left.
+   Corrections start from the :class:`~autoplace.calibration.Calibration` saved in
+   ``cache_dir`` by earlier searches, every measurement is added to it and it is saved
+   again, so the next search on this graph and cluster starts calibrated. A candidate
+   whose simulated peak memory, corrected by its family's measured memory factor,
+   exceeds a device's usable memory is measured last (not at all once another plan
+   ran). A family not measured yet is measured even when predicted slow.
 5. Return the plan that was fastest measured, with ``measured`` and the per-family
    correction recorded in ``planner``. A plan that was only simulated is never returned.
 """
@@ -18,6 +24,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from autoplace.errors import AutoplaceError
@@ -65,6 +72,7 @@ def auto_plan(
     policy: str | None = None,
     measure: Callable[[Plan], Any] | None = None,
     progress: bool = True,
+    cache_dir: str | Path | None = None,
 ) -> Plan:
     """The fastest measured plan for ``spec`` on ``cluster``.
 
@@ -79,8 +87,10 @@ def auto_plan(
         policy: also train this policy briefly on the simulator and add its plan.
         measure: ``plan -> RunReport`` (default: the executor through ``run_plan``).
         progress: print progress lines to stderr.
+        cache_dir: profile cache folder; the calibration is read from and saved there.
     """
     from autoplace import workloads
+    from autoplace.calibration import Calibration, calibration_path
     from autoplace.capture import capture_workload
     from autoplace.compare import compare
 
@@ -105,6 +115,10 @@ def auto_plan(
             return run_plan(plan, spec, cluster=cluster, steps=steps, warmup=2,
                             reference=False)
 
+    cal = Calibration.load(cache_dir, graph, cluster)
+    if cal.samples:
+        say(f"calibration from {len(cal.samples)} earlier measurements: "
+            + ", ".join(f"{f} x{v:.2f}" for f, v in cal.time_factors.items()))
     rows = compare(graph, cluster, planners, progress=progress)
     if policy is not None:
         from autoplace.policies import train
@@ -123,7 +137,8 @@ def auto_plan(
         if sig not in seen:
             seen.add(sig)
             cands.append({"planner": r["planner"], "plan": r["plan"],
-                          "sim": r["sim_step_time_s"], "family": family(r["plan"])})
+                          "sim": r["sim_step_time_s"], "family": family(r["plan"]),
+                          "sim_peak": max(r.get("peak_memory_bytes") or [0.0])})
     if not cands:
         raise AutoplaceError(
             f"no planner found a plan that fits in memory on {cluster.name}; "
@@ -140,12 +155,20 @@ def auto_plan(
             fams.add(c["family"])
             queue.append(c)
     measured: list[dict[str, Any]] = []
-    correction: dict[str, float] = {}
+    usable = min(d.usable_memory_bytes for d in cluster.devices)
 
     def corrected(c: dict[str, Any]) -> float:
-        ratios = list(correction.values())
-        default = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
-        return c["sim"] * correction.get(c["family"], default)
+        t = cal.step_time(c["plan"], c["sim"])
+        if c["sim_peak"] and cal.peak_bytes(c["plan"], c["sim_peak"]) > usable:
+            t += 1e3  # predicted out of memory once corrected: try it last
+        return t
+
+    def remember(c: dict[str, Any], rep: Any) -> None:
+        from autoplace.sim import simulate
+
+        cal.record(c["plan"], c["planner"], simulate(graph, c["plan"], cluster), rep, usable)
+        if cache_dir is not None:
+            cal.save(calibration_path(cache_dir, graph, cluster))
 
     while queue:
         elapsed = time.perf_counter() - t_start
@@ -155,8 +178,12 @@ def auto_plan(
         queue.sort(key=corrected)
         best_so_far = min((m["measured"] for m in measured), default=None)
         c = queue.pop(0)
-        if best_so_far is not None and len(measured) >= top_k and corrected(c) > 1.3 * best_so_far:
-            break
+        if best_so_far is not None and corrected(c) >= 1e3:
+            continue  # predicted out of memory (measured so), and something else ran
+        if best_so_far is not None and len(measured) >= top_k \
+                and corrected(c) > 1.3 * best_so_far \
+                and any(m["family"] == c["family"] for m in measured):
+            continue  # its family was measured and it is predicted far slower
         say(f"measuring {c['planner']} ({c['plan'].split()}), predicted "
             f"{corrected(c) * 1e3:.2f} ms")
         rep = measure(c["plan"])
@@ -164,12 +191,13 @@ def auto_plan(
         err = getattr(rep, "error", None)
         if err or not step:
             say(f"  failed: {err}")
+            if getattr(rep, "oom", False):
+                remember(c, rep)
             continue
         c["measured"] = float(step)
         c["report"] = rep
         measured.append(c)
-        ratios = [m["measured"] / m["sim"] for m in measured if m["family"] == c["family"]]
-        correction[c["family"]] = sorted(ratios)[len(ratios) // 2]
+        remember(c, rep)
         say(f"  measured {step * 1e3:.2f} ms (sim x{c['measured'] / c['sim']:.2f})")
         # a family whose best member was measured may hold others worth trying
         if len(measured) < 2 * top_k + 3:
@@ -190,7 +218,7 @@ def auto_plan(
     info = dict(plan.planner)
     info.update(name="auto", chosen=win["planner"],
                 search_time_s=time.perf_counter() - t_start,
-                correction=correction,
+                correction=cal.time_factors,
                 candidates=[{"planner": m["planner"], "family": m["family"],
                              "sim_step_time_s": m["sim"], "measured_step_time_s": m["measured"]}
                             for m in measured])

@@ -95,6 +95,9 @@ class PlanConfig(ModelArgs, ClusterArgs):
     list: bool = opt(False, "list the planners")
     seed: int = opt(0, "random seed")
     budget: str = opt("5m", "time budget of the auto planner (e.g. 90s, 5m)")
+    profile_dir: str | None = opt(
+        None, "profile cache folder (autoplace profile --cache-dir): measured op times; "
+        "--planner auto also reads and saves the simulator's calibration there")
 
 
 @dataclass(kw_only=True)
@@ -104,6 +107,9 @@ class CompareConfig(ModelArgs, ClusterArgs):
     steps: int = opt(10, "steps per executed plan")
     json: str | None = opt(None, "write the rows as JSON to this path")
     plot: str | None = opt(None, "write a bar chart (PNG)")
+    profile_dir: str | None = opt(
+        None, "profile cache folder: measured op times and the calibration saved by "
+        "plan --planner auto (adds the calibrated column)")
 
 
 @dataclass(kw_only=True)
@@ -136,6 +142,8 @@ class TrainConfig(ModelArgs, ClusterArgs):
 class ProfileConfig(ModelArgs, ClusterArgs):
     out: str = opt("profile.json", "write the profiled OpGraph (and link speeds) here", flag="-o")
     repeats: int = opt(5, "timed repeats per op")
+    cache_dir: str | None = opt(None, "also keep the op times in this profile cache folder "
+                                "(for plan/compare --profile-dir)")
 
 
 @dataclass(kw_only=True)
@@ -169,10 +177,21 @@ def _options(cfg: ModelArgs) -> dict[str, Any]:
     return options
 
 
-def _graph_of(workload):
+def _graph_of(workload, profile_dir: str | None = None, cluster: Any = None):
     from autoplace.capture import capture_workload
 
-    return capture_workload(workload)
+    graph = capture_workload(workload)
+    if profile_dir is not None:
+        from autoplace.profile import apply_cached
+
+        if not Path(profile_dir).is_dir():
+            raise AutoplaceError(f"--profile-dir {profile_dir}: no such folder; write one with "
+                                 "autoplace profile --cache-dir")
+        kinds = [d.kind for d in cluster.devices] if cluster is not None else []
+        found = apply_cached(graph, profile_dir, kinds)
+        print(f"op times: {'profiled (' + ', '.join(found) + ')' if found else 'estimated'} "
+              f"from {profile_dir}", file=sys.stderr)
+    return graph
 
 
 def _cluster(spec: str, cap: str | None):
@@ -350,8 +369,8 @@ def cmd_plan(cfg: PlanConfig) -> int:
             print(name)
         return 0
     wl = _model(cfg, device="meta")
-    graph = _graph_of(wl)
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
+    graph = _graph_of(wl, cfg.profile_dir, cluster)
     t0 = time.perf_counter()
     if cfg.policy:
         from autoplace.policies import place
@@ -360,7 +379,8 @@ def cmd_plan(cfg: PlanConfig) -> int:
     elif cfg.planner == "auto":
         from autoplace.auto import auto_plan
 
-        plan = auto_plan(wl.spec, cluster, budget=cfg.budget, graph=graph, progress=True)
+        plan = auto_plan(wl.spec, cluster, budget=cfg.budget, graph=graph, progress=True,
+                         cache_dir=cfg.profile_dir)
     else:
         planner = baselines.get(cfg.planner)
         seeded = "seed" in inspect.signature(inspect.unwrap(planner)).parameters
@@ -381,8 +401,15 @@ def cmd_compare(cfg: CompareConfig) -> int:
     from autoplace.compare import compare, format_table
 
     wl = _model(cfg, device="meta")
-    graph = _graph_of(wl)
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
+    graph = _graph_of(wl, cfg.profile_dir, cluster)
+    calibration = None
+    if cfg.profile_dir:
+        from autoplace.calibration import Calibration
+
+        calibration = Calibration.load(cfg.profile_dir, graph, cluster)
+        if not calibration.samples:
+            calibration = None
     execute = None
     if cfg.execute:
         from autoplace.executor import launch
@@ -392,7 +419,8 @@ def cmd_compare(cfg: CompareConfig) -> int:
                                    reference=False)
 
     planners = cfg.planners.split(",") if cfg.planners else None
-    rows = compare(graph, cluster, planners, execute=execute, progress=True)
+    rows = compare(graph, cluster, planners, execute=execute, progress=True,
+                   calibration=calibration)
     print(f"{wl.name} on {cluster.name} ({cluster.num_devices} devices)")
     print(format_table(rows))
     if cfg.json:
@@ -462,7 +490,8 @@ def cmd_profile(cfg: ProfileConfig) -> int:
 
     wl = _model(cfg)
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
-    graph = profile(wl, [d.name for d in cluster.devices][:1], repeats=cfg.repeats)
+    graph = profile(wl, [d.name for d in cluster.devices][:1], repeats=cfg.repeats,
+                    cache_dir=cfg.cache_dir)
     graph.save(cfg.out)
     print(f"profiled {len(graph)} ops on {cluster.devices[0].name} -> {cfg.out}")
     return 0

@@ -43,6 +43,7 @@ def compare(
     execute: Callable[[Plan], Any] | None = None,
     progress: bool = False,
     options: dict[str, dict[str, Any]] | None = None,
+    calibration: Any = None,
 ) -> list[dict[str, Any]]:
     """Plan with every planner, simulate every plan, and rank them.
 
@@ -54,6 +55,10 @@ def compare(
             on real devices; adds ``measured_step_time_s`` (and ``measured_oom``).
         progress: print one line per planner to stderr.
         options: per planner name, keyword options for it.
+        calibration: a :class:`~autoplace.calibration.Calibration` from earlier real runs:
+            adds ``calibrated_step_time_s`` (the simulated time times the plan family's
+            measured/simulated factor), ``calibrated_peak_bytes`` and ``calibrated_oom``,
+            and ranks by the calibrated time.
 
     Returns:
         Rows (dicts) sorted by simulated step time, OOM plans then failed planners last,
@@ -98,6 +103,12 @@ def compare(
         predicted = result.to_json()
         predicted.pop("timeline", None)
         plan = plan.with_predicted(predicted)
+        if calibration is not None:
+            peak = max(result.peak_memory_bytes)
+            usable = min(d.usable_memory_bytes for d in cluster.devices)
+            row.update(calibrated_step_time_s=calibration.step_time(plan, result.step_time_s),
+                       calibrated_peak_bytes=calibration.peak_bytes(plan, peak))
+            row["calibrated_oom"] = bool(result.oom or row["calibrated_peak_bytes"] > usable)
         row.update(plan=plan, parallel=plan.split(),
                    sim_step_time_s=result.step_time_s,
                    peak_memory_bytes=list(result.peak_memory_bytes), oom=result.oom,
@@ -128,8 +139,9 @@ def compare(
         m = r.get("measured_step_time_s")
         if execute is not None:
             r["measured_ratio_to_best"] = (m / best_measured) if (m and best_measured) else None
+    time_key = "calibrated_step_time_s" if calibration is not None else "sim_step_time_s"
     rows.sort(key=lambda r: (r["error"] is not None, bool(r["oom"]),
-                             r["sim_step_time_s"] if r["sim_step_time_s"] is not None else 0.0))
+                             r.get(time_key) if r.get(time_key) is not None else 0.0))
     return rows
 
 
@@ -144,8 +156,11 @@ def _ratio(x: float | None) -> str:
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows of :func:`compare` as a markdown table."""
     measured = any("measured_step_time_s" in r for r in rows)
+    calibrated = any("calibrated_step_time_s" in r for r in rows)
     head = ["planner", "plan", "sim ms", "x best", "x bound", "peak GiB (max)", "OOM",
             "search s"]
+    if calibrated:
+        head += ["calibrated ms", "calibrated OOM"]
     if measured:
         head += ["measured ms", "measured x best"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -159,6 +174,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      _ms(r["sim_step_time_s"]), _ratio(r["ratio_to_best"]),
                      _ratio(r["ratio_to_lower_bound"]), f"{peak:.2f}",
                      "OOM" if r["oom"] else "", f"{r['search_time_s']:.2f}"]
+            if calibrated:
+                cells += [_ms(r.get("calibrated_step_time_s")),
+                          "OOM" if r.get("calibrated_oom") else ""]
             if measured:
                 m = r.get("measured_step_time_s")
                 cells += ["OOM" if r.get("measured_oom") else _ms(m),

@@ -13,6 +13,9 @@ per group is a valid placement. No interval boundary splits a co-location group.
   time of the first device kind with costs, FLOPs otherwise).
 * ``method="module"``: runs of ops sharing a module-path prefix (the deepest prefix
   depth that gives at most K runs), adjacent runs merged if still too many.
+* ``method="branch"`` (:func:`branch_groups`): not intervals; groups follow the graph's
+  structure so parallel branches can be placed on different devices. The group graph
+  is still acyclic.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from autoplace.graph import OpGraph
 
 __all__ = [
     "colocation_groups", "coarsen", "group_costs", "group_graph", "placement_order",
-    "VIEW_KINDS", "METHODS",
+    "VIEW_KINDS", "METHODS", "branch_groups",
 ]
 
-METHODS = ("contiguous", "module")
+METHODS = ("contiguous", "module", "branch")
 
 #: Op kinds that alias or cheaply reshape their input: they stay with its producer.
 VIEW_KINDS = frozenset({
@@ -124,18 +127,25 @@ def coarsen(
     method: str = "contiguous",
     weights: np.ndarray | None = None,
 ) -> dict[str, int]:
-    """Op -> group id with at most ``max_groups`` groups, each an interval of placement order.
+    """Op -> group id with at most ``max_groups`` groups.
+
+    ``contiguous`` and ``module`` groups are intervals of placement order; ``branch``
+    groups (:func:`branch_groups`) follow the graph's structure, keeping parallel
+    branches apart, and are numbered in a topological order of the (acyclic) group graph.
 
     Args:
         graph: the graph.
         max_groups: the largest number of groups wanted (>= 1).
-        method: ``"contiguous"`` (balanced cost) or ``"module"`` (module hierarchy).
+        method: ``"contiguous"`` (balanced cost), ``"module"`` (module hierarchy) or
+            ``"branch"`` (structure-aware).
         weights: optional cost per op in topological order (default: fwd+bwd time).
     """
     if max_groups < 1:
         raise AutoplaceError(f"max_groups must be >= 1, got {max_groups}")
     if method not in METHODS:
         raise AutoplaceError(f"unknown grouping method {method!r}; valid: {', '.join(METHODS)}")
+    if method == "branch":
+        return branch_groups(graph, max_groups, weights=weights)
     order = placement_order(graph)
     coloc = colocation_groups(graph)
     blocked = _blocked_cuts(order, coloc)
@@ -237,3 +247,223 @@ def group_costs(graph: OpGraph, groups: dict[str, int], device_kind: str | None)
         out["output_bytes"][g] += op.output_bytes
         out["num_ops"][g] += 1
     return out
+
+
+# ----------------------------------------------------------------- branch-aware
+def _coloc_units(graph: OpGraph) -> tuple[list[list[str]], dict[str, int], list[set[int]]]:
+    """Co-location groups merged into an acyclic quotient graph (cycles, which views and
+    in-place ops can create, are merged). Returns the units (op lists in placement order)
+    numbered in a topological order of the quotient graph (ties: first op in placement
+    order), each op's unit, and each unit's successor units."""
+    order = placement_order(graph)
+    pos = {name: i for i, name in enumerate(order)}
+    coloc = colocation_groups(graph)
+    q = nx.DiGraph()
+    q.add_nodes_from(set(coloc.values()))
+    q.add_edges_from((coloc[u], coloc[v]) for u, v, _ in graph.edges if coloc[u] != coloc[v])
+    cond = nx.condensation(q)
+    mapping = cond.graph["mapping"]  # coloc id -> condensed node
+    first: dict[int, int] = {}
+    for name in order:
+        first.setdefault(mapping[coloc[name]], pos[name])
+    topo = list(nx.lexicographical_topological_sort(cond, key=lambda c: first[c]))
+    rank = {c: i for i, c in enumerate(topo)}
+    unit_of = {name: rank[mapping[coloc[name]]] for name in order}
+    units: list[list[str]] = [[] for _ in topo]
+    for name in order:
+        units[unit_of[name]].append(name)
+    succ: list[set[int]] = [set() for _ in topo]
+    for u, v in cond.edges:
+        succ[rank[u]].add(rank[v])
+    return units, unit_of, succ
+
+
+class _Clusters:
+    """Clusters of units on an acyclic graph, merged and split so the graph stays acyclic."""
+
+    def __init__(self, weights: np.ndarray, succ: list[set[int]]) -> None:
+        n = len(weights)
+        self.uw = weights
+        self.usucc = succ
+        self.members: dict[int, list[int]] = {i: [i] for i in range(n)}
+        self.weight: dict[int, float] = {i: float(weights[i]) for i in range(n)}
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.cluster_of = {u: c for c, ms in self.members.items() for u in ms}
+        self.succ: dict[int, set[int]] = {c: set() for c in self.members}
+        self.pred: dict[int, set[int]] = {c: set() for c in self.members}
+        for u, vs in enumerate(self.usucc):
+            cu = self.cluster_of[u]
+            for v in vs:
+                cv = self.cluster_of[v]
+                if cu != cv:
+                    self.succ[cu].add(cv)
+                    self.pred[cv].add(cu)
+
+    def merge(self, a: int, b: int) -> int:
+        """Merge cluster ``b`` into ``a`` (the caller checked it keeps the graph acyclic)."""
+        self.members[a] = sorted(self.members[a] + self.members.pop(b))
+        self.weight[a] += self.weight.pop(b)
+        for c in self.succ.pop(b):
+            self.pred[c].discard(b)
+            if c != a:
+                self.succ[a].add(c)
+                self.pred[c].add(a)
+        for c in self.pred.pop(b):
+            self.succ[c].discard(b)
+            if c != a:
+                self.pred[a].add(c)
+                self.succ[c].add(a)
+        self.succ[a].discard(a)
+        self.pred[a].discard(a)
+        for u in self.members[a]:
+            self.cluster_of[u] = a
+        return a
+
+    def reaches(self, a: int, b: int, *, skip_direct: bool) -> bool:
+        """Whether a path leads from ``a`` to ``b`` (of two or more edges with ``skip_direct``)."""
+        stack = [c for c in self.succ[a] if not (skip_direct and c == b)]
+        seen = set(stack)
+        while stack:
+            c = stack.pop()
+            if c == b:
+                return True
+            for d in self.succ[c]:
+                if d not in seen:
+                    seen.add(d)
+                    stack.append(d)
+        return False
+
+    def safe(self, a: int, b: int) -> bool:
+        """Merging ``a`` and ``b`` keeps the graph acyclic: no path of two or more edges
+        between them in either direction."""
+        return not (self.reaches(a, b, skip_direct=True) or self.reaches(b, a, skip_direct=True))
+
+    def contract_chains(self) -> None:
+        """Merge every edge ``a -> b`` where ``a`` has one successor and ``b`` one predecessor."""
+        changed = True
+        while changed:
+            changed = False
+            for a in list(self.members):
+                if a in self.members and len(self.succ[a]) == 1:
+                    b = next(iter(self.succ[a]))
+                    if len(self.pred[b]) == 1:
+                        self.merge(a, b)
+                        changed = True
+
+    def split_heavy(self, cap: float, new_id: int) -> int:
+        """Cut every cluster heavier than ``cap`` into runs of its units (in topological
+        order, which keeps the graph acyclic) of at most about ``cap``."""
+        for c in list(self.members):
+            ms = self.members[c]
+            if self.weight[c] <= cap or len(ms) < 2:
+                continue
+            runs: list[list[int]] = [[]]
+            acc = 0.0
+            for u in ms:
+                w = float(self.uw[u])
+                if runs[-1] and acc + w > cap:
+                    runs.append([])
+                    acc = 0.0
+                runs[-1].append(u)
+                acc += w
+            if len(runs) < 2:
+                continue
+            self.members[c] = runs[0]
+            self.weight[c] = float(self.uw[runs[0]].sum())
+            for run in runs[1:]:
+                self.members[new_id] = run
+                self.weight[new_id] = float(self.uw[run].sum())
+                new_id += 1
+        self.rebuild()
+        return new_id
+
+    def merge_down(self, k: int) -> None:
+        """Merge clusters, lightest combined pair first, until at most ``k`` are left:
+        producer-consumer pairs first, then (no safe edge left) any safe pair."""
+        import heapq
+
+        def cost(a: int, b: int) -> float:
+            # combined weight, times the branches the merge would join: a fork's other
+            # consumers and a join's other producers (0 for a link of a chain)
+            joins = len(self.succ[a]) - 1 + len(self.pred[b]) - 1
+            return (self.weight[a] + self.weight[b]) * (1 + joins)
+
+        heap = [(cost(a, b), a, b) for a in self.succ for b in self.succ[a]]
+        heapq.heapify(heap)
+        while len(self.members) > k and heap:
+            w, a, b = heapq.heappop(heap)
+            if a not in self.members or b not in self.members or b not in self.succ[a]:
+                continue
+            now = cost(a, b)
+            if abs(now - w) > 1e-12 * max(w, 1e-30):
+                heapq.heappush(heap, (now, a, b))
+                continue
+            if not self.safe(a, b):
+                continue  # becomes safe only if the other path merges in: re-pushed then
+            self.merge(a, b)
+            for c in list(self.succ[a]) + list(self.pred[a]):  # edges whose cost changed
+                for d in self.succ[c]:
+                    heapq.heappush(heap, (cost(c, d), c, d))
+                for d in self.pred[c]:
+                    heapq.heappush(heap, (cost(d, c), d, c))
+        while len(self.members) > k:  # disconnected parts, or no safe edge: lightest safe pair
+            cs = sorted(self.members, key=lambda c: self.weight[c])
+            done = False
+            for i, a in enumerate(cs):
+                for b in cs[i + 1:]:
+                    if self.safe(a, b):
+                        self.merge(a, b)
+                        done = True
+                        break
+                if done:
+                    break
+            if not done:  # cannot happen on an acyclic graph; kept as a guard
+                raise AutoplaceError("branch grouping could not merge down to max_groups")
+
+
+def branch_groups(
+    graph: OpGraph, max_groups: int, *, weights: np.ndarray | None = None
+) -> dict[str, int]:
+    """Op -> group id, at most ``max_groups`` groups, keeping parallel branches apart.
+
+    Unlike :func:`coarsen`'s intervals, a group need not be contiguous in program order,
+    so parallel branches (inception towers, the branches of a branchy MLP, an encoder
+    beside a decoder) can land in different groups and so on different devices. Steps,
+    all on the acyclic graph of co-location groups (cycles merged):
+
+    1. contract linear chains (an edge whose producer has one consumer and whose
+       consumer has one producer): a branch becomes one cluster;
+    2. cut clusters heavier than ``total / max_groups`` into runs of their units in
+       topological order (a long chain is split as :func:`coarsen` would);
+    3. merge producer-consumer pairs, cheapest first, skipping merges that would close a
+       cycle, until at most ``max_groups`` are left. A merge costs the pair's combined
+       weight times one plus the branches it joins (the producer's other consumers and
+       the consumer's other producers), so chain links merge first and parallel
+       branches (which share no edge) meet only through forks and joins, lightest first.
+
+    The group graph is acyclic; ids ``0..G-1`` follow a topological order of it (ties by
+    first op in placement order). No co-location group is split.
+    """
+    if max_groups < 1:
+        raise AutoplaceError(f"max_groups must be >= 1, got {max_groups}")
+    units, unit_of, succ = _coloc_units(graph)
+    w_topo = _op_weights(graph) if weights is None else np.asarray(weights, dtype=np.float64)
+    uw = np.zeros(len(units))
+    for name, u in unit_of.items():
+        uw[u] += w_topo[graph.index[name]]
+    cl = _Clusters(uw, succ)
+    cl.contract_chains()
+    total = float(uw.sum())
+    if total > 0:
+        cl.split_heavy(total / max_groups, len(units))
+    cl.merge_down(max_groups)
+    # number clusters in a topological order of the cluster graph, ties by first unit
+    cg = nx.DiGraph()
+    cg.add_nodes_from(cl.members)
+    cg.add_edges_from((a, b) for a in cl.succ for b in cl.succ[a])
+    first = {c: min(ms) for c, ms in cl.members.items()}
+    ids = {c: i for i, c in enumerate(nx.lexicographical_topological_sort(
+        cg, key=lambda c: first[c]))}
+    return {name: ids[cl.cluster_of[u]] for name, u in unit_of.items()}

@@ -395,6 +395,28 @@ def _synth_inputs(graph: OpGraph) -> tuple:
 
 
 # --------------------------------------------------------------------- cache
+def apply_cached(graph: OpGraph, cache_dir: str | Path, kinds: Sequence[str]) -> list[str]:
+    """Fill ``graph``'s op times from profiles cached in ``cache_dir``; return the kinds found.
+
+    Needs no parameters (a meta-device graph works): the cache is keyed by the graph's
+    fingerprint and the device kind.
+    """
+    found = []
+    for kind in dict.fromkeys(kinds):
+        cached = _load(cache_dir, graph, kind)
+        if cached is None:
+            continue
+        for op in graph:
+            op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
+            op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
+        info = dict(getattr(graph, "profile_info", None) or {})
+        info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version")
+                      if k in cached}
+        graph.profile_info = info
+        found.append(kind)
+    return found
+
+
 def _cache_path(cache_dir: str | Path, graph: OpGraph, kind: str) -> Path:
     return Path(cache_dir) / f"{graph.fingerprint}-{kind}.json"
 

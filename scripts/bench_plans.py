@@ -21,15 +21,17 @@ For each scenario (workload x devices x memory cap):
    simulator error and Kendall tau) and a markdown table, written after every
    measurement so a cut-off run keeps what it measured.
 
-Multi-process plans the simulator predicts out of memory under the cap are not run
-(a rank that runs out of memory mid-collective hangs its peers); they are recorded
-with ``"executed": false``. One-process plans are always run.
+Under a memory cap a multi-process plan first runs as a torchrun job of its own
+(``run_plan``): a rank that runs out of memory there ends that job with an error,
+where inside this job it would leave its peers waiting in a collective. Once it has
+run under the cap, its later repetitions run on this job's ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import statistics
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
 MANUAL = ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b")
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -61,6 +64,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # CPU smoke scenarios
     "tiny": dict(model="gpt-tiny", options=dict(batch_size=8), cap=None),
     "tiny-mlp": dict(model="branchy-mlp", options=dict(batch_size=16), cap=None),
+    "tiny-capped": dict(model="gpt-tiny", options=dict(batch_size=8), cap="auto"),
 }
 
 
@@ -76,10 +80,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--policy-budget", default="15s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile per-op costs on the first device (GPU only)")
-    p.add_argument("--multiprocess-under-cap", action=argparse.BooleanOptionalAction,
-                   default=False,
-                   help="run multi-process plans under a memory cap (a rank that runs out of "
-                   "memory mid-collective hangs its peers until the NCCL timeout)")
     p.add_argument("--cpu", action="store_true", help="two CPU ranks with gloo (smoke test)")
     p.add_argument("--nproc", type=int, default=None, help="ranks (default: GPUs present)")
     p.add_argument("--out", default="bench/results", help="folder for the JSON and markdown")
@@ -146,19 +146,33 @@ class Harness:
                           reference=False)
         return run_here(self.workload(cmd["spec"]), plan, cluster, opts)
 
-    def measure(self, spec, plan, cluster, steps: int, warmup: int):
-        """Rank 0: run ``plan`` (on every rank it needs) and return rank 0's report."""
+    def measure(self, spec, plan, cluster, steps: int, warmup: int, isolated: bool = False):
+        """Rank 0: run ``plan`` (on every rank it needs) and return rank 0's report.
+
+        ``isolated``: run a multi-process plan as its own torchrun job (``run_plan``)
+        instead of on this job's ranks, so a rank that runs out of memory ends the job
+        with an error; in this job it would leave its peers waiting in a collective.
+        """
+        from autoplace.executor.report import RunReport
+
         cmd = {"op": "run", "spec": spec, "plan": plan.to_json(),
                "cluster": cluster.to_json(), "steps": steps, "warmup": warmup}
-        if plan.parallel.data * plan.parallel.pipeline > 1:
-            self.broadcast(cmd)
+        multi = plan.parallel.data * plan.parallel.pipeline > 1
+        if multi:
+            self.broadcast({"op": "free"} if isolated else cmd)
         if torch.cuda.is_available():
+            gc.collect()
             torch.cuda.empty_cache()
         try:
+            if multi and isolated:
+                from autoplace.executor.launch import run_plan
+                from autoplace.executor.runner import RunOptions
+
+                return run_plan(plan, spec, cluster=cluster, timeout_s=300,
+                                options=RunOptions(steps=steps + warmup, warmup=warmup,
+                                                   reference=False))
             return self._run(cmd)
         except Exception as e:  # noqa: BLE001 - a plan that fails is a result
-            from autoplace.executor.report import RunReport
-
             return RunReport(plan=plan.describe(), error=f"{type(e).__name__}: {e}").finish()
 
     def follow(self) -> None:
@@ -167,6 +181,11 @@ class Harness:
             cmd = self.broadcast(None)
             if cmd["op"] == "stop":
                 return
+            if cmd["op"] == "free":  # rank 0 runs a plan in a job of its own
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
             try:
                 self._run(cmd)
             except Exception as e:  # noqa: BLE001 - rank 0 records the failure
@@ -221,7 +240,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
         from autoplace.profile import profile
 
         graph = profile(h.workload(spec), [cluster.devices[0].name], repeats=3,
-                        cache_dir="/tmp/autoplace-profile")
+                        cache_dir=CACHE)
         graph.spec = dict(spec)
     profile_s = time.perf_counter() - t0
     cap = sc["cap"]
@@ -256,28 +275,35 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
         plans[f"rl-{args.policy}"] = res.best_plan
         search[f"rl-{args.policy}"] = time.perf_counter() - t
 
-    def unsafe(plan) -> str | None:
-        if cap and not args.multiprocess_under_cap and \
-                plan.parallel.data * plan.parallel.pipeline > 1:
-            return ("not run: multi-process plan under a memory cap (an out-of-memory rank "
-                    "hangs its peers); rerun with --multiprocess-under-cap")
-        return None
+    proven: set[tuple] = set()  # multi-process plans that ran under the cap once
+
+    def run(plan, steps: int, warmup: int):
+        """Measure ``plan``; under a cap, a multi-process plan's first run is isolated."""
+        multi = plan.parallel.data * plan.parallel.pipeline > 1
+        isolated = bool(cap) and multi and signature(plan) not in proven
+        rep = h.measure(spec, plan, cluster, steps=steps, warmup=warmup, isolated=isolated)
+        if isolated and not rep.error:
+            proven.add(signature(plan))
+        return rep
 
     def measure_for_auto(plan):
-        why = unsafe(plan)
-        if why:
-            from autoplace.executor.report import RunReport
-
-            return RunReport(plan=plan.describe(), error=why).finish()
-        return h.measure(spec, plan, cluster, steps=8, warmup=2)
+        return run(plan, steps=8, warmup=2)
 
     t = time.perf_counter()
     try:
         plans["auto"] = auto_plan(spec, cluster, budget=args.auto_budget, graph=graph,
-                                  measure=measure_for_auto, top_k=3)
+                                  measure=measure_for_auto, top_k=3, cache_dir=CACHE,
+                                  policy=args.policy)
         search["auto"] = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001
         say(f"  auto failed: {e}")
+
+    # ---- the calibration auto saved (its measurements, and earlier runs' on this machine)
+    from autoplace.calibration import Calibration
+
+    cal = Calibration.load(CACHE, graph, cluster)
+    say(f"  calibration: {len(cal.samples)} samples, "
+        + ", ".join(f"{f} x{v:.2f}" for f, v in cal.time_factors.items()))
 
     # ---- distinct plans, simulated
     distinct: dict[str, dict[str, Any]] = {}
@@ -297,7 +323,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
         for d in distinct.values():
             meds = [r["median"] for r in d["runs"] if r.get("median")]
             steps = [s for r in d["runs"] for s in r.get("steps", [])]
-            err = next((r["error"] for r in d["runs"] if r.get("error")), d.get("skip"))
+            err = next((r["error"] for r in d["runs"] if r.get("error")), None)
             for k in d["planners"]:
                 rows.append({
                     "planner": k, "manual": k in MANUAL, "parallel": d["plan"].split(),
@@ -307,6 +333,8 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
                     "rep_medians_s": meds,
                     "spread_s": [min(meds), max(meds)] if meds else None,
                     "sim_step_time_s": d["sim"].step_time_s,
+                    "calibrated_sim_step_time_s": cal.step_time(d["plan"],
+                                                                d["sim"].step_time_s),
                     "sim_peak_memory_bytes": d["sim"].peak_memory_bytes,
                     "peak_memory_bytes": next((r["peak"] for r in d["runs"] if r.get("peak")),
                                               None),
@@ -324,35 +352,29 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
         a = ok.get("auto")
         rec["auto_vs_best_manual"] = a / rec["best_manual_s"] if a and manual else None
         rec["auto_vs_lower_bound"] = a / lb if a else None
-        pairs = [(d["sim"].step_time_s, statistics.median(s))
+        pairs = [(d["sim"].step_time_s, statistics.median(s), d["plan"])
                  for d in distinct.values()
                  if (s := [x for r in d["runs"] for x in r.get("steps", [])])
                  and not any(r.get("oom") for r in d["runs"])]
-        errs = [abs(s - m) / m for s, m in pairs]
-        rec["sim_error_median"] = statistics.median(errs) if errs else None
-        rec["kendall_tau"] = kendall_tau([p[0] for p in pairs], [p[1] for p in pairs])
+        for suffix, sims in (("", [p[0] for p in pairs]),
+                             ("_calibrated", [cal.step_time(p[2], p[0]) for p in pairs])):
+            errs = [abs(s - p[1]) / p[1] for s, p in zip(sims, pairs)]
+            rec["sim_error_median" + suffix] = statistics.median(errs) if errs else None
+            rec["kendall_tau" + suffix] = kendall_tau(sims, [p[1] for p in pairs])
+        rec["calibration"] = {"samples": len(cal.samples), "time_factors": cal.time_factors}
         save()
 
     # ---- measure, interleaved
     order = list(distinct.values())
-    cap_b = cap or float("inf")
-    for d in order:
-        plan = d["plan"]
-        multi = plan.parallel.data * plan.parallel.pipeline > 1
-        if unsafe(plan):
-            d["skip"] = unsafe(plan)
-        elif multi and max(d["sim"].peak_memory_bytes) > 1.1 * cap_b:
-            d["skip"] = (f"not run: simulated peak {max(d['sim'].peak_memory_bytes) / 2**30:.1f} "
-                         f"GiB exceeds the {cap_b / 2**30:.0f} GiB cap (multi-process OOM hangs)")
     for rep in range(args.reps):
         for d in order:
-            if d.get("skip") or (rep and any(r.get("oom") or r.get("error") for r in d["runs"])):
+            if rep and any(r.get("oom") or r.get("error") for r in d["runs"]):
                 continue
             if time.perf_counter() - t_start > args.deadline_s:
                 say("deadline reached: stopping measurements")
                 record()
                 return
-            rep_ = h.measure(spec, d["plan"], cluster, args.steps, args.warmup)
+            rep_ = run(d["plan"], args.steps, args.warmup)
             d["runs"].append({"median": rep_.step_time_s if not rep_.error else None,
                               "steps": list(rep_.step_times_s) if not rep_.error else [],
                               "peak": list(rep_.peak_memory_bytes), "oom": rep_.oom,
@@ -373,8 +395,8 @@ def markdown(out: dict[str, Any]) -> str:
         cap = sc["memory_cap_bytes"]
         lines += [f"## {sc['name']}: {sc['model']}"
                   + (f", cap {cap / 2**30:.1f} GiB" if cap else ", no cap"), ""]
-        lines += ["| planner | split | measured ms | spread ms | sim ms | peak GiB | search s |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| planner | split | measured ms | spread ms | sim ms | calibrated sim ms "
+                  "| peak GiB | search s |", "|---|---|---|---|---|---|---|---|"]
         for r in sorted(sc["plans"], key=lambda r: (r["measured_step_time_s"] is None,
                                                     r["measured_step_time_s"] or 0)):
             m = r["measured_step_time_s"]
@@ -386,17 +408,24 @@ def markdown(out: dict[str, Any]) -> str:
                 f"{f'{m * 1e3:.1f}' if m else status or 'error'} | "
                 f"{f'{sp[0] * 1e3:.1f}-{sp[1] * 1e3:.1f}' if sp else ''} | "
                 f"{r['sim_step_time_s'] * 1e3:.1f} | "
+                f"{r.get('calibrated_sim_step_time_s', r['sim_step_time_s']) * 1e3:.1f} | "
                 f"{' / '.join(f'{b / 2**30:.1f}' for b in peak) if peak else ''} | "
                 f"{r['search_time_s']:.1f} |" if r['search_time_s'] is not None else
-                f"| {r['planner']} | {r['parallel']} | {m} | | | | |")
+                f"| {r['planner']} | {r['parallel']} | {m} | | | | | |")
         def fmt(x, spec=".2f"):
             return "n/a" if x is None else format(x, spec)
         lines += ["", f"best hand-written: {sc.get('best_manual')} "
                   f"({fmt(sc.get('best_manual_s') and sc['best_manual_s'] * 1e3, '.1f')} ms); "
                   f"auto / best hand-written: {fmt(sc.get('auto_vs_best_manual'))}; "
                   f"auto / lower bound: {fmt(sc.get('auto_vs_lower_bound'))}; "
-                  f"median |sim-real|/real: {fmt(sc.get('sim_error_median'))}; "
-                  f"Kendall tau: {fmt(sc.get('kendall_tau'))}", ""]
+                  f"median |sim-real|/real: {fmt(sc.get('sim_error_median'))} "
+                  f"(calibrated: {fmt(sc.get('sim_error_median_calibrated'))}); "
+                  f"Kendall tau: {fmt(sc.get('kendall_tau'))} "
+                  f"(calibrated: {fmt(sc.get('kendall_tau_calibrated'))})", ""]
+        if sc.get("calibration"):
+            c = sc["calibration"]
+            lines += [f"calibration ({c['samples']} measured samples, from auto's runs): "
+                      + ", ".join(f"{f} x{v:.2f}" for f, v in c["time_factors"].items()), ""]
     return "\n".join(lines)
 
 

@@ -64,6 +64,13 @@ def _replica_slice(t: torch.Tensor, replica: int, replicas: int) -> torch.Tensor
     return t.chunk(replicas)[replica] if replicas > 1 else t
 
 
+def _param_dtype(workload: Workload, device: torch.device) -> torch.dtype | None:
+    """FSDP2's gather dtype: the workload's autocast dtype where it autocasts (CUDA)."""
+    if device.type == "cuda" and workload.autocast_dtype:
+        return getattr(torch, workload.autocast_dtype)
+    return None
+
+
 def _issue_order(graph, plan: Plan):
     try:
         from autoplace.sim import issue_order
@@ -104,7 +111,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
 
                 mesh = init_device_mesh(devices[0].type, (par.data,))
             model = wrap_data_parallel(program, workload.model, par.shard, mesh=mesh,
-                                       device=devices[0] if k == 1 else None)
+                                       device=devices[0] if k == 1 else None,
+                                       param_dtype=_param_dtype(workload, devices[0]))
 
         def step(inputs, targets):
             xs = tuple(_replica_slice(x, replica, par.data) for x in inputs)
@@ -138,7 +146,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         dp_group = mesh["dp"].get_group()
         if par.shard != "none":
             model = wrap_data_parallel(stage_mod, workload.model, par.shard,
-                                       group=dp_group, mesh=mesh["dp"], device=device)
+                                       group=dp_group, mesh=mesh["dp"], device=device,
+                                       param_dtype=_param_dtype(workload, device))
     elif not distributed:
         raise PlanError("a pipeline plan must run under torchrun (one process per stage)")
     manual_dp = par.data > 1 and par.shard == "none"

@@ -51,6 +51,7 @@ def wrap_data_parallel(
     group: Any = None,
     mesh: Any = None,
     device: torch.device | None = None,
+    param_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """``program`` replicated over ``group`` (DDP) or sharded over ``mesh`` (FSDP2).
 
@@ -62,6 +63,10 @@ def wrap_data_parallel(
         mesh: 1-D data-parallel ``DeviceMesh`` for FSDP2.
         device: the replica's device when it has one; None for a replica spread over
             several devices (DDP then gets ``device_ids=None``).
+        param_dtype: FSDP2 only: gather parameters in this dtype (the workload's autocast
+            dtype), reduce gradients in fp32. Without it FSDP2 gathers fp32 parameters and
+            autocast keeps a low-precision copy of every gathered block until the forward
+            ends, so resharding frees little and the all-gathers move twice the bytes.
     """
     if shard == "none":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -72,6 +77,12 @@ def wrap_data_parallel(
     from torch.distributed.fsdp import fully_shard
 
     reshard = shard == "fsdp"
+    mp = None
+    if param_dtype is not None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    kw: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
     called = _called_modules(program)
     counts: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
@@ -98,9 +109,10 @@ def wrap_data_parallel(
                 continue
             members.append(target)
         if members:
-            fully_shard([called[t] for t in members], mesh=mesh, reshard_after_forward=reshard)
+            fully_shard([called[t] for t in members], mesh=mesh, reshard_after_forward=reshard,
+                        **kw)
             claimed.update(members)
-    fully_shard(program, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(program, mesh=mesh, reshard_after_forward=reshard, **kw)
     return program
 
 

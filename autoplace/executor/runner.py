@@ -99,11 +99,11 @@ def _autocast(workload: Workload, device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
-def _optimizer(params: list[nn.Parameter], workload: Workload, device: torch.device,
-               sharded: bool) -> torch.optim.Optimizer:
-    kw: dict[str, Any] = {}
-    if device.type == "cuda":
-        kw = {"foreach": True} if sharded else {"fused": True}
+def _optimizer(params: list[nn.Parameter], workload: Workload,
+               device: torch.device) -> torch.optim.Optimizer:
+    # fused on CUDA, sharded (DTensor) parameters included: foreach AdamW allocates
+    # temporaries as large as all the parameters it updates, which a memory cap feels
+    kw: dict[str, Any] = {"fused": True} if device.type == "cuda" else {}
     return torch.optim.AdamW(params, lr=workload.lr, **kw)
 
 
@@ -121,7 +121,7 @@ def reference_losses(workload: Workload, steps: int, seed: int, device: torch.de
     the reference sees the same per-piece statistics as the plan).
     """
     model = copy.deepcopy(workload.model).to(device)
-    opt = _optimizer(list(model.parameters()), workload, device, sharded=False)
+    opt = _optimizer(list(model.parameters()), workload, device)
     out = []
     for step in range(steps):
         inputs, targets = global_batch(workload, step, seed)
@@ -211,7 +211,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions)
             if d.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(d)
         params = [p for p in built.model.parameters() if p.requires_grad]
-        opt = _optimizer(params, workload, built.devices[0], sharded=par.shard != "none")
+        opt = _optimizer(params, workload, built.devices[0])
         if opts.resume and opts.checkpoint_dir:
             start = load_checkpoint(opts.checkpoint_dir, built.state_module, opt)
         losses: list[torch.Tensor] = []

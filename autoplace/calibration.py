@@ -1,0 +1,153 @@
+"""Measured corrections of the simulator, saved beside the per-op profile.
+
+The simulator's op times come from a profile (or estimates); what it gets wrong is
+mostly per execution *family* (FSDP2's all-gathers, torch pipelining's per-microbatch
+costs, DDP's bucket overlap). After a plan is executed for real, the ratio of its
+measured to simulated step time, and of its measured to simulated peak memory, is a
+sample for its family (:func:`autoplace.auto.family`). A :class:`Calibration` keeps
+the samples; a family's factor is the median of its samples' ratios; families without
+samples use the median of every sample's ratio (1.0 when there are none).
+
+The file is ``<cache_dir>/<graph fingerprint>-<device kind>x<devices>.calibration.json``
+in the profile cache folder, so ``autoplace plan --planner auto`` (which writes it
+after every measurement) and ``autoplace compare`` (which reads it) share it. It is
+plain JSON; a corrupt or foreign file is ignored with a warning, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplace.cluster import Cluster
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
+
+__all__ = ["Calibration", "calibration_path"]
+
+CALIBRATION_FORMAT = "autoplace-calibration-1"
+
+
+def calibration_path(cache_dir: str | Path, graph: OpGraph, cluster: Cluster) -> Path:
+    """Where the calibration of ``graph`` on ``cluster`` lives in ``cache_dir``."""
+    kind = cluster.devices[0].kind
+    return Path(cache_dir) / f"{graph.fingerprint}-{kind}x{cluster.num_devices}.calibration.json"
+
+
+def _family(plan: Plan) -> str:
+    from autoplace.auto import family
+
+    return family(plan)
+
+
+@dataclass
+class Calibration:
+    """Measured/simulated samples of one graph on one kind of cluster."""
+
+    fingerprint: str
+    device_kind: str
+    num_devices: int
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    """One per measured plan: ``family``, ``planner``, ``sim_step_time_s``,
+    ``measured_step_time_s``, ``sim_peak_bytes``, ``measured_peak_bytes``, ``time``."""
+
+    @classmethod
+    def empty(cls, graph: OpGraph, cluster: Cluster) -> Calibration:
+        return cls(graph.fingerprint, cluster.devices[0].kind, cluster.num_devices)
+
+    # ----------------------------------------------------------- factors
+    def _ratios(self, key: str, sim_key: str, fam: str | None) -> list[float]:
+        return [s[key] / s[sim_key] for s in self.samples
+                if (fam is None or s["family"] == fam) and s.get(key) and s.get(sim_key)]
+
+    def time_factor(self, fam: str) -> float:
+        """Measured/simulated step time for plans of family ``fam``."""
+        r = self._ratios("measured_step_time_s", "sim_step_time_s", fam) or \
+            self._ratios("measured_step_time_s", "sim_step_time_s", None)
+        return statistics.median(r) if r else 1.0
+
+    def memory_factor(self, fam: str) -> float:
+        """Measured/simulated peak memory for ``fam``; never below 1 without a sample."""
+        r = self._ratios("measured_peak_bytes", "sim_peak_bytes", fam)
+        if r:
+            return statistics.median(r)
+        r = self._ratios("measured_peak_bytes", "sim_peak_bytes", None)
+        return max(1.0, statistics.median(r)) if r else 1.0
+
+    @property
+    def time_factors(self) -> dict[str, float]:
+        return {f: self.time_factor(f) for f in sorted({s["family"] for s in self.samples})}
+
+    def step_time(self, plan: Plan, sim_step_time_s: float) -> float:
+        """The simulated step time of ``plan`` corrected by its family's factor."""
+        return sim_step_time_s * self.time_factor(_family(plan))
+
+    def peak_bytes(self, plan: Plan, sim_peak_bytes: float) -> float:
+        return sim_peak_bytes * self.memory_factor(_family(plan))
+
+    # ----------------------------------------------------------- samples
+    def record(self, plan: Plan, planner: str, sim: Any, report: Any,
+               usable_bytes: float | None = None) -> None:
+        """Add a sample from a simulation result and a RunReport (or step seconds).
+
+        A run that ran out of memory has no step time; its peak is recorded as just
+        above ``usable_bytes`` (the cap it exceeded), a lower bound on the real peak.
+        """
+        if isinstance(report, (int, float)):
+            step, peak, oom = float(report), None, False
+        else:
+            step = getattr(report, "step_time_s", None)
+            peaks = [p for p in (getattr(report, "peak_memory_bytes", None) or []) if p]
+            peak = max(peaks) if peaks else None
+            oom = bool(getattr(report, "oom", False))
+        sim_peaks = list(getattr(sim, "peak_memory_bytes", None) or [])
+        self.samples.append({
+            "family": _family(plan), "planner": planner, "parallel": plan.split(),
+            "sim_step_time_s": float(sim.step_time_s),
+            "measured_step_time_s": None if oom or not step else float(step),
+            "sim_peak_bytes": float(max(sim_peaks)) if sim_peaks else None,
+            "measured_peak_bytes": (1.05 * usable_bytes if oom and usable_bytes else
+                                    None if oom or peak is None else float(peak)),
+            "oom": oom, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        })
+
+    # ---------------------------------------------------------------- io
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"format": CALIBRATION_FORMAT, **asdict(self)}, indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, cache_dir: str | Path | None, graph: OpGraph, cluster: Cluster) -> Calibration:
+        """The saved calibration for ``graph`` on ``cluster``, or an empty one."""
+        empty = cls.empty(graph, cluster)
+        if cache_dir is None:
+            return empty
+        path = calibration_path(cache_dir, graph, cluster)
+        if not path.exists():
+            return empty
+        try:
+            data = json.loads(path.read_text())
+            ok = (isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT
+                  and data.get("fingerprint") == empty.fingerprint
+                  and data.get("device_kind") == empty.device_kind
+                  and data.get("num_devices") == empty.num_devices
+                  and isinstance(data.get("samples"), list))
+            samples = [s for s in data["samples"] if isinstance(s, dict)
+                       and isinstance(s.get("family"), str)
+                       and isinstance(s.get("sim_step_time_s"), (int, float))] if ok else []
+        except (OSError, ValueError, KeyError, TypeError):
+            ok, samples = False, []
+        if not ok:
+            print(f"autoplace: warning: ignoring {path}: not a calibration of this graph and "
+                  "cluster", file=sys.stderr)
+            return empty
+        empty.samples = samples
+        return empty
