@@ -21,10 +21,9 @@ For each scenario (workload x devices x memory cap):
    simulator error and Kendall tau) and a markdown table, written after every
    measurement so a cut-off run keeps what it measured.
 
-Under a memory cap a multi-process plan first runs as a torchrun job of its own
+Under a memory cap every run of a multi-process plan is a torchrun job of its own
 (``run_plan``): a rank that runs out of memory there ends that job with an error,
-where inside this job it would leave its peers waiting in a collective. Once it has
-run under the cap, its later repetitions run on this job's ranks.
+where inside this job it would leave its peers waiting in a collective.
 """
 
 from __future__ import annotations
@@ -275,16 +274,15 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
         plans[f"rl-{args.policy}"] = res.best_plan
         search[f"rl-{args.policy}"] = time.perf_counter() - t
 
-    proven: set[tuple] = set()  # multi-process plans that ran under the cap once
-
     def run(plan, steps: int, warmup: int):
-        """Measure ``plan``; under a cap, a multi-process plan's first run is isolated."""
-        multi = plan.parallel.data * plan.parallel.pipeline > 1
-        isolated = bool(cap) and multi and signature(plan) not in proven
-        rep = h.measure(spec, plan, cluster, steps=steps, warmup=warmup, isolated=isolated)
-        if isolated and not rep.error:
-            proven.add(signature(plan))
-        return rep
+        """Measure ``plan``; under a cap every multi-process run is a job of its own.
+
+        (Reusing this job's ranks under a cap once let a stage's out-of-memory error,
+        which pipelining re-raises as a RuntimeError, leave rank 0 in a send until the
+        NCCL timeout.)
+        """
+        isolated = bool(cap) and plan.parallel.data * plan.parallel.pipeline > 1
+        return h.measure(spec, plan, cluster, steps=steps, warmup=warmup, isolated=isolated)
 
     def measure_for_auto(plan):
         return run(plan, steps=8, warmup=2)

@@ -163,6 +163,21 @@ def _oom_device(msg: str, devices: list[torch.device]) -> str | None:
     return str(devices[0]) if devices else None
 
 
+def _out_of_memory_cause(e: BaseException) -> BaseException | None:
+    """The CUDA out-of-memory error behind ``e``, if any.
+
+    torch.distributed.pipelining re-raises a stage's failure as a RuntimeError ("Failed
+    to run stage backward") whose cause is the ``torch.OutOfMemoryError``.
+    """
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, torch.OutOfMemoryError) or "CUDA out of memory" in str(e):
+            return e
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
 def _maybe_fail(step: int, rank: int) -> None:
     """Fault injection for tests: SIGKILL this process at a given step."""
     at = os.environ.get("AUTOPLACE_FAIL_AT_STEP")
@@ -235,8 +250,11 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions)
         report.loss, step_times, report.peak_memory_bytes = build.gather_results(
             built, losses, times, plan, distributed)
         report.step_times_s = step_times[max(0, opts.warmup - start):]
-    except torch.OutOfMemoryError as e:
-        msg = str(e).split("\n")[0]
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        oom = _out_of_memory_cause(e)
+        if oom is None:
+            raise
+        msg = str(oom).split("\n")[0]
         report.oom = True
         report.oom_device = _oom_device(msg, built.devices if built else all_devices)
         report.error = f"out of memory on {report.oom_device}: {msg}"
