@@ -57,8 +57,9 @@ class Measurement:
 class Backend(Protocol):
     name: str
 
-    def evaluate(self, plan: Plan, *, uncapped: bool = False) -> Measurement:
-        """Step time of ``plan``; ``uncapped`` lifts the cluster's memory caps (reference runs)."""
+    def evaluate(self, plan: Plan, *, uncapped: bool = False, key: Any = None) -> Measurement:
+        """Step time of ``plan``; ``uncapped`` lifts the cluster's memory caps (reference runs);
+        ``key`` identifies the plan in a cache (default: its placement and split)."""
         ...
 
     def close(self) -> None: ...
@@ -82,9 +83,11 @@ class SimBackend:
         self.graph, self.cluster, self.cache_size = graph, cluster, cache_size
         self._cache: OrderedDict[tuple, Measurement] = OrderedDict()
 
-    def evaluate(self, plan: Plan, *, uncapped: bool = False) -> Measurement:
-        # the simulator times a plan whether or not it fits, so ``uncapped`` changes nothing
-        key = (plan.placement, plan.parallel)
+    def evaluate(self, plan: Plan, *, uncapped: bool = False, key: Any = None) -> Measurement:
+        # the simulator times a plan whether or not it fits, so ``uncapped`` changes nothing;
+        # plans of one env share its grouping, so placement and split identify them unless
+        # the caller says otherwise
+        key = (plan.placement, plan.parallel) if key is None else key
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -152,7 +155,8 @@ class RealBackend:
         #: the next request's ``inject`` (test hook: "oom", "hang", "crash"); used once.
         self.inject: str | None = None
 
-    def evaluate(self, plan: Plan, *, uncapped: bool = False) -> Measurement:
+    def evaluate(self, plan: Plan, *, uncapped: bool = False, key: Any = None) -> Measurement:
+        del key  # measurements are not cached
         from autoplace.envs.real_worker import WorkerDied, WorkerTimeout
 
         cluster = self.cluster.with_memory_cap(None) if uncapped else self.cluster

@@ -14,7 +14,10 @@ Modes:
     topological order, of its device modulo ``p`` (so stages are contiguous and in
     order). If that does not give every stage ``0..p-1`` a run of ops in
     topological order, or there are fewer microbatches than stages, the plan is
-    invalid: it gets the failing signal and ``info["error"]`` says why.
+    invalid: it gets the failing signal and ``info["error"]`` says why. Groups that
+    are not intervals of placement order (``grouping="branch"``) take the running
+    maximum per op in placement order instead, and the plan then has one group per
+    stage. :meth:`PlacementEnv.valid_splits` lists the splits that can be valid.
 
 * ``incremental`` (Placeto, Addanki et al. 2019): groups are visited one per step
   in topological order, ``passes`` times; action ``Discrete(D)`` is the device for
@@ -52,7 +55,7 @@ from autoplace.cluster import Cluster, resolve
 from autoplace.costs import estimate_costs
 from autoplace.errors import AutoplaceError, PlanError
 from autoplace.graph import OpGraph
-from autoplace.grouping import coarsen, group_costs
+from autoplace.grouping import coarsen, group_costs, placement_order
 from autoplace.plan import ParallelConfig, Plan, model_info
 
 from .backends import Backend, Measurement, make_backend
@@ -108,6 +111,11 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         estimate_costs(self.graph, self.cluster)  # fills only the device kinds it lacks
         self.groups = coarsen(self.graph, cfg.max_groups, method=cfg.grouping)
         self.num_groups = g = max(self.groups.values()) + 1
+        # group of every op in placement order; groups that are not intervals of that
+        # order (grouping="branch") get their pipeline stages per op (see _decode)
+        self._order = placement_order(self.graph)
+        self._gid_in_order = np.array([self.groups[n] for n in self._order], dtype=np.int64)
+        self._interval_groups = bool(np.all(np.diff(self._gid_in_order) >= 0))
         kind = next((k for k in self.cluster.device_kinds if self.graph.has_costs(k)), None)
         self._sums = group_costs(self.graph, self.groups, kind)
         edges, _ = group_edges(self.graph, self.groups)
@@ -150,6 +158,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._score: float | None = None
         self._last: dict[str, Any] | None = None
         self._spec: Any = None
+        self._stages: np.ndarray | None = None
 
     # ---------------------------------------------------------------- gym API
     @property
@@ -205,9 +214,11 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             terminated = self._step_in_episode >= self.config.passes * g
         else:
             a = np.asarray(action, dtype=np.int64)
+            self._stages = None
             placement, parallel, error = self._decode(a)
             self._placement, self._parallel = placement, parallel
-            m, plan, error = self._evaluate(placement, parallel, error)
+            stages = self._stages if error is None and parallel.pipeline > 1 else None
+            m, plan, error = self._evaluate(placement, parallel, error, stages)
             score = reward = self._score_of(m)
             self._step_in_episode += 1
             terminated = True
@@ -246,6 +257,20 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.backend.close()
         if self._sim is not None and self._sim is not self.backend:
             self._sim.close()
+
+    def valid_splits(self) -> list[tuple[int, int, int]]:
+        """Option indices ``(data, pipeline, microbatches)`` of the hybrid splits an oneshot
+        action can use: ``data * pipeline`` devices at most, and at least as many
+        microbatches as stages (others always fail). ``[(0, 0, 0)]`` in incremental mode."""
+        if self.incremental:
+            return [(0, 0, 0)]
+        out = []
+        for i, data in enumerate(self.data_options):
+            for j, pipe in enumerate(self.pipeline_options):
+                for k, micro in enumerate(self.microbatch_options):
+                    if pipe <= self.num_devices // data and (pipe == 1 or micro >= pipe):
+                        out.append((i, j, k))
+        return out
 
     # ------------------------------------------------------------ internals
     @property
@@ -286,24 +311,42 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         micro = self.microbatch_options[i_micro]
         local = devices % (self.num_devices // data)
         if pipe > 1:
-            local = np.maximum.accumulate(local % pipe)
+            local = local % pipe
+            if self._interval_groups:
+                local = np.maximum.accumulate(local)
+            else:  # per-op running maximum in placement order; a group keeps its last stage
+                stage = np.maximum.accumulate(local[self._gid_in_order])
+                last = np.zeros(g, dtype=np.int64)
+                np.maximum.at(last, self._gid_in_order, stage)
+                local = last
         try:
             parallel = self._split(i_data, i_pipe, i_micro)
         except PlanError as e:
             fallback = ParallelConfig(data=data, pipeline=1, microbatches=micro,
                                       schedule=self.config.schedule)
             return local, fallback, str(e)
+        if pipe > 1 and not self._interval_groups:
+            self._stages = np.maximum.accumulate((devices % (self.num_devices // data)
+                                                  % pipe)[self._gid_in_order])
         return local, parallel, None
 
-    def _plan(self, placement: np.ndarray, parallel: ParallelConfig) -> Plan:
+    def _plan(self, placement: np.ndarray, parallel: ParallelConfig,
+              stages: np.ndarray | None = None) -> Plan:
+        if stages is not None:  # pipeline over non-interval groups: one group per stage
+            groups = {name: int(s) for name, s in zip(self._order, stages)}
+            return Plan(groups=groups, placement=tuple(range(int(stages.max()) + 1)),
+                        parallel=parallel, model=self._model_info,
+                        cluster=self._cluster_info,
+                        planner={"name": "env", "mode": self.config.mode})
         return Plan(groups=self.groups, placement=tuple(int(x) for x in placement),
                     parallel=parallel, model=self._model_info, cluster=self._cluster_info,
                     planner={"name": "env", "mode": self.config.mode})
 
     def _evaluate(
-        self, placement: np.ndarray, parallel: ParallelConfig, error: str | None = None
+        self, placement: np.ndarray, parallel: ParallelConfig, error: str | None = None,
+        stages: np.ndarray | None = None,
     ) -> tuple[Measurement, Plan, str | None]:
-        plan = self._plan(placement, parallel)
+        plan = self._plan(placement, parallel, stages)
         if error is None and (parallel.data > 1 or parallel.pipeline > 1):
             try:
                 plan.validate(self.graph, self.cluster)
@@ -311,7 +354,10 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                 error = f"invalid plan: {e}"
         if error is not None:
             return Measurement.failure(error, self.num_devices), plan, error
-        m = self.backend.evaluate(plan)
+        if stages is not None:  # the plan's placement alone does not identify it
+            m = self.backend.evaluate(plan, key=("stages", stages.tobytes(), parallel))
+        else:
+            m = self.backend.evaluate(plan)
         return m, plan, m.error
 
     def _score_of(self, m: Measurement) -> float:

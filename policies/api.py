@@ -49,10 +49,11 @@ class TrainResult:
 
 
 def default_env_options(num_devices: int) -> dict[str, Any]:
-    """The hybrid choices offered by default: data and pipeline degrees that divide the
-    device count, and 1-8 microbatches."""
+    """The env options policies train with by default: structure-aware groups
+    (``grouping="branch"``, so parallel branches can go to different devices), data and
+    pipeline degrees that divide the device count, and 1-8 microbatches."""
     divisors = tuple(k for k in range(1, num_devices + 1) if num_devices % k == 0)
-    return {"data_options": divisors, "pipeline_options": divisors,
+    return {"grouping": "branch", "data_options": divisors, "pipeline_options": divisors,
             "microbatch_options": (1, 2, 4, 8)}
 
 

@@ -42,12 +42,16 @@ class PolicyOutput:
         log_prob: ``[B]`` log-probability of each action (sum over its parts).
         entropy: ``[B]`` sum of the entropies of the distributions sampled from.
         latent: extra sampled choices needed to recompute ``log_prob`` (may be empty).
+        hybrid_log_prob: ``[B]`` the hybrid split's part of ``log_prob`` (None: no split).
+        hybrid_entropy: ``[B]`` the hybrid split's part of ``entropy`` (None: no split).
     """
 
     action: Tensor
     log_prob: Tensor
     entropy: Tensor
     latent: dict[str, Tensor] = field(default_factory=dict)
+    hybrid_log_prob: Tensor | None = None
+    hybrid_entropy: Tensor | None = None
 
 
 def describe_spaces(observation_space: Any, action_space: Any) -> dict[str, Any]:
@@ -190,7 +194,8 @@ class PlacementPolicy(nn.Module):
             latent: the latent choices that came with ``action`` (hierarchical grouping).
             generator: sampling generator.
             greedy: take the most likely choice at every step instead of sampling.
-            hybrid: ``[B, 3]`` split to force while sampling the placement (oneshot).
+            hybrid: ``[B, 3]`` split to force while sampling the placement (oneshot);
+                ``-1`` entries are sampled.
         """
         raise NotImplementedError
 

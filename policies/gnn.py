@@ -111,4 +111,5 @@ class GNNPolicy(PlacementPolicy):
         cond = condition.unsqueeze(1).expand(-1, h.shape[1], -1)
         dev, lp, ent = categorical(self.head(torch.cat([h, cond], 2)), devices, mask=mask,
                                    generator=generator, greedy=greedy)
-        return PolicyOutput(torch.cat([dev, hyb], 1), lp.sum(1) + lp_h, ent.sum(1) + ent_h)
+        return PolicyOutput(torch.cat([dev, hyb], 1), lp.sum(1) + lp_h, ent.sum(1) + ent_h,
+                            hybrid_log_prob=lp_h, hybrid_entropy=ent_h)

@@ -68,7 +68,8 @@ class HybridHead(nn.Module):
 
     Shapes:
         summary ``[B, hidden]``, action ``[B, len(sizes)]`` -> action, log_prob ``[B]``,
-        entropy ``[B]``, embedding ``[B, hidden]``.
+        entropy ``[B]``, embedding ``[B, hidden]``. An action entry of ``-1`` is sampled
+        (a split forced in some rows only; see ``ReinforceConfig.split_explore``).
     """
 
     def __init__(self, hidden: int, sizes: tuple[int, ...] | list[int]) -> None:
@@ -91,7 +92,11 @@ class HybridHead(nn.Module):
         chosen, log_prob, entropy = [], summary.new_zeros(b), summary.new_zeros(b)
         for i, (head, emb) in enumerate(zip(self.logits, self.embed)):
             given = None if action is None else action[:, i]
-            a, lp, ent = categorical(head(h), given, generator=generator, greedy=greedy)
+            logits = head(h)
+            if given is not None and bool((given < 0).any()):  # -1: sample this row's choice
+                drawn, _, _ = categorical(logits, generator=generator, greedy=greedy)
+                given = torch.where(given < 0, drawn, given)
+            a, lp, ent = categorical(logits, given, generator=generator, greedy=greedy)
             chosen.append(a)
             log_prob = log_prob + lp
             entropy = entropy + ent

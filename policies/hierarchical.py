@@ -94,4 +94,5 @@ class HierarchicalPolicy(PlacementPolicy):
                                                       generator=generator, greedy=greedy)
         op_devices = group_devices.gather(1, grouping).masked_fill(~mask, 0)
         return PolicyOutput(torch.cat([op_devices, hyb], 1), lp_g.sum(1) + lp_p + lp_h,
-                            ent_g.sum(1) + ent_p + ent_h, {"grouping": grouping})
+                            ent_g.sum(1) + ent_p + ent_h, {"grouping": grouping},
+                            hybrid_log_prob=lp_h, hybrid_entropy=ent_h)

@@ -54,6 +54,14 @@ class ReinforceConfig:
     """final learning rate as a fraction of lr (linear and cosine schedules)"""
     entropy_coef: float = 1e-2
     """weight of the entropy bonus"""
+    split_explore: float = 0.5
+    """oneshot with a hybrid split: fraction of each batch's episodes whose split is forced,
+    cycling through the env's valid splits (stratified), so the placement keeps learning
+    under every split however sure the split head becomes. Those episodes train the
+    placement conditioned on their split (against a baseline per split), not the split
+    head, whose gradient stays on-policy"""
+    hybrid_entropy_coef: float = 5e-2
+    """extra entropy bonus on the split head (slows its collapse onto one split)"""
     baseline_decay: float = 0.9
     """moving-average factor of the reward baseline"""
     normalize_advantages: bool = True
@@ -151,9 +159,36 @@ def _plan_text(plan: Any, step: float, measured: bool, planner: dict[str, Any]) 
                       o.item() if hasattr(o, "item") else str(o))
 
 
-def _rollout(envs, policy, first_episode, batch_size, seed, generator):
-    """Play ``batch_size`` episodes, envs in lockstep. Returns transitions and episodes."""
+def _valid_splits(env: Any, sizes: tuple[int, ...]) -> list[tuple[int, ...]]:
+    fn = getattr(getattr(env, "unwrapped", env), "valid_splits", None)
+    splits = [tuple(s) for s in fn()] if fn is not None else []
+    if not splits:  # an env without the method: every combination
+        grids = np.meshgrid(*(np.arange(n) for n in sizes), indexing="ij")
+        splits = [tuple(int(x) for x in row) for row in np.stack(grids, -1).reshape(-1, len(sizes))]
+    return splits
+
+
+def _forced_splits(envs, policy, cfg, update, first_episode) -> dict[int, tuple[int, ...]]:
+    """Episode index -> forced split for the last ``split_explore`` share of a batch: the
+    valid splits of that episode's env in turn, continuing where the previous update
+    stopped (a deterministic function of the update, so resumed runs agree)."""
+    sizes = tuple(getattr(policy, "hybrid_sizes", ()))
+    if policy.mode != "oneshot" or not sizes or cfg.split_explore <= 0:
+        return {}
+    batch_size = cfg.batch_size
+    n_forced = min(batch_size, int(round(cfg.split_explore * batch_size)))
+    out = {}
+    for i, j in enumerate(range(batch_size - n_forced, batch_size)):
+        splits = _valid_splits(envs[(first_episode + j) % len(envs)], sizes)
+        out[j] = splits[(update * n_forced + i) % len(splits)]
+    return out
+
+
+def _rollout(envs, policy, first_episode, batch_size, seed, generator, forced=None):
+    """Play ``batch_size`` episodes, envs in lockstep. Returns transitions and episodes.
+    ``forced`` maps an episode's index in the batch to the hybrid split it must use."""
     transitions, episodes = [], []
+    forced = forced or {}
     n = len(envs)
     for start in range(0, batch_size, n):
         alive, obs = [], {}
@@ -162,11 +197,17 @@ def _rollout(envs, policy, first_episode, batch_size, seed, generator):
             obs[len(episodes)], _ = envs[env].reset(seed=(seed * 1_000_003 + first_episode + j)
                                                     % 2**31)
             alive.append(len(episodes))
-            episodes.append({"env": env, "return": 0.0, "outcomes": []})
+            episodes.append({"env": env, "return": 0.0, "outcomes": [], "split": forced.get(j)})
         t = 0
         while alive:
+            hybrid = None
+            if any(episodes[e]["split"] is not None for e in alive):
+                k = len(policy.hybrid_sizes)
+                hybrid = torch.tensor([list(episodes[e]["split"] or (-1,) * k) for e in alive],
+                                      dtype=torch.long)
             with torch.no_grad():
-                out = policy(batch_obs([obs[e] for e in alive]), generator=generator)
+                out = policy(batch_obs([obs[e] for e in alive]), generator=generator,
+                             hybrid=hybrid)
             still = []
             for row, e in enumerate(alive):
                 ep = episodes[e]
@@ -177,7 +218,7 @@ def _rollout(envs, policy, first_episode, batch_size, seed, generator):
                 ep["outcomes"].append(_outcome(info, float(r)))
                 transitions.append({
                     "obs": obs[e], "action": out.action[row], "reward": float(r), "t": t,
-                    "episode": e, "env": ep["env"],
+                    "episode": e, "env": ep["env"], "split": ep["split"],
                     "latent": {k: v[row] for k, v in out.latent.items()},
                 })
                 if not (terminated or truncated):
@@ -290,7 +331,9 @@ def reinforce(
 
         # 1. sample a batch of episodes
         policy.eval()
-        trans, eps = _rollout(envs, policy, episodes_done, cfg.batch_size, cfg.seed, generator)
+        forced = _forced_splits(envs, policy, cfg, update, episodes_done)
+        trans, eps = _rollout(envs, policy, episodes_done, cfg.batch_size, cfg.seed, generator,
+                              forced)
         for ep in eps:
             key = keys[ep["env"]]
             rank, step, plan, measured = min(ep["outcomes"], key=lambda o: o[0])
@@ -311,8 +354,11 @@ def reinforce(
             returns[i] = running[e]
         advantages = np.zeros(len(trans))
         by_slot: dict[tuple[str, int], list[int]] = {}
-        for i, tr in enumerate(trans):
-            by_slot.setdefault((keys[tr["env"]], tr["t"]), []).append(i)
+        for i, tr in enumerate(trans):  # forced splits: a baseline per split
+            split = tr.get("split")
+            key = keys[tr["env"]] if split is None else \
+                f"{keys[tr['env']]}#split{'-'.join(map(str, split))}"
+            by_slot.setdefault((key, tr["t"]), []).append(i)
         for (key, t), idx in by_slot.items():
             b = baselines.setdefault(key, [])
             mean = float(returns[idx].mean())
@@ -331,7 +377,14 @@ def reinforce(
                      torch.stack([tr["action"] for tr in trans]), latent or None)
         adv = torch.as_tensor(advantages, dtype=torch.float32)
         entropy = out.entropy.mean()
-        loss = -(out.log_prob * adv).mean() - cfg.entropy_coef * entropy
+        log_prob = out.log_prob
+        bonus = cfg.entropy_coef * entropy
+        if out.hybrid_log_prob is not None:
+            # a forced split was not the policy's choice: only the placement learns from it
+            was_forced = torch.tensor([tr.get("split") is not None for tr in trans])
+            log_prob = log_prob - out.hybrid_log_prob * was_forced
+            bonus = bonus + cfg.hybrid_entropy_coef * out.hybrid_entropy.mean()
+        loss = -(log_prob * adv).mean() - bonus
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)

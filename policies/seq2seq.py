@@ -117,4 +117,5 @@ class Seq2SeqPolicy(PlacementPolicy):
                                                   greedy=greedy)
         dev, lp_d, ent_d = self.core.decode(states, mask, condition, devices,
                                             generator=generator, greedy=greedy)
-        return PolicyOutput(torch.cat([dev, hyb], 1), lp_d + lp_h, ent_d + ent_h)
+        return PolicyOutput(torch.cat([dev, hyb], 1), lp_d + lp_h, ent_d + ent_h,
+                            hybrid_log_prob=lp_h, hybrid_entropy=ent_h)

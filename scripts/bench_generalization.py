@@ -41,7 +41,7 @@ parser.add_argument("--family-budget", default="12000ep", help="training budget 
 parser.add_argument("--graph-budget", default="2000ep", help="budget of each dedicated policy")
 parser.add_argument("--dedicated-policy", default="gnn", help="policy trained per graph")
 parser.add_argument("--samples", type=int, default=16, help="sampled plans scored zero-shot")
-parser.add_argument("--max-groups", type=int, default=32, help="groups a graph is coarsened to")
+parser.add_argument("--max-groups", type=int, default=16, help="groups a graph is coarsened to")
 parser.add_argument("--hidden", type=int, default=64, help="GNN width")
 parser.add_argument("--conv", default="sage", help="GNN convolution: sage or gat")
 parser.add_argument("--batch-size", type=int, default=16, help="episodes per update")

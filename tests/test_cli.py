@@ -120,3 +120,39 @@ def test_compare_execute(tmp_path):
         assert r["measured_step_time_s"] > 0, r
         assert len(r["peak_memory_bytes"]) == 2
     assert plot.stat().st_size > 5000
+
+
+def test_profile_cache_and_calibrated_compare(tmp_path):
+    """profile --cache-dir, then compare --profile-dir uses the op times and calibration."""
+    from autoplace import baselines, workloads
+    from autoplace.calibration import Calibration, calibration_path
+    from autoplace.capture import capture_workload
+    from autoplace.cluster import preset
+    from autoplace.profile import apply_cached
+    from autoplace.sim import simulate
+
+    cache = tmp_path / "profile"
+    p = run("profile", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--repeats", "1",
+            "--cache-dir", str(cache), "-o", str(tmp_path / "g.json"))
+    assert p.returncode == 0, p.stderr
+    graph = capture_workload(workloads.get("gpt-tiny", device="meta"))
+    cluster = preset("cpu-x2")
+    assert apply_cached(graph, cache, ["cpu"]) == ["cpu"]
+    # a saved measurement: single-device plans really take 3x the simulated time
+    plan = baselines.get("single")(graph, cluster)
+    cal = Calibration.empty(graph, cluster)
+    sim = simulate(graph, plan, cluster)
+    cal.record(plan, "single", sim, 3.0 * sim.step_time_s)
+    cal.save(calibration_path(cache, graph, cluster))
+    p = run("compare", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planners",
+            "single,ddp", "--profile-dir", str(cache), "--json", str(tmp_path / "rows.json"))
+    assert p.returncode == 0, p.stderr
+    assert "profiled (cpu)" in p.stderr and "calibrated ms" in p.stdout
+    rows = {r["planner"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
+    single = rows["single"]
+    assert single["calibrated_step_time_s"] == pytest.approx(3.0 * single["sim_step_time_s"])
+    # ddp has no sample of its own: the median of all samples (3x) stands in
+    assert rows["ddp"]["calibrated_step_time_s"] == pytest.approx(
+        3.0 * rows["ddp"]["sim_step_time_s"])
+    assert_clean_error(run("compare", "--model", "gpt-tiny", "--cluster", "cpu-x2",
+                           "--profile-dir", str(tmp_path / "missing")), "no such folder")

@@ -159,3 +159,18 @@ def test_checkpoint_resume_gives_the_same_losses(tmp_path):
     assert rest.extra["start_step"] == 2 and len(rest.loss) == 2
     assert rest.loss == pytest.approx(full.loss[2:], rel=1e-6)
     assert rest.reference_loss == pytest.approx(full.loss[2:], rel=1e-5)
+
+
+def test_out_of_memory_wrapped_by_pipelining_is_recognised():
+    """pipelining re-raises a stage's OOM as RuntimeError("Failed to run stage backward")."""
+    from autoplace.executor.runner import _out_of_memory_cause
+
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 786.00 MiB.")
+        except torch.OutOfMemoryError as inner:
+            raise RuntimeError("Failed to run stage backward") from inner
+    except RuntimeError as e:
+        cause = _out_of_memory_cause(e)
+    assert isinstance(cause, torch.OutOfMemoryError)
+    assert _out_of_memory_cause(RuntimeError("shape mismatch")) is None

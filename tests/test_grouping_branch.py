@@ -1,0 +1,97 @@
+"""Branch-aware grouping (``coarsen(method="branch")``): parallel branches stay apart."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+
+from autoplace.graph import OpGraph, OpNode, random_dag
+from autoplace.grouping import branch_groups, coarsen, colocation_groups, group_graph
+
+
+def _branches(n_branches: int = 4, depth: int = 6, interleave: bool = True) -> OpGraph:
+    """input -> fork -> ``n_branches`` chains of ``depth`` matmuls -> concat -> out.
+
+    With ``interleave`` the branches' ops alternate in program order (as a traced model's
+    may), so no interval of program order holds one branch."""
+    t = {"cpu": 1.0}
+    ops = [OpNode(name="x", kind="input"),
+           OpNode(name="fork", kind="linear", fwd_time_s={"cpu": 0.1}, bwd_time_s={"cpu": 0.1})]
+    edges = [("x", "fork", 8)]
+    names = [[f"b{b}_{i}" for i in range(depth)] for b in range(n_branches)]
+    seq = ([names[b][i] for i in range(depth) for b in range(n_branches)] if interleave
+           else [n for chain in names for n in chain])
+    ops += [OpNode(name=n, kind="matmul", fwd_time_s=t, bwd_time_s=t) for n in seq]
+    for chain in names:
+        edges.append(("fork", chain[0], 8))
+        edges += [(a, b, 8) for a, b in zip(chain, chain[1:])]
+        edges.append((chain[-1], "cat", 8))
+    ops += [OpNode(name="cat", kind="cat", fwd_time_s={"cpu": 0.1}, bwd_time_s={"cpu": 0.1}),
+            OpNode(name="out", kind="output")]
+    edges.append(("cat", "out", 8))
+    return OpGraph("branches", ops, edges)
+
+
+def _check_valid(graph: OpGraph, groups: dict[str, int], k: int) -> None:
+    assert set(groups) == set(graph.order)  # every op in exactly one group
+    n = len(set(groups.values()))
+    assert 1 <= n <= k
+    assert sorted(set(groups.values())) == list(range(n))
+    gg = group_graph(graph, groups)
+    assert nx.is_directed_acyclic_graph(gg)
+    assert all(u < v for u, v in gg.edges)  # ids follow a topological order
+    coloc = colocation_groups(graph)
+    by_coloc: dict[int, set[int]] = {}
+    for name in graph.order:
+        by_coloc.setdefault(coloc[name], set()).add(groups[name])
+    assert all(len(s) == 1 for s in by_coloc.values())  # no co-location group split
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("k", [4, 6, 12])
+def test_parallel_branches_land_in_different_groups(interleave, k):
+    g = _branches(4, 6, interleave)
+    groups = coarsen(g, k, method="branch")
+    _check_valid(g, groups, k)
+    per_branch = [{groups[f"b{b}_{i}"] for i in range(6)} for b in range(4)]
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert not per_branch[a] & per_branch[b], (a, b, groups)
+
+
+def test_contiguous_cannot_separate_interleaved_branches():
+    g = _branches(4, 6, interleave=True)
+    groups = coarsen(g, 4, method="contiguous")
+    shared = {groups["b0_3"], groups["b1_3"]}
+    assert len(shared) == 1  # an interval of program order mixes the branches
+
+
+def test_long_chain_is_split_into_balanced_groups():
+    g = _branches(1, 40, interleave=False)
+    groups = coarsen(g, 8, method="branch")
+    _check_valid(g, groups, 8)
+    sizes = [sum(groups[f"b0_{i}"] == gid for i in range(40)) for gid in set(groups.values())]
+    assert len(set(groups.values())) >= 6
+    assert max(sizes) <= 10
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 16, 64])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_branch_groups_valid_on_random_dags(k, seed):
+    g = random_dag(300, seed=seed)
+    _check_valid(g, branch_groups(g, k), k)
+
+
+def test_branch_groups_on_views_and_inplace():
+    """Co-location through views and in-place ops can make the quotient cyclic."""
+    ops = [OpNode(name="x", kind="input"),
+           OpNode(name="a", kind="linear", fwd_time_s={"cpu": 1.0}),
+           OpNode(name="v", kind="view"),
+           OpNode(name="y", kind="relu", fwd_time_s={"cpu": 1.0}),
+           OpNode(name="z", kind="add_", fwd_time_s={"cpu": 1.0}),
+           OpNode(name="out", kind="output")]
+    edges = [("x", "a", 8), ("a", "v", 8), ("a", "y", 8), ("y", "z", 8), ("v", "z", 8),
+             ("z", "out", 8)]
+    g = OpGraph("cyc", ops, edges)
+    for k in (1, 2, 4):
+        _check_valid(g, coarsen(g, k, method="branch"), k)
