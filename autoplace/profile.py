@@ -140,13 +140,7 @@ def profile(
                               autocast_dtype if dev.type == "cuda" else None)
             cached["device_kind"] = kind
             _save(cache_dir, graph, kind, cached)
-        for op in graph:
-            op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
-            op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
-        info = dict(getattr(graph, "profile_info", None) or {})
-        info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version")
-                      if k in cached}
-        graph.profile_info = info
+        _apply(graph, kind, cached)
     return graph
 
 
@@ -395,6 +389,17 @@ def _synth_inputs(graph: OpGraph) -> tuple:
 
 
 # --------------------------------------------------------------------- cache
+def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
+    """Set every op's ``kind`` times from a profile record and note where they came from."""
+    for op in graph:
+        op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
+        op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
+    info = dict(getattr(graph, "profile_info", None) or {})
+    info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version")
+                  if k in cached}
+    graph.profile_info = info
+
+
 def apply_cached(graph: OpGraph, cache_dir: str | Path, kinds: Sequence[str]) -> list[str]:
     """Fill ``graph``'s op times from profiles cached in ``cache_dir``; return the kinds found.
 
@@ -406,13 +411,7 @@ def apply_cached(graph: OpGraph, cache_dir: str | Path, kinds: Sequence[str]) ->
         cached = _load(cache_dir, graph, kind)
         if cached is None:
             continue
-        for op in graph:
-            op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
-            op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
-        info = dict(getattr(graph, "profile_info", None) or {})
-        info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version")
-                      if k in cached}
-        graph.profile_info = info
+        _apply(graph, kind, cached)
         found.append(kind)
     return found
 
