@@ -30,7 +30,8 @@ from autoplace.graph import OpGraph
 
 __all__ = [
     "colocation_groups", "coarsen", "group_costs", "group_graph", "placement_order",
-    "VIEW_KINDS", "METHODS", "branch_groups",
+    "VIEW_KINDS", "METHODS", "branch_groups", "branch_blocks", "branch_chains",
+    "auto_group_count",
 ]
 
 METHODS = ("contiguous", "module", "branch")
@@ -467,3 +468,40 @@ def branch_groups(
     ids = {c: i for i, c in enumerate(nx.lexicographical_topological_sort(
         cg, key=lambda c: first[c]))}
     return {name: ids[cl.cluster_of[u]] for name, u in unit_of.items()}
+
+
+def branch_blocks(graph: OpGraph) -> int:
+    """Multi-branch blocks of a graph: co-location units (see :func:`branch_groups`) with
+    three or more consumer units, such as an inception module's fork into its towers. A
+    residual fork (one consumer plus the skip connection) does not count."""
+    _, _, succ = _coloc_units(graph)
+    return sum(1 for s in succ if len(s) >= 3)
+
+
+def branch_chains(graph: OpGraph) -> int:
+    """Linear chains of a graph: the clusters left after step 1 of :func:`branch_groups`
+    (contracting every producer-consumer edge of a one-consumer producer and a
+    one-producer consumer). A branch with no fork or join inside is one chain."""
+    units, _, succ = _coloc_units(graph)
+    cl = _Clusters(np.ones(len(units)), succ)
+    cl.contract_chains()
+    return len(cl.members)
+
+
+def auto_group_count(graph: OpGraph, base: int = 16, per_block: int = 2,
+                     cap: int | None = None, min_groups: int = 8) -> int:
+    """A group count for :func:`branch_groups` from the graph's structure.
+
+    ``base`` plus ``per_block`` for every multi-branch block (:func:`branch_blocks`) after
+    the first, at most ``cap`` (default ``2 * base``): graphs of many parallel-tower
+    blocks (inception) get groups to keep their towers apart, while chains, residual
+    stacks and graphs with one fork keep ``base``. A small fork-join graph (a block, and
+    no more linear chains (:func:`branch_chains`) than ``min_groups``, like a branchy
+    MLP's input chain, towers and head) gets ``min_groups``: a group per chain is enough,
+    and more would only cut its towers into pieces a policy must put back on one device.
+    """
+    cap = 2 * base if cap is None else cap
+    blocks = branch_blocks(graph)
+    if blocks >= 1 and branch_chains(graph) <= min_groups:
+        return max(1, min(min_groups, cap))
+    return max(1, min(cap, base + per_block * max(0, blocks - 1)))

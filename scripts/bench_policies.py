@@ -10,9 +10,18 @@ simulated single-device peak memory (``--caps none,0.6``: uncapped, then 60% of 
 one device would need), so a capped model has to be split. For each scenario every
 baseline (``--baselines``) plans on the whole op graph and each policy trains with
 REINFORCE on the simulator (``--budget`` per row, never more than ``--row-limit-s``)
-over the graph coarsened to ``--max-groups`` groups. The table gives each policy's
-best simulated step time, the best baseline's, their ratio, the lower bound and the
-training time. Writes ``bench/results/policies_<tag>.json`` and ``.md``.
+over the graph coarsened to ``--max-groups`` groups (``auto``: a count per graph from
+its branch structure, ``autoplace.grouping.auto_group_count``). The table gives each
+policy's best simulated step time, the best baseline's, their ratio, the lower bound and
+the training time. Writes ``bench/results/policies_<tag>.json`` and ``.md``.
+
+The table can run as parts side by side (one process per core) and be merged:
+
+    python scripts/bench_policies.py --workloads gpt-tiny,gpt-small --tag a &
+    python scripts/bench_policies.py --workloads gnmt-2,gnmt-4 --tag b &
+    wait
+    python scripts/bench_policies.py --tag cpu-sim \\
+        --merge bench/results/policies_a.json,bench/results/policies_b.json
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from autoplace import baselines, workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import format_bytes, resolve
 from autoplace.costs import estimate_costs
+from autoplace.grouping import auto_group_count
 from autoplace.plan import Plan
 from autoplace.policies import train
 from autoplace.sim import lower_bound, simulate
@@ -45,11 +55,14 @@ parser.add_argument("--policies", default="seq2seq,hierarchical,gnn", help="poli
 parser.add_argument("--baselines", default="hash,critical-path,mincut,expert,m-etf",
                     help="baseline planners to compare with")
 parser.add_argument("--budget", default="10000ep", help="training budget per row (see train)")
-parser.add_argument("--row-limit-s", type=float, default=15.0,
+parser.add_argument("--row-limit-s", type=float, default=20.0,
                     help="wall-time cap of one policy's training")
 parser.add_argument("--batch-size", type=int, default=16, help="episodes per update")
 parser.add_argument("--lr", type=float, default=3e-3, help="learning rate")
-parser.add_argument("--max-groups", type=int, default=16, help="groups a graph is coarsened to")
+parser.add_argument("--max-groups", default="auto",
+                    help="groups a graph is coarsened to: a number, or auto "
+                         "(autoplace.grouping.auto_group_count: 16, plus 2 per multi-branch "
+                         "block after the first, at most 32; 8 for a small fork-join graph)")
 parser.add_argument("--grouping", default="branch",
                     help="coarsening method of the env: branch, contiguous or module")
 parser.add_argument("--split-explore", type=float, default=0.5,
@@ -63,6 +76,10 @@ parser.add_argument("--quick", action="store_true",
                     help="smoke test: gnmt-2 on h100x2, 3 updates")
 parser.add_argument("--out", default="bench/results", help="output folder")
 parser.add_argument("--tag", default=None, help="file name suffix (default: a timestamp)")
+parser.add_argument("--merge", default=None,
+                    help="comma-separated JSON files of earlier runs (e.g. parts of the table "
+                         "run side by side with --workloads): train nothing, write their rows "
+                         "as one table, with the first file's settings")
 args = parser.parse_args()
 if args.quick:
     args.workloads, args.clusters, args.budget = "gnmt-2", "h100x2", "3"
@@ -72,9 +89,18 @@ names = workloads.names() if args.workloads == "all" else args.workloads.split("
 caps = [None if c == "none" else float(c) for c in args.caps.split(",")]
 rows: list[dict] = []
 started = time.perf_counter()
+parts = [json.loads(Path(f).read_text()) for f in args.merge.split(",")] if args.merge else []
+if parts:
+    names = []  # nothing to run
+    rows = [r for part in parts for r in part["rows"]]
+    for key, value in parts[0]["args"].items():
+        if key not in ("merge", "tag", "out", "workloads"):
+            setattr(args, key, value)
 
 for workload in names:
     graph = capture_workload(workloads.get(workload, device="meta"))
+    max_groups = (auto_group_count(graph) if args.max_groups == "auto"
+                  else int(args.max_groups))
     for preset in args.clusters.split(","):
         base_cluster = resolve(preset)
         estimate_costs(graph, base_cluster)
@@ -87,7 +113,8 @@ for workload in names:
                         "devices": cluster.num_devices,
                         "memory_cap": None if cap is None else format_bytes(
                             cluster.devices[0].usable_memory_bytes),
-                        "cap_fraction": cap, "single_step_time_s": single.step_time_s,
+                        "cap_fraction": cap, "max_groups": max_groups,
+                        "single_step_time_s": single.step_time_s,
                         "lower_bound_s": lower_bound(graph, cluster)}
 
             # baselines: plan the whole op graph, score on the simulator
@@ -109,7 +136,7 @@ for workload in names:
                 with tempfile.TemporaryDirectory() as tmp:
                     t = time.perf_counter()
                     res = train(graph, cluster, policy=policy, budget=args.budget, out_dir=tmp,
-                                seed=args.seed, max_groups=args.max_groups, progress=False,
+                                seed=args.seed, max_groups=max_groups, progress=False,
                                 batch_size=args.batch_size, lr=args.lr,
                                 time_limit_s=args.row_limit_s, tensorboard=False,
                                 env_options={"grouping": args.grouping},
@@ -148,6 +175,12 @@ meta = {"benchmark": "policies_vs_baselines", "backend": "sim (simulated step ti
                    "torch threads (training ran on CPU; step times are simulated)",
         "torch": torch.__version__, "args": vars(args),
         "total_time_s": time.perf_counter() - started}
+if parts:
+    meta["date"] = max(p["date"] for p in parts)
+    meta["machine"] = parts[0]["machine"]
+    meta["total_time_s"] = sum(p["total_time_s"] for p in parts)
+    meta["merged_from"] = [{"workloads": p["args"]["workloads"], "date": p["date"],
+                            "total_time_s": p["total_time_s"]} for p in parts]
 
 
 def ms(x: float) -> str:
@@ -162,6 +195,17 @@ lines = [
     f"max_groups {args.max_groups}, grouping {args.grouping}, split_explore "
     f"{args.split_explore}, seed {args.seed}; {meta['machine']}; torch {meta['torch']}.",
     "Ratio < 1: the policy's plan is faster than the best baseline's.", "",
+]
+if args.max_groups == "auto":
+    counts = {r["workload"]: r.get("max_groups") for r in rows}
+    lines[-1:-1] = ["Groups per workload (auto_group_count: 16, plus 2 per block of three "
+                    "or more parallel branches after the first, at most 32; 8 for a graph "
+                    "of one such block and at most 8 linear chains): " + ", ".join(
+                        f"{w} {k}" for w, k in counts.items()) + "."]
+if parts:
+    lines[-1:-1] = [f"Run as {len(parts)} processes side by side (one workload subset each), "
+                    f"merged with --merge; total {meta['total_time_s']:.0f} s of process time."]
+lines += [
     "| policy | geomean ratio | faster | tie (within 0.1%) | slower | worst | train s (max) |",
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
 ]

@@ -6,7 +6,15 @@ import networkx as nx
 import pytest
 
 from autoplace.graph import OpGraph, OpNode, random_dag
-from autoplace.grouping import branch_groups, coarsen, colocation_groups, group_graph
+from autoplace.grouping import (
+    auto_group_count,
+    branch_blocks,
+    branch_chains,
+    branch_groups,
+    coarsen,
+    colocation_groups,
+    group_graph,
+)
 
 
 def _branches(n_branches: int = 4, depth: int = 6, interleave: bool = True) -> OpGraph:
@@ -95,3 +103,64 @@ def test_branch_groups_on_views_and_inplace():
     g = OpGraph("cyc", ops, edges)
     for k in (1, 2, 4):
         _check_valid(g, coarsen(g, k, method="branch"), k)
+
+
+def _chain(n: int = 10) -> OpGraph:
+    t = {"cpu": 1.0}
+    ops = [OpNode(name="x", kind="input")]
+    ops += [OpNode(name=f"l{i}", kind="linear", fwd_time_s=t, bwd_time_s=t) for i in range(n)]
+    ops.append(OpNode(name="out", kind="output"))
+    names = ["x"] + [f"l{i}" for i in range(n)] + ["out"]
+    return OpGraph("chain", ops, [(a, b, 8) for a, b in zip(names, names[1:])])
+
+
+def _stacked_blocks(n_blocks: int, n_branches: int = 4) -> OpGraph:
+    """``n_blocks`` fork/towers/concat blocks one after another."""
+    t = {"cpu": 1.0}
+    ops = [OpNode(name="x", kind="input")]
+    edges = []
+    prev = "x"
+    for k in range(n_blocks):
+        fork, cat = f"fork{k}", f"cat{k}"
+        ops.append(OpNode(name=fork, kind="linear", fwd_time_s=t, bwd_time_s=t))
+        edges.append((prev, fork, 8))
+        for b in range(n_branches):
+            ops.append(OpNode(name=f"t{k}_{b}", kind="conv", fwd_time_s=t, bwd_time_s=t))
+            edges += [(fork, f"t{k}_{b}", 8), (f"t{k}_{b}", cat, 8)]
+        ops.append(OpNode(name=cat, kind="cat", fwd_time_s=t, bwd_time_s=t))
+        prev = cat
+    ops.append(OpNode(name="out", kind="output"))
+    edges.append((prev, "out", 8))
+    return OpGraph("blocks", ops, edges)
+
+
+def test_auto_group_count_follows_branch_blocks():
+    # residual-style forks of two are no blocks: a long stack keeps the base count
+    g = _stacked_blocks(10, n_branches=2)
+    assert branch_blocks(g) == 0 and branch_chains(g) == 31
+    assert auto_group_count(g) == 16
+    # each fork into three or more towers after the first adds groups, up to the cap
+    assert branch_blocks(_stacked_blocks(5)) == 5
+    assert branch_chains(_stacked_blocks(5)) == 26
+    assert auto_group_count(_stacked_blocks(5)) == 16 + 2 * 4
+    assert auto_group_count(_stacked_blocks(3)) == 16 + 2 * 2
+    assert auto_group_count(_stacked_blocks(20)) == 32  # capped at 2 * base
+    assert auto_group_count(_stacked_blocks(3), base=8, per_block=4, cap=64) == 8 + 4 * 2
+
+
+def test_auto_group_count_small_fork_join_gets_few_groups():
+    # one fork into four towers: input chain, four towers, head = 6 chains -> 8 groups
+    g = _branches(4, 6)
+    assert branch_blocks(g) == 1 and branch_chains(g) == 6
+    assert auto_group_count(g) == 8
+    assert auto_group_count(g, min_groups=4) == 16  # 6 chains are more than 4
+    # chains without a multi-branch block keep the base count, however short
+    assert branch_chains(_chain()) == 1
+    assert auto_group_count(_chain()) == 16
+    assert auto_group_count(_stacked_blocks(3, n_branches=2)) == 16
+    # the count is usable by branch_groups, and keeps the towers apart
+    k = auto_group_count(g)
+    groups = branch_groups(g, k)
+    _check_valid(g, groups, k)
+    per_branch = [{groups[f"b{b}_{i}"] for i in range(6)} for b in range(4)]
+    assert all(not per_branch[a] & per_branch[b] for a in range(4) for b in range(a + 1, 4))
