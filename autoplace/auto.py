@@ -164,9 +164,7 @@ def auto_plan(
         return t
 
     def remember(c: dict[str, Any], rep: Any) -> None:
-        from autoplace.sim import simulate
-
-        cal.record(c["plan"], c["planner"], simulate(graph, c["plan"], cluster), rep, usable)
+        cal.record(c["plan"], c["planner"], c["sim"], c["sim_peak"], rep, usable)
         if cache_dir is not None:
             cal.save(calibration_path(cache_dir, graph, cluster))
 

@@ -91,9 +91,9 @@ class Calibration:
         return sim_peak_bytes * self.memory_factor(_family(plan))
 
     # ----------------------------------------------------------- samples
-    def record(self, plan: Plan, planner: str, sim: Any, report: Any,
-               usable_bytes: float | None = None) -> None:
-        """Add a sample from a simulation result and a RunReport (or step seconds).
+    def record(self, plan: Plan, planner: str, sim_step_time_s: float, sim_peak_bytes: float,
+               report: Any, usable_bytes: float | None = None) -> None:
+        """Add a sample: the simulated step time and peak, and a RunReport (or step seconds).
 
         A run that ran out of memory has no step time; its peak is recorded as just
         above ``usable_bytes`` (the cap it exceeded), a lower bound on the real peak.
@@ -105,12 +105,11 @@ class Calibration:
             peaks = [p for p in (getattr(report, "peak_memory_bytes", None) or []) if p]
             peak = max(peaks) if peaks else None
             oom = bool(getattr(report, "oom", False))
-        sim_peaks = list(getattr(sim, "peak_memory_bytes", None) or [])
         self.samples.append({
             "family": _family(plan), "planner": planner, "parallel": plan.split(),
-            "sim_step_time_s": float(sim.step_time_s),
+            "sim_step_time_s": float(sim_step_time_s),
             "measured_step_time_s": None if oom or not step else float(step),
-            "sim_peak_bytes": float(max(sim_peaks)) if sim_peaks else None,
+            "sim_peak_bytes": float(sim_peak_bytes) if sim_peak_bytes else None,
             "measured_peak_bytes": (1.05 * usable_bytes if oom and usable_bytes else
                                     None if oom or peak is None else float(peak)),
             "oom": oom, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -142,7 +142,8 @@ def test_profile_cache_and_calibrated_compare(tmp_path):
     plan = baselines.get("single")(graph, cluster)
     cal = Calibration.empty(graph, cluster)
     sim = simulate(graph, plan, cluster)
-    cal.record(plan, "single", sim, 3.0 * sim.step_time_s)
+    cal.record(plan, "single", sim.step_time_s, max(sim.peak_memory_bytes),
+               3.0 * sim.step_time_s)
     cal.save(calibration_path(cache, graph, cluster))
     p = run("compare", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planners",
             "single,ddp", "--profile-dir", str(cache), "--json", str(tmp_path / "rows.json"))
