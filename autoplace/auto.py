@@ -49,8 +49,10 @@ def family(plan: Plan) -> str:
     if p.pipeline > 1:
         return "pipeline" if p.data == 1 else "dp+pipeline"
     local = "placement" if plan.devices_per_replica > 1 else "single"
+    if local == "placement" and p.microbatches > 1:
+        local = "placement+mb"  # microbatches flowing through a one-process placement
     if p.data > 1:
-        return f"dp-{p.shard}" + ("+placement" if local == "placement" else "")
+        return f"dp-{p.shard}" + ("+placement" if plan.devices_per_replica > 1 else "")
     return local
 
 
@@ -58,6 +60,31 @@ def signature(plan: Plan) -> tuple:
     """What makes two plans the same plan: each op's device, the split, the recompute set."""
     return (tuple(plan.placement[plan.groups[op]] for op in sorted(plan.groups)),
             plan.parallel, tuple(sorted(plan.recompute)))
+
+
+def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
+    """The best simulated plan of every ``hybrid-dp`` family (data degree, replica kind,
+    stages, shard, schedule) as extra candidates: the search itself returns only its
+    single best, and a family the simulator misjudges may hold the measured winner."""
+    from autoplace.baselines.pipeline_dp import hybrid_candidates, hybrid_family
+    from autoplace.sim import simulate
+
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    try:
+        cands = hybrid_candidates(graph, cluster)
+    except AutoplaceError:
+        return rows
+    for plan, _step_s, oom in cands:
+        fam = hybrid_family(plan)
+        if oom or fam in seen:
+            continue
+        seen.add(fam)
+        r = simulate(graph, plan, cluster)
+        rows.append({"planner": f"hybrid-dp[{fam}]", "plan": plan,
+                     "sim_step_time_s": r.step_time_s, "oom": r.oom, "error": None,
+                     "peak_memory_bytes": r.peak_memory_bytes})
+    return rows
 
 
 def auto_plan(
@@ -120,6 +147,7 @@ def auto_plan(
         say(f"calibration from {len(cal.samples)} earlier measurements: "
             + ", ".join(f"{f} x{v:.2f}" for f, v in cal.time_factors.items()))
     rows = compare(graph, cluster, planners, progress=progress)
+    rows += _hybrid_rows(graph, cluster)
     if policy is not None:
         from autoplace.policies import train
         from autoplace.sim import simulate

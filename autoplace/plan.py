@@ -278,6 +278,12 @@ class Plan:
         par = self.parallel
         if par.shard != "none" and par.data == 1:
             raise PlanError(f"parallel.shard={par.shard!r} needs parallel.data > 1")
+        if par.shard != "none" and par.pipeline == 1 and self.devices_per_replica > 1:
+            raise PlanError(
+                f"parallel.shard={par.shard!r} with a replica spread over "
+                f"{self.devices_per_replica} devices in one process is not supported (FSDP2 "
+                "keeps one device per rank); use shard='none' (DDP) or a pipeline"
+            )
         if par.pipeline > 1:
             self._validate_chain(graph)
         elif par.microbatches > 1:

@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
-MANUAL = ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b")
+MANUAL = ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b",
+          *(f"{n}-parts" for n in (3, 4, 8)))
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     # the workload of shared/MEASURED.md
@@ -130,6 +131,21 @@ class Harness:
                                                 **spec["options"])
         return self.workloads[key]
 
+    def weights_file(self, spec: dict[str, Any]) -> str:
+        """Rank 0: the workload's initial weights in a file (written once per workload),
+        which an isolated job's processes load instead of initialising the model."""
+        from autoplace.executor.weights import save_weights
+
+        key = json.dumps(spec, sort_keys=True)
+        if getattr(self, "_weights", (None, None))[0] != key:
+            folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(CACHE)
+            path = folder / f"autoplace-bench-weights-{os.getpid()}.pt"
+            t = time.perf_counter()
+            save_weights(self.workload(spec).model, path)
+            say(f"  initial weights saved to {path} in {time.perf_counter() - t:.1f} s")
+            self._weights = (key, str(path))
+        return self._weights[1]
+
     def broadcast(self, cmd: Any) -> Any:
         box = [cmd]
         dist.broadcast_object_list(box, src=0, group=self.cmd_group)
@@ -163,14 +179,20 @@ class Harness:
         if torch.cuda.is_available():
             gc.collect()
             torch.cuda.empty_cache()
+        t0 = time.perf_counter()
         try:
             if multi and isolated:
                 from autoplace.executor.launch import run_plan
                 from autoplace.executor.runner import RunOptions
 
-                return run_plan(plan, spec, cluster=cluster, timeout_s=300,
-                                options=RunOptions(steps=steps + warmup, warmup=warmup,
-                                                   reference=False))
+                rep = run_plan(plan, spec, cluster=cluster, timeout_s=300,
+                               options=RunOptions(steps=steps + warmup, warmup=warmup,
+                                                  reference=False,
+                                                  weights_file=self.weights_file(spec)))
+                say(f"    job of its own: {time.perf_counter() - t0:.1f} s (process group "
+                    f"{rep.extra.get('group_init_s', '?')} s, weights "
+                    f"{rep.extra.get('init_s', '?')} s, build {rep.extra.get('build_s', '?')} s)")
+                return rep
             return self._run(cmd)
         except Exception as e:  # noqa: BLE001 - a plan that fails is a result
             return RunReport(plan=plan.describe(), error=f"{type(e).__name__}: {e}").finish()
@@ -202,8 +224,8 @@ def hand_written(graph, cluster) -> dict[str, Any]:
     n = cluster.num_devices
     out = {
         "single": baselines.get("single")(graph, cluster),
-        "two-halves": baselines.get("expert")(graph, cluster, per_layer=False)
-        .with_parallel(microbatches=1),
+        ("two-halves" if n == 2 else f"{n}-parts"): baselines.get("expert")(
+            graph, cluster, per_layer=False).with_parallel(microbatches=1),
         "ddp": baselines.get("ddp")(graph, cluster),
         "fsdp": baselines.get("fsdp")(graph, cluster),
     }
@@ -211,6 +233,29 @@ def hand_written(graph, cluster) -> dict[str, Any]:
         for sched in ("gpipe", "1f1b"):
             out[f"pipeline-{sched}"] = baselines.get("pipeline")(
                 graph, cluster, microbatches=max(8, n), schedule=sched)
+    return out
+
+
+def hybrid_plans(graph, cluster) -> dict[str, Any]:
+    """Hybrid plans measured by name whatever auto picks: the best simulated plan with
+    microbatches flowing through a one-process placement on every device, and on 4+
+    devices the best of every data x pipeline factorisation (dp=2 x pp=2, ...)."""
+    from autoplace.baselines.pipeline_dp import hybrid_candidates
+
+    n = cluster.num_devices
+    out: dict[str, Any] = {}
+    if n < 2:
+        return out
+    wanted = {(1, 1, n): f"local-x{n}-mb"}  # (data, pipeline, devices per replica)
+    for d in range(2, n):
+        if n % d == 0 and n // d > 1:
+            wanted[(d, n // d, n // d)] = f"hybrid-dp{d}xpp{n // d}"
+    for plan, _, oom in hybrid_candidates(graph, cluster):
+        key = (plan.parallel.data, plan.parallel.pipeline, plan.devices_per_replica)
+        if key == (1, 1, n) and plan.parallel.microbatches == 1:
+            continue
+        if key in wanted and wanted[key] not in out and not oom:
+            out[wanted[key]] = plan
     return out
 
 
@@ -272,6 +317,8 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
             say(f"  {k} failed: {e}")
             continue
         search[k] = time.perf_counter() - t
+    for k, plan in hybrid_plans(graph, cluster).items():
+        plans[k], search[k] = plan, float(plan.planner.get("search_time_s", 0.0))
     if args.policy:
         from autoplace.policies import train
 

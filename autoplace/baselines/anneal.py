@@ -131,10 +131,10 @@ def anneal(
                 new_place = [min(g * k_new // n_groups, k_new - 1) for g in range(n_groups)]
             else:
                 new_place = [min(x * k_new // k, k_new - 1) for x in place]
-            shard = par.shard if d > 1 else "none"
+            shard = par.shard if d > 1 and k_new == 1 else "none"  # FSDP2: a device a rank
             return replace(plan, placement=tuple(new_place),
                            parallel=replace(par, data=d, microbatches=m, shard=shard))
-        elif r < 0.13 and par.data > 1:
+        elif r < 0.13 and par.data > 1 and k == 1:
             shard = rng.choice([x for x in ("none", "zero2", "fsdp") if x != par.shard])
             return replace(plan, parallel=replace(par, shard=shard))
         elif r < 0.17:

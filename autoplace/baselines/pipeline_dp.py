@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -45,7 +46,8 @@ from autoplace.graph import OpGraph
 from autoplace.grouping import coarsen
 from autoplace.plan import ParallelConfig, Plan
 
-__all__ = ["ddp", "zero2", "fsdp", "pipeline", "hybrid_dp", "SplitCosts", "SplitConfig",
+__all__ = ["ddp", "zero2", "fsdp", "pipeline", "hybrid_dp", "hybrid_candidates",
+           "hybrid_family", "SplitCosts", "SplitConfig",
            "split_costs", "best_split", "split_objective", "chain_groups"]
 
 
@@ -136,7 +138,7 @@ def _configs(graph: OpGraph, n_dev: int, max_microbatches: int, margin: float,
                     if k == 1:
                         out.append(SplitConfig(1, d, m, "data", "gpipe", shard, margin))
                         continue
-                    if "local" in modes:
+                    if "local" in modes and shard == "none":  # FSDP2: one device per rank
                         out.append(SplitConfig(k, d, m, "local", "gpipe", shard, margin))
                     if "pipeline" in modes and m >= k:
                         for sched in ("gpipe", "1f1b"):
@@ -160,7 +162,25 @@ def _plan_for(graph: OpGraph, cluster: Cluster, groups: dict[str, int], cfg: Spl
                      parallel=par, recompute=rc, mode=cfg.mode, **info)
 
 
-def hybrid_dp(
+def hybrid_family(plan: Plan) -> str:
+    """A hybrid plan's family: data degree, replica kind, stages, shard and schedule.
+
+    ``"dp=2 x pp=2 gpipe"``, ``"local x2 mb>1"``, ``"dp=2/zero2"``, ``"single"``: plans of one
+    family differ only in stage boundaries, microbatch counts or recomputation.
+    """
+    par = plan.parallel
+    k = plan.devices_per_replica
+    parts = []
+    if par.data > 1:
+        parts.append(f"dp={par.data}" + (f"/{par.shard}" if par.shard != "none" else ""))
+    if par.pipeline > 1:
+        parts.append(f"pp={par.pipeline} {par.schedule}")
+    elif k > 1:
+        parts.append(f"local x{k}" + (" mb>1" if par.microbatches > 1 else ""))
+    return " x ".join(parts) or "single"
+
+
+def hybrid_candidates(
     graph: OpGraph,
     cluster: Cluster,
     *,
@@ -169,15 +189,11 @@ def hybrid_dp(
     verify: int = 24,
     memory_margin: float = 0.05,
     modes: tuple[str, ...] = ("local", "pipeline"),
-) -> Plan:
-    """The fastest feasible hybrid plan: DP over stage boundaries, then simulation.
+) -> list[tuple[Plan, float, bool]]:
+    """Every plan ``hybrid-dp`` simulated: ``(plan, simulated step s, out of memory)``.
 
-    Args:
-        granularity: contiguous groups the stage boundaries are chosen among.
-        max_microbatches: largest microbatch count tried (powers of two).
-        verify: how many configurations (best estimates first) are simulated.
-        memory_margin: fraction of each device's memory the estimate keeps free.
-        modes: multi-device replica kinds tried: ``local`` (one process) and ``pipeline``.
+    Sorted fastest feasible first (then the out-of-memory ones, least overflowing
+    first). The same options as :func:`hybrid_dp`.
     """
     t0 = time.perf_counter()
     ensure_costs(graph, cluster)
@@ -231,13 +247,41 @@ def hybrid_dp(
     if not plans:
         raise AutoplaceError(f"hybrid-dp found no valid plan for graph {graph.name!r}")
     step_s, peak, oom = evaluate(graph, plans, cluster)
-    feasible = np.where(oom, np.inf, step_s)
-    i = int(np.argmin(feasible)) if np.isfinite(feasible).any() else int(
-        np.argmin(overflow(peak, cluster)))
-    best = plans[i]
-    return make_plan(
-        graph, cluster, "hybrid-dp", t0, best.groups, list(best.placement),
-        parallel=best.parallel, recompute=best.recompute, mode=kept[i].mode,
-        configs_searched=len(scored), configs_simulated=len(plans),
-        simulated_step_s=float(step_s[i]), oom=bool(oom[i]),
-    )
+    over = overflow(peak, cluster)
+    order = sorted(range(len(plans)), key=lambda i: (bool(oom[i]),
+                                                     float(over[i]) if oom[i] else 0.0,
+                                                     float(step_s[i])))
+    search_s = time.perf_counter() - t0
+    out = []
+    for i in order:
+        info = dict(plans[i].planner)
+        info.update(name="hybrid-dp", mode=kept[i].mode, configs_searched=len(scored),
+                    configs_simulated=len(plans), simulated_step_s=float(step_s[i]),
+                    oom=bool(oom[i]), search_time_s=search_s)
+        out.append((replace(plans[i], planner=info), float(step_s[i]), bool(oom[i])))
+    return out
+
+
+def hybrid_dp(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    granularity: int = 48,
+    max_microbatches: int = 32,
+    verify: int = 24,
+    memory_margin: float = 0.05,
+    modes: tuple[str, ...] = ("local", "pipeline"),
+) -> Plan:
+    """The fastest feasible hybrid plan: DP over stage boundaries, then simulation.
+
+    Args:
+        granularity: contiguous groups the stage boundaries are chosen among.
+        max_microbatches: largest microbatch count tried (powers of two).
+        verify: how many configurations (best estimates first) are simulated.
+        memory_margin: fraction of each device's memory the estimate keeps free.
+        modes: multi-device replica kinds tried: ``local`` (one process) and ``pipeline``.
+    """
+    best = hybrid_candidates(graph, cluster, granularity=granularity,
+                             max_microbatches=max_microbatches, verify=verify,
+                             memory_margin=memory_margin, modes=modes)[0][0]
+    return best

@@ -52,6 +52,9 @@ class RunOptions:
     """Data of step ``s`` is drawn after ``torch.manual_seed(seed + s)``."""
     progress: bool = False
     """Print one line per step."""
+    weights_file: str | None = None
+    """Processes of a multi-process run read the initial weights from this file
+    (:func:`autoplace.executor.weights.save_weights`) instead of initialising the model."""
 
 
 def capture_graph(workload: Workload, batch_size: int | None = None):
@@ -185,8 +188,13 @@ def _maybe_fail(step: int, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions) -> RunReport:
-    """Run ``plan`` in this process (one rank of it when torch.distributed is initialised)."""
+def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
+             *, copy_model: bool = True) -> RunReport:
+    """Run ``plan`` in this process (one rank of it when torch.distributed is initialised).
+
+    ``copy_model=False``: train ``workload.model`` itself instead of a copy (a process
+    that built the workload for this run only saves the copy's time and memory).
+    """
     from autoplace.executor import build
 
     par = plan.parallel
@@ -216,8 +224,10 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions)
         dist.barrier()
 
     built = None
+    t_build = time.perf_counter()
     try:
-        exec_workload = replace(workload, model=copy.deepcopy(workload.model))
+        exec_workload = replace(workload, model=copy.deepcopy(workload.model)) \
+            if copy_model else workload
         exec_graph = capture_graph(exec_workload, micro) if micro != workload.batch_size else \
             capture_graph(exec_workload)
         built = build.build_rank(exec_workload, exec_graph, plan, cluster, rank, micro)
@@ -231,6 +241,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions)
             start = load_checkpoint(opts.checkpoint_dir, built.state_module, opt)
         losses: list[torch.Tensor] = []
         times: list[float] = []
+        report.extra["build_s"] = round(time.perf_counter() - t_build, 3)
         for step in range(start, opts.steps):
             _maybe_fail(step, rank)
             inputs, targets = global_batch(workload, step, opts.seed)

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from autoplace import workloads
 from autoplace.cluster import Cluster
 from autoplace.executor.runner import RunOptions, run_here
+from autoplace.executor.weights import load_workload
 from autoplace.plan import Plan
 
 
@@ -25,6 +27,7 @@ def _write(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Read the config, join the process group, run this rank, write the report."""
+    t0 = time.perf_counter()
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
     cfg = json.loads(Path(ap.parse_args(argv).config).read_text())
@@ -41,8 +44,16 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl", device_id=device)
     else:
         dist.init_process_group("gloo")
-    workload = workloads.get(spec["spec"], seed=spec.get("seed", 0), **spec.get("options", {}))
-    report = run_here(workload, plan, cluster, opts)
+    t_init = time.perf_counter()
+    if opts.weights_file:
+        workload = load_workload(spec, opts.weights_file)
+    else:
+        workload = workloads.get(spec["spec"], seed=spec.get("seed", 0),
+                                 **spec.get("options", {}))
+    t_loaded = time.perf_counter()
+    report = run_here(workload, plan, cluster, opts, copy_model=not opts.reference)
+    report.extra["init_s"] = round(t_loaded - t_init, 3)
+    report.extra["group_init_s"] = round(t_init - t0, 3)
     out = Path(cfg["out"])
     if report.error:
         _write(out.with_name(f"{out.name}.rank{rank}"), report.dumps())
