@@ -47,7 +47,7 @@ def family(plan: Plan) -> str:
     """The execution family of a plan: its measured/simulated error is shared in a family."""
     p = plan.parallel
     if p.pipeline > 1:
-        return "pipeline" if p.data == 1 else "dp+pipeline"
+        return "pipeline" if p.data == 1 else f"dp-{p.shard}+pipeline"
     local = "placement" if plan.devices_per_replica > 1 else "single"
     if local == "placement" and p.microbatches > 1:
         local = "placement+mb"  # microbatches flowing through a one-process placement
@@ -100,6 +100,7 @@ def auto_plan(
     measure: Callable[[Plan], Any] | None = None,
     progress: bool = True,
     cache_dir: str | Path | None = None,
+    extra_plans: dict[str, Plan] | None = None,
 ) -> Plan:
     """The fastest measured plan for ``spec`` on ``cluster``.
 
@@ -115,6 +116,8 @@ def auto_plan(
         measure: ``plan -> RunReport`` (default: the executor through ``run_plan``).
         progress: print progress lines to stderr.
         cache_dir: profile cache folder; the calibration is read from and saved there.
+        extra_plans: plans made elsewhere (a policy trained earlier) to consider too,
+            by name.
     """
     from autoplace import workloads
     from autoplace.calibration import Calibration, calibration_path
@@ -157,6 +160,12 @@ def auto_plan(
         r = simulate(graph, res.best_plan, cluster)
         rows.append({"planner": f"policy:{policy}", "plan": res.best_plan,
                      "sim_step_time_s": r.step_time_s, "oom": r.oom, "error": None})
+    for name, extra in (extra_plans or {}).items():
+        from autoplace.sim import simulate
+
+        r = simulate(graph, extra, cluster)
+        rows.append({"planner": name, "plan": extra, "sim_step_time_s": r.step_time_s,
+                     "oom": r.oom, "error": None, "peak_memory_bytes": r.peak_memory_bytes})
     cands: list[dict[str, Any]] = []
     seen: set[tuple] = set()
     for r in sorted((r for r in rows if r.get("plan") is not None and not r.get("oom")),

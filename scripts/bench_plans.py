@@ -43,6 +43,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autoplace.executor.launch import ALLOC_CONF  # the allocator setting, for plans run here too
+
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
 MANUAL = ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b",
           *(f"{n}-parts" for n in (3, 4, 8)))
@@ -95,6 +97,7 @@ def relaunch(args: argparse.Namespace) -> int:
                        else torch.cuda.device_count())
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                PYTHONUNBUFFERED="1")
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={n}", __file__, *sys.argv[1:]]
     return subprocess.call(cmd, env=env)
@@ -173,7 +176,10 @@ class Harness:
 
         cmd = {"op": "run", "spec": spec, "plan": plan.to_json(),
                "cluster": cluster.to_json(), "steps": steps, "warmup": warmup}
-        multi = plan.parallel.data * plan.parallel.pipeline > 1
+        nproc = plan.parallel.data * plan.parallel.pipeline
+        multi = nproc > 1
+        # a plan needing fewer processes than this job has runs as a job of its own
+        isolated = isolated or (multi and nproc != self.world)
         if multi:
             self.broadcast({"op": "free"} if isolated else cmd)
         if torch.cuda.is_available():
@@ -236,6 +242,16 @@ def hand_written(graph, cluster) -> dict[str, Any]:
     return out
 
 
+def short_error(text: str) -> str:
+    """The first line of an error, and the exceptions a failed job's ranks raised."""
+    lines = text.splitlines()
+    raised = []
+    if "--- errors raised ---" in lines:
+        i = lines.index("--- errors raised ---")
+        raised = [x for x in lines[i + 1:i + 4] if not x.startswith("---")]
+    return " | ".join([lines[0][:160], *(x[:200] for x in raised)]) if lines else text
+
+
 def hybrid_plans(graph, cluster) -> dict[str, Any]:
     """Hybrid plans measured by name whatever auto picks: the best simulated plan with
     microbatches flowing through a one-process placement on every device, and on 4+
@@ -246,13 +262,15 @@ def hybrid_plans(graph, cluster) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if n < 2:
         return out
-    wanted = {(1, 1, n): f"local-x{n}-mb"}  # (data, pipeline, devices per replica)
+    # (data, pipeline, devices per replica, shard) -> name
+    wanted = {(1, 1, n, "none"): f"local-x{n}-mb"}
     for d in range(2, n):
         if n % d == 0 and n // d > 1:
-            wanted[(d, n // d, n // d)] = f"hybrid-dp{d}xpp{n // d}"
+            wanted[(d, n // d, n // d, "none")] = f"hybrid-dp{d}xpp{n // d}"
     for plan, _, oom in hybrid_candidates(graph, cluster):
-        key = (plan.parallel.data, plan.parallel.pipeline, plan.devices_per_replica)
-        if key == (1, 1, n) and plan.parallel.microbatches == 1:
+        par = plan.parallel
+        key = (par.data, par.pipeline, plan.devices_per_replica, par.shard)
+        if key[:3] == (1, 1, n) and par.microbatches == 1:
             continue
         if key in wanted and wanted[key] not in out and not oom:
             out[wanted[key]] = plan
@@ -343,9 +361,10 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
 
     t = time.perf_counter()
     try:
+        rl = {f"policy:{args.policy}": plans[f"rl-{args.policy}"]} if args.policy else None
         plans["auto"] = auto_plan(spec, cluster, budget=args.auto_budget, graph=graph,
                                   measure=measure_for_auto, top_k=3, cache_dir=CACHE,
-                                  policy=args.policy)
+                                  extra_plans=rl)
         search["auto"] = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001
         say(f"  auto failed: {e}")
@@ -433,7 +452,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
                               "error": rep_.error})
             say(f"  rep {rep} {'/'.join(d['planners'])}: "
                 + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
-                   if not rep_.error else f"error: {rep_.error[:120]}"))
+                   if not rep_.error else f"error: {short_error(rep_.error)}"))
             record()
     record()
 

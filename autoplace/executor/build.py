@@ -104,7 +104,10 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         program = build_local(gm, plan, devices, workload.loss_fn,
                               order=_issue_order(graph, plan))
         model: nn.Module = program
-        if par.data > 1:
+        # a replica over several devices: DDP would all-reduce buckets on each of them,
+        # but a NCCL process group serves one device per process; reduce on the first
+        manual = par.data > 1 and k > 1
+        if par.data > 1 and not manual:
             mesh = None
             if par.shard != "none":
                 from torch.distributed.device_mesh import init_device_mesh
@@ -114,11 +117,15 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                                        device=devices[0] if k == 1 else None,
                                        param_dtype=_param_dtype(workload, devices[0]))
 
+        params = [q for q in program.parameters() if q.requires_grad] if manual else []
+
         def step(inputs, targets):
             xs = tuple(_replica_slice(x, replica, par.data) for x in inputs)
             y = _replica_slice(targets, replica, par.data)
             loss = model(xs, y)
             loss.backward()
+            if manual:
+                allreduce_grads(params, None, device=devices[0])
             return loss
 
         return Built(model=model, state_module=gm if par.data == 1 else model, step=step,

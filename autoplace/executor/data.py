@@ -135,13 +135,16 @@ def all_reduce_mean(t: torch.Tensor, group: Any = None) -> torch.Tensor:
 
 
 def allreduce_grads(params: list[nn.Parameter], group: Any = None,
-                    bucket_bytes: int = 25 * 2**20) -> None:
+                    bucket_bytes: int = 25 * 2**20, device: torch.device | None = None) -> None:
     """Average the gradients of ``params`` over ``group`` in flat buckets.
 
     Used for data parallelism over pipeline stages: DDP's reducer inside
     ``PipelineStage`` fails its first-iteration bucket rebuild when a stage runs
     several microbatches ("rebuilt parameter indices size is not same as original
-    model parameters size"), so stages all-reduce after the schedule's step.
+    model parameters size"), so stages all-reduce after the schedule's step. Also for
+    replicas spread over several devices in one process: a NCCL process group is bound
+    to one device per process, so buckets on the replica's other devices are reduced
+    on ``device`` (copied there and back).
     """
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -157,7 +160,12 @@ def allreduce_grads(params: list[nn.Parameter], group: Any = None,
     for lists in buckets.values():
         for grads in lists:
             flat = _flatten_dense_tensors(grads)
+            moved = device is not None and flat.device != device
+            if moved:
+                flat = flat.to(device)
             dist.all_reduce(flat, group=group)
             flat /= world
+            if moved:
+                flat = flat.to(grads[0].device)
             for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 g.copy_(reduced)
