@@ -33,13 +33,7 @@ from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
-__all__ = ["main", "run_plan", "workload_spec", "ALLOC_CONF"]
-
-#: CUDA caching-allocator setting of the processes a run starts (unless the user set
-#: ``PYTORCH_CUDA_ALLOC_CONF``): expandable segments grow one mapping instead of
-#: caching blocks of fixed sizes, so a plan near a memory cap is not slowed by the
-#: allocator freeing and re-allocating fragmented blocks every step.
-ALLOC_CONF = "expandable_segments:True"
+__all__ = ["main", "run_plan", "workload_spec"]
 
 
 def workload_spec(workload: Workload | str | dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +135,6 @@ def _torchrun(plan: Plan, spec: dict[str, Any], cluster: Cluster, opts: RunOptio
         env = dict(os.environ)
         env["NCCL_NVLS_ENABLE"] = "0"
         env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}", "-m", "autoplace.executor.worker",
