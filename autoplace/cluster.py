@@ -41,7 +41,16 @@ class Device:
         memory_cap_bytes: a cap below ``memory_bytes`` (enforced on real GPUs), or None.
         peak_flops: achievable dense FLOP/s for the training dtype.
         memory_bandwidth: achievable bytes/s of device memory.
-        launch_overhead_s: fixed cost per op (kernel launch, Python dispatch).
+        launch_overhead_s: fixed device-side cost per op (the kernel launch floor: an
+            op never runs shorter on the device, whatever its share of the batch).
+        host_dispatch_s: host time to issue one op (one forward op, or one op's
+            backward) from Python in one process. The simulator serialises these
+            issues on one host thread for a process's forward pass and on one
+            autograd thread per device for its backward, and an op cannot start
+            before it is issued: with many microbatches x ops the host, not the
+            device, can bound the step. 0 for CPU devices (measured CPU op times
+            already include the dispatch, and the CPU is the device); about 30 us
+            for GPUs driven eagerly under autocast.
     """
 
     name: str
@@ -51,6 +60,7 @@ class Device:
     peak_flops: float = 1e12
     memory_bandwidth: float = 50e9
     launch_overhead_s: float = 5e-6
+    host_dispatch_s: float = 0.0
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -272,7 +282,8 @@ class Cluster:
             props = torch.cuda.get_device_properties(0)
             kind = _gpu_kind(props.name)
             base = _GPU_SPECS.get(kind, _GPU_SPECS["h100"])
-            dev = replace(base, name="cuda:{i}", kind=kind, memory_bytes=int(props.total_memory))
+            dev = replace(base, name="cuda:{i}", kind=kind, memory_bytes=int(props.total_memory),
+                          host_dispatch_s=GPU_HOST_DISPATCH_S)
             link = _LINKS.get(kind, _LINKS["h100"])
             return cls.uniform(f"detect-{kind}x{n}", dev, n, **link)
         return preset("cpu-x2")
@@ -284,16 +295,23 @@ class Cluster:
 
 
 # ------------------------------------------------------------------- presets
+#: host seconds to issue one op (forward, or one op's backward) from Python on a GPU
+#: (eager PyTorch with autocast: ~20-40 us per op).
+GPU_HOST_DISPATCH_S = 30e-6
 # Achievable (not datasheet) rates for bf16 training: ~60% of dense peak.
 _GPU_SPECS: dict[str, Device] = {
     "h100": Device(name="cuda:{i}", kind="h100", memory_bytes=80 * GiB,
-                   peak_flops=600e12, memory_bandwidth=2.8e12, launch_overhead_s=8e-6),
+                   peak_flops=600e12, memory_bandwidth=2.8e12, launch_overhead_s=8e-6,
+                   host_dispatch_s=GPU_HOST_DISPATCH_S),
     "h200": Device(name="cuda:{i}", kind="h200", memory_bytes=141 * GiB,
-                   peak_flops=600e12, memory_bandwidth=4.0e12, launch_overhead_s=8e-6),
+                   peak_flops=600e12, memory_bandwidth=4.0e12, launch_overhead_s=8e-6,
+                   host_dispatch_s=GPU_HOST_DISPATCH_S),
     "a100": Device(name="cuda:{i}", kind="a100", memory_bytes=80 * GiB,
-                   peak_flops=250e12, memory_bandwidth=1.6e12, launch_overhead_s=8e-6),
+                   peak_flops=250e12, memory_bandwidth=1.6e12, launch_overhead_s=8e-6,
+                   host_dispatch_s=GPU_HOST_DISPATCH_S),
     "a100-pcie": Device(name="cuda:{i}", kind="a100-pcie", memory_bytes=40 * GiB,
-                        peak_flops=230e12, memory_bandwidth=1.3e12, launch_overhead_s=8e-6),
+                        peak_flops=230e12, memory_bandwidth=1.3e12, launch_overhead_s=8e-6,
+                        host_dispatch_s=GPU_HOST_DISPATCH_S),
 }
 _NVLINK4 = dict(alpha_s=10e-6, bandwidth=300e9, collective_bandwidth=250e9)
 _LINKS: dict[str, dict[str, float]] = {

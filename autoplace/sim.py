@@ -12,6 +12,11 @@ Model, in brief (details in ``sim_model``, ``sim_local``, ``sim_pipeline``):
   microbatches as a wavefront, then backward in reverse, then the AdamW update,
   whose time is ``7 x parameter bytes / memory bandwidth``); an op on ``1/(m d)``
   of the batch takes ``(t - min(t, o)) / (m d) + min(t, o)`` (``o`` = launch overhead);
+* host issue (``pipeline == 1``): a replica is one process; one host thread issues
+  every forward item in order (``host_dispatch_s`` each, 30 us on GPU presets, 0 on
+  CPU), then one autograd thread per device issues that device's backward items;
+  an op never starts before it is issued, so many microbatches x ops on fast GPUs
+  can be host-bound;
 * transfers: one queue per directed link, ``alpha + bytes / bandwidth``, a tensor
   sent once per (producer, microbatch, destination device);
 * data parallel: gradients all-reduced (``shard="none"``) or reduce-scattered

@@ -5,7 +5,9 @@ the ``s``-th item of its own issue order, so each plan's compute and link queues
 see the same order as in the scalar path. Arrays are laid out ``[item, plan]`` so a
 step touches contiguous memory; predecessor and successor lists are flattened (CSR)
 and reduced with ``np.maximum.reduceat``. Plans with ``pipeline > 1``, FSDP, or
-replicas on unlike devices go through the scalar path.
+replicas on unlike devices go through the scalar path. Host issue time is the
+scalar path's too: one forward host clock per plan, advanced by the device's
+``host_dispatch_s`` at every step, and one backward host clock per (plan, device).
 """
 
 from __future__ import annotations
@@ -189,6 +191,8 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     flat = op_t * num + pidx
     dev_s = np.take(dev_t, flat)
     tf_s, tb_s = np.take(tf, flat), np.take(tb, flat)
+    host_on = bool(tables.host[:kk].any())
+    host_s = tables.host[dev_s] if host_on else None  # [mn, P] host issue time per step
     if kk > 1:
         durf_s = np.stack([np.take(x, flat) for x in durs_f], -1)  # [mn, P, K]
         durb_s = np.stack([np.take(x, flat) for x in durs_b], -1)
@@ -217,12 +221,17 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     link_free = np.zeros((num * kk, kk))
     link3 = link_free.reshape(num, kk, kk)
 
+    host_f = np.zeros(num)  # forward host clock per plan (one Python thread)
     for s in range(steps):  # forward
         ready = arrive_flat[in_cell[s]].max(1)
         for p, more in extra_steps.get(s, ()):
             ready[p] = max(ready[p], arrive_flat[more].max())
         row = row_s[s]
-        fin = np.maximum(dev_free[row], ready) + tf_s[s]
+        start = np.maximum(dev_free[row], ready)
+        if host_on:
+            host_f += host_s[s]
+            np.maximum(start, host_f, out=start)
+        fin = start + tf_s[s]
         dev_free[row] = fin
         if kk > 1:
             lf = link_free[row]
@@ -231,6 +240,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
             arrive[item_row_s[s]] = np.maximum(arr, fin[:, None])
         else:
             arrive_flat[item_row_s[s]] = fin
+    host_b = np.repeat(host_f, kk)  # backward host clock per (plan, device), like dev_free
     for s in range(steps - 1, -1, -1):  # backward, reverse order
         row = row_s[s]
         r = grad[item_row_s[s]]  # [P, K]: gradient complete on each device
@@ -242,7 +252,12 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
             ready = np.maximum(arr, r).max(1)
         else:
             ready = r[:, 0]
-        fin = np.maximum(dev_free[row], ready) + tb_s[s]
+        start = np.maximum(dev_free[row], ready)
+        if host_on:
+            hb = host_b[row] + host_s[s]
+            host_b[row] = hb
+            np.maximum(start, hb, out=start)
+        fin = start + tb_s[s]
         dev_free[row] = fin
         bfin[order_t[s], pidx] = fin
         cells = in_cell[s]

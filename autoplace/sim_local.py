@@ -7,6 +7,13 @@ destination) on the directed link's queue right after its producer. Backward run
 the forward order reversed, after all forward work; the gradient of a tensor is
 accumulated on each consumer device and sent back once. Then gradient collectives
 (DDP buckets / ZeRO-2 reduce-scatter / FSDP per unit) and the AdamW update.
+
+Host issue. A replica is one process: one Python thread issues every forward item
+in issue order, each taking ``host_dispatch_s`` of the op's device, and an op cannot
+start before it is issued. The backward is issued by one autograd thread per device,
+each starting when the forward is fully issued and issuing its device's items in
+reversed order. With many microbatches x ops on fast GPUs these host clocks, not
+the devices, bound the step; with ``host_dispatch_s = 0`` they change nothing.
 """
 
 from __future__ import annotations
@@ -126,6 +133,7 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     dev = lp.dev
     tf, tb = op_times(ga, lp, tables, base)
     ids = [base + j for j in range(k)]
+    host = [float(tables.host[c]) for c in ids]
     alpha = [[float(tables.alpha[a, b]) for b in ids] for a in ids]
     inv_bw = [[float(tables.inv_bw[a, b]) for b in ids] for a in ids]
     dev_free = [0.0] * k
@@ -142,7 +150,8 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
         for j in range(k):
             fs.prefetch(j, 0.0, "f", events if record else None)
 
-    # ---- forward
+    # ---- forward (one host thread issues every item, in order)
+    host_f = 0.0
     arrive: list[list[float] | None] = [None] * (m * n)
     for item in order:
         mb, i = divmod(item, n)
@@ -153,7 +162,10 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
             t = arrive[off + u][d]
             if t > ready:
                 ready = t
+        host_f += host[d]
         start = dev_free[d] if dev_free[d] > ready else ready
+        if host_f > start:
+            start = host_f
         if fs is not None and fs.unit_of[i] >= 0:
             start = max(start, fs.wait(i, dev_free[d], start, "f", events if record else None))
         fin = start + tf[i]
@@ -173,10 +185,11 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
             events.append(Event(f"dev{base + d}", label(item), start, fin, "fwd"))
     fwd_end = list(dev_free)
 
-    # ---- backward
+    # ---- backward (one autograd host thread per device, after the forward is issued)
     if fs:
         for j in range(k):
             fs.prefetch(j, dev_free[j], "b", events if record else None)
+    host_b = [host_f] * k
     bend = [0.0] * (m * n)
     last_bwd = [0.0] * n
     for item in reversed(order):
@@ -202,7 +215,10 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
                     events.append(Event(f"link{base + e}->{base + d}", label(item), s0, r, "comm"))
             if r > ready:
                 ready = r
+        host_b[d] += host[d]
         start = dev_free[d] if dev_free[d] > ready else ready
+        if host_b[d] > start:
+            start = host_b[d]
         if fs is not None and fs.unit_of[i] >= 0:
             start = max(start, fs.wait(i, dev_free[d], start, "b", events if record else None))
         fin = start + tb[i]

@@ -110,6 +110,7 @@ class CostTables:
     bwd: np.ndarray
     kind_of_device: np.ndarray  # [N] index into kinds
     overhead: np.ndarray  # [N] launch overhead, seconds
+    host: np.ndarray  # [N] host seconds to issue one op (``host_dispatch_s``)
     mem_bandwidth: np.ndarray  # [N] bytes/s
     usable_memory: np.ndarray  # [N] bytes
     alpha: np.ndarray  # [N, N] link latency
@@ -131,6 +132,7 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         bwd=np.stack([graph.bwd_times(k) for k in kinds]),
         kind_of_device=np.array([kinds.index(d.kind) for d in cluster.devices], dtype=np.int64),
         overhead=np.array([d.launch_overhead_s for d in cluster.devices], dtype=np.float64),
+        host=np.array([d.host_dispatch_s for d in cluster.devices], dtype=np.float64),
         mem_bandwidth=np.array([d.memory_bandwidth for d in cluster.devices], dtype=np.float64),
         usable_memory=np.array([d.usable_memory_bytes for d in cluster.devices], dtype=np.float64),
         alpha=alpha,
@@ -183,7 +185,7 @@ def replicas_identical(cluster: Cluster, plan: Plan) -> bool:
     def sig(r: int) -> tuple:
         ids = [r * k + j for j in range(k)]
         devs = tuple(
-            (x.kind, x.launch_overhead_s, x.memory_bandwidth)
+            (x.kind, x.launch_overhead_s, x.host_dispatch_s, x.memory_bandwidth)
             for x in (cluster.devices[i] for i in ids)
         )
         links = tuple(

@@ -9,6 +9,10 @@ the same way. Stages follow their schedule's action order:
 * GPipe: ``F0 .. F(m-1), B0 .. B(m-1)``, every microbatch's activations held;
 * 1F1B: ``p - s - 1`` warm-up forwards, then one forward / one backward, then the
   remaining backwards; stage ``s`` holds at most ``min(m, p - s)`` microbatches.
+
+A stage's forward or backward of one microbatch takes at least the host time its
+process needs to issue the stage's ops (``host_dispatch_s`` per op, see
+:mod:`autoplace.sim_local`).
 """
 
 from __future__ import annotations
@@ -93,6 +97,13 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
     for i, s in enumerate(lp.dev):
         fwd[s] += tf[i]
         bwd[s] += tb[i]
+    # each stage's process issues its ops one by one from Python (forward, then the
+    # backward it waits for): a microbatch takes at least that host time
+    count = np.bincount(np.asarray(lp.dev, dtype=np.int64), minlength=p)
+    for s in range(p):
+        issue = float(count[s] * tables.host[base + s])
+        fwd[s] = max(fwd[s], issue)
+        bwd[s] = max(bwd[s], issue)
     cut = [b / (m * lp.d) for b in cut_bytes(ga, lp.dev, p)]
 
     def link(a: int, b: int, nbytes: float) -> float:

@@ -23,9 +23,9 @@ GiB = 2**30
 
 
 def cpu_cluster(n: int = 2, *, bandwidth: float = 5e9, alpha: float = 50e-6,
-                overhead: float = 20e-6, memory: int = 8 * GiB) -> Cluster:
+                overhead: float = 20e-6, memory: int = 8 * GiB, host: float = 0.0) -> Cluster:
     dev = Device(name="cpu", kind="cpu", memory_bytes=memory, peak_flops=50e9,
-                 memory_bandwidth=10e9, launch_overhead_s=overhead)
+                 memory_bandwidth=10e9, launch_overhead_s=overhead, host_dispatch_s=host)
     return Cluster.uniform(f"cpu-x{n}", dev, n, alpha_s=alpha, bandwidth=bandwidth)
 
 
@@ -62,8 +62,10 @@ def random_plan(graph: OpGraph, cluster: Cluster, rng: random.Random, *,
     k = rng.choice([x for x in (1, 2, 4) if x <= n_dev])
     d = rng.choice([x for x in (1, 2, 4) if x * k <= n_dev])
     placement = [rng.randrange(k) for _ in range(num_groups)]
+    k = max(placement) + 1
     par = ParallelConfig(data=d, microbatches=rng.choice([1, 2, 3]),
-                         shard=rng.choice(["none", "zero2", "fsdp"]) if d > 1 else "none")
+                         shard=rng.choice(["none", "zero2", "fsdp"]) if d > 1 and k == 1
+                         else "none")
     rc = {g for g in range(num_groups) if rng.random() < 0.2}
     return Plan.from_groups(graph, groups, placement, parallel=par, recompute=rc)
 
@@ -235,11 +237,14 @@ def test_recompute_lowers_memory_and_raises_time():
     assert b.step_time_s > a.step_time_s
 
 
-def test_batch_equals_scalar():
+@pytest.mark.parametrize("cluster_name", ["cpu", "cpu-host", "h200x4"])
+def test_batch_equals_scalar(cluster_name):
     rng = random.Random(7)
     graphs = [random_dag(90, seed=3), chain(30, fanout_op=1), chain(30, sink=True)]
+    cluster = {"cpu": cpu_cluster(4, overhead=20e-6),
+               "cpu-host": cpu_cluster(4, overhead=20e-6, host=300e-6),
+               "h200x4": preset("h200x4")}[cluster_name]
     for graph in graphs:
-        cluster = cpu_cluster(4, overhead=20e-6)
         plans = [random_plan(graph, cluster, rng) for _ in range(40)]
         batch = simulate_batch(graph, plans, cluster)
         scalar = [simulate(graph, p, cluster) for p in plans]

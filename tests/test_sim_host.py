@@ -1,0 +1,191 @@
+"""Host issue time of one-process plans (``Device.host_dispatch_s``) in the simulator."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from autoplace.cluster import GPU_HOST_DISPATCH_S, Cluster, Device, preset
+from autoplace.graph import OpGraph, OpNode, random_dag
+from autoplace.plan import ParallelConfig, Plan
+from autoplace.sim import lower_bound, simulate, simulate_batch
+
+GiB = 2**30
+
+
+def with_host(cluster: Cluster, host: float) -> Cluster:
+    """``cluster`` with every device's ``host_dispatch_s`` set to ``host``."""
+    return replace(cluster, devices=tuple(replace(d, host_dispatch_s=host)
+                                          for d in cluster.devices))
+
+
+def zoo_graph(name: str) -> OpGraph:
+    pytest.importorskip("autoplace.capture")
+    from autoplace import workloads
+    from autoplace.capture import capture_workload
+
+    return capture_workload(workloads.get(name, device="meta"))
+
+
+def chain(n: int, fwd: float, nbytes: int = 2**20) -> OpGraph:
+    """``n`` equal ops in a chain (``fwd`` seconds forward, twice that backward, on cpu)."""
+    nodes = [OpNode(name=f"op{i}", kind="Linear", module_path=f"layers.{i}",
+                    output_bytes=nbytes, param_bytes=nbytes, activation_bytes=nbytes,
+                    fwd_time_s={"cpu": fwd}, bwd_time_s={"cpu": 2 * fwd}) for i in range(n)]
+    return OpGraph(f"chain{n}", nodes, [(f"op{i}", f"op{i + 1}", nbytes) for i in range(n - 1)])
+
+
+def split(graph: OpGraph, k: int, **parallel) -> Plan:
+    """Ops cut into ``k`` contiguous runs, run ``j`` on local device ``j``."""
+    n = len(graph)
+    return Plan.from_assignment(graph, {op.name: i * k // n for i, op in enumerate(graph)},
+                                parallel=ParallelConfig(**parallel))
+
+
+def random_local_plan(graph: OpGraph, rng: random.Random, k: int, m: int) -> Plan:
+    num_groups = rng.choice([4, 8, len(graph)])
+    groups = {op.name: i * num_groups // len(graph) for i, op in enumerate(graph)}
+    placement = [rng.randrange(k) for _ in range(num_groups)]
+    placement[0], placement[-1] = 0, k - 1  # use all k devices
+    rc = {g for g in range(num_groups) if rng.random() < 0.2}
+    return Plan.from_groups(graph, groups, placement,
+                            parallel=ParallelConfig(microbatches=m), recompute=rc)
+
+
+# ------------------------------------------------------------------- cluster
+def test_presets_and_defaults():
+    assert Device(name="x", kind="cpu", memory_bytes=GiB).host_dispatch_s == 0.0
+    assert all(d.host_dispatch_s == 0.0 for d in preset("cpu-x4").devices)
+    for name in ("h100x2", "h200x4", "a100x8", "a100-pcie-x2"):
+        assert all(d.host_dispatch_s == GPU_HOST_DISPATCH_S == 30e-6
+                   for d in preset(name).devices)
+        assert all(d.launch_overhead_s == 8e-6 for d in preset(name).devices)
+
+
+def test_json_round_trip_and_old_files(tmp_path):
+    c = with_host(preset("h200x2"), 45e-6)
+    path = tmp_path / "c.json"
+    c.save(path)
+    assert json.loads(path.read_text())["devices"][0]["host_dispatch_s"] == 45e-6
+    assert Cluster.load(path) == c
+    # a file written before the field existed loads with the field's default, 0.0
+    # (its simulated times are the ones it had)
+    old = preset("h200x2").to_json()
+    for d in old["devices"]:
+        del d["host_dispatch_s"]
+    loaded = Cluster.from_json(old)
+    assert all(d.host_dispatch_s == 0.0 for d in loaded.devices)
+    assert loaded == with_host(preset("h200x2"), 0.0)
+
+
+# ------------------------------------------------------------ no host time
+@pytest.mark.parametrize("name", ["gpt-tiny", "branchy-mlp", "rnnlm"])
+def test_zero_host_time_changes_nothing(name):
+    graph = zoo_graph(name)
+    cpu = preset("cpu-x4")
+    zeroed = with_host(cpu, 0.0)
+    gpu0 = with_host(preset("h200x4"), 0.0)
+    plans = [split(graph, k, microbatches=m) for k in (1, 2, 4) for m in (1, 2, 4)]
+    for cluster, ref in ((cpu, zeroed), (gpu0, gpu0)):
+        want = [simulate(graph, p, ref).step_time_s for p in plans]
+        assert [simulate(graph, p, cluster).step_time_s for p in plans] == want
+        assert simulate_batch(graph, plans, cluster).step_time_s.tolist() == want
+
+
+def test_one_device_with_long_ops_waits_only_for_the_first_issue():
+    # ops of 1 ms (0.25 ms per microbatch) >> 30 us: the host runs ahead of the device
+    # after the first op is issued, so the step is one dispatch longer
+    graph = chain(20, 1e-3)
+    base = preset("cpu-x2")
+    host = with_host(base, 30e-6)
+    for m in (1, 4):
+        plan = Plan.single(graph).with_parallel(microbatches=m)
+        t0 = simulate(graph, plan, base).step_time_s
+        t1 = simulate(graph, plan, host).step_time_s
+        assert t1 == pytest.approx(t0 + 30e-6, rel=1e-12, abs=1e-12)
+        assert simulate_batch(graph, [plan], host).step_time_s[0] == pytest.approx(t1, rel=1e-12)
+
+
+# ------------------------------------------------------------ host-bound plans
+def test_many_microbatches_on_gpus_are_host_bound():
+    graph = zoo_graph("gpt-small")
+    n = len(graph)
+    cluster = preset("h200x4")
+    h = cluster.devices[0].host_dispatch_s
+    no_host = with_host(cluster, 0.0)
+    slow = {}
+    for m in (1, 8):
+        plan = split(graph, 4, microbatches=m)
+        res = simulate(graph, plan, cluster, timeline=True)
+        t0 = simulate(graph, plan, no_host).step_time_s
+        # one thread issues all m x n forward items before the backward starts
+        assert res.step_time_s >= m * n * h
+        assert res.step_time_s >= res.lower_bound_s
+        slow[m] = res.step_time_s - t0
+        fwd = sorted((e for e in res.timeline if e.kind == "fwd"), key=lambda e: e.start_s)
+        assert fwd[-1].start_s >= m * n * h * (1 - 1e-12)
+    assert slow[8] >= 8 * n * h  # the GPUs are idle most of the forward
+    assert slow[1] < slow[8] / 4
+
+
+def test_backward_host_threads_run_per_device():
+    # 2 devices, ops far shorter than a dispatch: the forward issue is serial over both
+    # devices (2n dispatches), each backward thread issues only its own n/2 ops per mb
+    graph = chain(20, 1e-9, nbytes=0)
+    h = 1e-3
+    cluster = with_host(Cluster.uniform("t", replace(preset("cpu-x1").devices[0],
+                                                     launch_overhead_s=0.0),
+                                        2, alpha_s=0.0, bandwidth=1e15), h)
+    for m in (1, 2):
+        plan = split(graph, 2, microbatches=m)
+        res = simulate(graph, plan, cluster, timeline=True)
+        assert res.step_time_s == pytest.approx((m * 20 + m * 10) * h, rel=1e-3)
+        assert simulate_batch(graph, [plan], cluster).step_time_s[0] == pytest.approx(
+            res.step_time_s, rel=1e-12)
+
+
+# ------------------------------------------------------------ scalar == batch
+@pytest.mark.parametrize("cluster_name", ["h200x2", "h200x4", "cpu-host"])
+def test_batch_equals_scalar_with_host_time(cluster_name):
+    rng = random.Random(11)
+    if cluster_name == "cpu-host":
+        cluster = with_host(preset("cpu-x4"), 200e-6)
+        graphs = [random_dag(80, seed=1), random_dag(40, seed=2)]
+    else:
+        cluster = preset(cluster_name)
+        graphs = [random_dag(80, seed=1), zoo_graph("gpt-tiny")]
+    n_dev = cluster.num_devices
+    for graph in graphs:
+        plans = [random_local_plan(graph, rng, k, m)
+                 for k in sorted({2, n_dev}) for m in (1, 2, 4) for _ in range(4)]
+        plans += [p.with_parallel(data=2) for p in plans if p.devices_per_replica * 2 <= n_dev]
+        plans.append(Plan.single(graph).with_parallel(microbatches=4))
+        batch = simulate_batch(graph, plans, cluster)
+        scalar = [simulate(graph, p, cluster) for p in plans]
+        np.testing.assert_allclose(batch.step_time_s, [r.step_time_s for r in scalar],
+                                   rtol=1e-12)
+        no_host = simulate_batch(graph, plans, with_host(cluster, 0.0)).step_time_s
+        assert (batch.step_time_s >= no_host).all()
+        assert (batch.step_time_s > no_host).any()
+        lb = lower_bound(graph, cluster)
+        assert (batch.step_time_s >= lb * (1 - 1e-12)).all()
+
+
+def test_pipeline_stages_pay_their_own_host_time():
+    """Each stage's process issues its ops itself: with a host time far above the ops'
+    device times, a stage takes (stage ops x host time) per microbatch, forward and
+    backward, and the stages work in parallel (not one host for all)."""
+    graph = chain(16, 1e-5)
+    cluster = preset("h200x4")
+    plan = split(graph, 2, pipeline=2, microbatches=4)
+    base = simulate(graph, plan, with_host(cluster, 0.0)).step_time_s
+    assert simulate(graph, plan, cluster).step_time_s >= base
+    h = 1e-3
+    slow = simulate(graph, plan, with_host(cluster, h)).step_time_s
+    ops = len(graph.order) / 2  # per stage (inputs and parameters included)
+    assert slow >= 2 * 4 * ops * h * 0.9  # 4 microbatches, forward and backward
+    assert slow < 2 * 4 * 2 * ops * h  # the two stages' hosts overlap
