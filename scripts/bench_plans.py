@@ -10,10 +10,12 @@ interleaved order, without a relaunch per plan.
 
 For each scenario (workload x devices x memory cap):
 1. capture the workload; on GPUs profile per-op costs on cuda:0 (calibrated);
-2. hand-written options (single device, two halves in one process, DDP, FSDP2, even
-   torch pipelining in GPipe and 1F1B) and the planners (expert, hash, critical-path,
+2. hand-written options (single device, two halves (n parts) in one process, DDP, FSDP2,
+   even torch pipelining in GPipe and 1F1B) and the planners (expert, hash, critical-path,
    m-etf, m-sct, hybrid-dp, an RL policy trained briefly on the simulator, auto) make
-   plans; identical plans are measured once and credited to every planner;
+   plans, plus named hybrids: ``local-xN-mb`` (microbatches flowing through a
+   one-process placement) and on 4+ devices ``hybrid-dpDxppP`` (plain DDP over
+   pipelines); identical plans are measured once and credited to every planner;
 3. every distinct plan runs ``--reps`` times in interleaved order, ``--steps`` steps
    after ``--warmup`` each; the step time is the median over all timed steps, with the
    spread of the per-repetition medians;
@@ -23,7 +25,10 @@ For each scenario (workload x devices x memory cap):
 
 Under a memory cap every run of a multi-process plan is a torchrun job of its own
 (``run_plan``): a rank that runs out of memory there ends that job with an error,
-where inside this job it would leave its peers waiting in a collective.
+where inside this job it would leave its peers waiting in a collective. So is a plan
+that needs fewer processes than this job has. Such jobs read the workload's initial
+weights from a file in /dev/shm written once per scenario (``RunOptions.weights_file``)
+instead of initialising the model in every process.
 """
 
 from __future__ import annotations

@@ -79,7 +79,9 @@ parser.add_argument("--tag", default=None, help="file name suffix (default: a ti
 parser.add_argument("--merge", default=None,
                     help="comma-separated JSON files of earlier runs (e.g. parts of the table "
                          "run side by side with --workloads): train nothing, write their rows "
-                         "as one table, with the first file's settings")
+                         "as one table, with the first file's settings; a row of a later file "
+                         "replaces the same (workload, cluster, cap, policy) row of an earlier "
+                         "one, so rows retrained with a longer --row-limit-s can be merged in")
 args = parser.parse_args()
 if args.quick:
     args.workloads, args.clusters, args.budget = "gnmt-2", "h100x2", "3"
@@ -92,7 +94,12 @@ started = time.perf_counter()
 parts = [json.loads(Path(f).read_text()) for f in args.merge.split(",")] if args.merge else []
 if parts:
     names = []  # nothing to run
-    rows = [r for part in parts for r in part["rows"]]
+    merged: dict[tuple, dict] = {}
+    for part in parts:
+        for r in part["rows"]:
+            r.setdefault("row_limit_s", part["args"]["row_limit_s"])
+            merged[(r["workload"], r["cluster"], r["cap_fraction"], r["policy"])] = r
+    rows = list(merged.values())
     for key, value in parts[0]["args"].items():
         if key not in ("merge", "tag", "out", "workloads"):
             setattr(args, key, value)
@@ -152,6 +159,7 @@ for workload in names:
                     **scenario, "policy": policy, "policy_step_time_s": step,
                     "policy_plan": res.best_plan.describe() if res.best_plan else None,
                     "train_time_s": train_s, "updates": len(res.history["reward_mean"]),
+                    "row_limit_s": args.row_limit_s,
                     "best_baseline": best_name, "best_baseline_step_time_s": best_baseline,
                     "ratio_to_best_baseline": step / best_baseline if math.isfinite(
                         best_baseline) else None,
@@ -203,8 +211,13 @@ if args.max_groups == "auto":
                     "of one such block and at most 8 linear chains): " + ", ".join(
                         f"{w} {k}" for w, k in counts.items()) + "."]
 if parts:
-    lines[-1:-1] = [f"Run as {len(parts)} processes side by side (one workload subset each), "
-                    f"merged with --merge; total {meta['total_time_s']:.0f} s of process time."]
+    lines[-1:-1] = [f"Run as {len(parts)} processes (workload subsets side by side), merged "
+                    f"with --merge; total {meta['total_time_s']:.0f} s of process time."]
+    longer = [r for r in rows if r["row_limit_s"] > args.row_limit_s]
+    if longer:
+        limits = ", ".join(sorted({f"{r['row_limit_s']:.0f} s" for r in longer}))
+        lines[-1:-1] = [f"{len(longer)} rows were retrained with a longer time cap ({limits}; "
+                        "column 'cap s'), the rest use the cap above."]
 lines += [
     "| policy | geomean ratio | faster | tie (within 0.1%) | slower | worst | train s (max) |",
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -222,8 +235,8 @@ for policy in args.policies.split(","):
 lines += [
     "",
     "| workload | cluster | cap | policy | policy ms | best baseline | baseline ms | ratio "
-    "| / lower bound | train s |",
-    "| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    "| / lower bound | train s | cap s |",
+    "| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
 ]
 for r in rows:
     ratio = r["ratio_to_best_baseline"]
@@ -231,6 +244,7 @@ for r in rows:
         f"| {r['workload']} | {r['cluster']} | {r['memory_cap'] or '-'} | {r['policy']} | "
         f"{ms(r['policy_step_time_s'])} | {r['best_baseline']} | "
         f"{ms(r['best_baseline_step_time_s'])} | {f'{ratio:.3f}' if ratio else '-'} | "
-        f"{r['ratio_to_lower_bound']:.2f} | {r['train_time_s']:.1f} |")
+        f"{r['ratio_to_lower_bound']:.2f} | {r['train_time_s']:.1f} | "
+        f"{r.get('row_limit_s', args.row_limit_s):.0f} |")
 (out / f"policies_{tag}.md").write_text("\n".join(lines) + "\n")
 print(f"wrote {out / f'policies_{tag}.json'} and .md ({time.perf_counter() - started:.0f} s)")
