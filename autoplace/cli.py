@@ -133,7 +133,8 @@ class TrainConfig(ModelArgs, ClusterArgs):
     backend: str = opt("sim", "reward backend: sim or real")
     budget: str = opt("2000ep", "training budget: episodes (2000ep), updates (100up) or time (5m)")
     out: str = opt("runs/train", "output directory (checkpoint, TensorBoard, best_plan.json)")
-    max_groups: int = opt(32, "groups the graph is coarsened to")
+    max_groups: str = opt("auto", "groups the graph is coarsened to: a number, or auto "
+                                  "(from the graph's branch structure)")
     seed: int = opt(0, "random seed")
     resume: bool = opt(False, "resume from the checkpoint in --out")
 
@@ -472,13 +473,26 @@ def cmd_run(cfg: RunConfig) -> int:
     return 0
 
 
+def _max_groups(text: str) -> int | str:
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise AutoplaceError(f"--max-groups must be a positive number or auto, got {text!r}")
+    return n
+
+
 def cmd_train(cfg: TrainConfig) -> int:
     from autoplace.policies import train
 
     wl = _model(cfg, device="meta")
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
     res = train(wl, cluster, policy=cfg.policy, backend=cfg.backend, budget=cfg.budget,
-                out_dir=cfg.out, seed=cfg.seed, max_groups=cfg.max_groups, resume=cfg.resume,
+                out_dir=cfg.out, seed=cfg.seed, max_groups=_max_groups(cfg.max_groups),
+                resume=cfg.resume,
                 progress=True)
     print(f"best plan: {res.best_plan.describe()}, {_ms(res.best_step_time_s)} ms -> "
           f"{Path(cfg.out) / 'best_plan.json'}")

@@ -75,6 +75,19 @@ def _make_envs(specs: list[Any], cluster: Any, backend: str, copies: int,
     return envs
 
 
+def _auto_groups(spec: Any) -> int:
+    """:func:`autoplace.grouping.auto_group_count` of a spec's captured graph."""
+    from autoplace import workloads
+    from autoplace.capture import capture_workload
+    from autoplace.graph import OpGraph
+    from autoplace.grouping import auto_group_count
+
+    if isinstance(spec, OpGraph):
+        return auto_group_count(spec)
+    wl = workloads.get(spec, device="meta") if isinstance(spec, str) else spec
+    return auto_group_count(capture_workload(wl))
+
+
 def _describe_spec(spec: Any) -> str:
     return spec if isinstance(spec, str) else getattr(spec, "name", type(spec).__name__)
 
@@ -87,7 +100,7 @@ def train(
     budget: str | int = "2000ep",
     out_dir: str | Path | None = None,
     seed: int = 0,
-    max_groups: int = 64,
+    max_groups: int | str = "auto",
     resume: bool = False,
     progress: bool = True,
     *,
@@ -108,7 +121,9 @@ def train(
         budget: updates (``"200"``), episodes (``"2000ep"``) or wall time (``"5m"``).
         out_dir: where checkpoint.pt, tb/, best_plan.json and curve.png go.
         seed: seeds the policy's weights, its sampling and the env resets.
-        max_groups: groups each graph is coarsened to.
+        max_groups: groups each graph is coarsened to, or ``"auto"``: the largest
+            :func:`autoplace.grouping.auto_group_count` of the graphs (16 for a chain, more
+            for graphs of many parallel-branch blocks, 8 for a small fork-join graph).
         resume: continue from ``out_dir/checkpoint.pt`` when it exists.
         progress: show a progress bar.
         mode: ``oneshot`` or ``incremental`` (gnn only).
@@ -122,6 +137,10 @@ def train(
 
     cl = resolve(cluster, memory_cap)
     specs = list(model_spec) if isinstance(model_spec, (list, tuple)) else [model_spec]
+    if max_groups == "auto":
+        max_groups = max(_auto_groups(s) for s in specs)
+    elif not isinstance(max_groups, int) or max_groups < 1:
+        raise AutoplaceError(f"max_groups must be a positive number or 'auto', got {max_groups!r}")
     cfg = ReinforceConfig(budget=budget, seed=seed, resume=resume, progress=progress,
                           out_dir=str(out_dir) if out_dir is not None else None,
                           **reinforce_options)

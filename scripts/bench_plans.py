@@ -345,7 +345,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
 
         t = time.perf_counter()
         res = train(graph, cluster, policy=args.policy, backend="sim",
-                    budget=args.policy_budget, out_dir=None, progress=False, max_groups=16)
+                    budget=args.policy_budget, out_dir=None, progress=False, max_groups="auto")
         plans[f"rl-{args.policy}"] = res.best_plan
         search[f"rl-{args.policy}"] = time.perf_counter() - t
 

@@ -157,3 +157,10 @@ def test_profile_cache_and_calibrated_compare(tmp_path):
         3.0 * rows["ddp"]["sim_step_time_s"])
     assert_clean_error(run("compare", "--model", "gpt-tiny", "--cluster", "cpu-x2",
                            "--profile-dir", str(tmp_path / "missing")), "no such folder")
+
+
+def test_train_refuses_a_bad_group_count(tmp_path):
+    p = run("train", "--model", "gpt-tiny", "--cluster", "h100x2", "--budget", "1",
+            "--max-groups", "many", "--out", str(tmp_path / "t"))
+    assert_clean_error(p, "--max-groups", "auto")
+    assert not (tmp_path / "t").exists()

@@ -56,3 +56,20 @@ def test_incremental_training_and_placement(tmp_path):
     with pytest.raises(AutoplaceError, match="use policy 'gnn'"):
         train(graph, "h100x2", policy="seq2seq", mode="incremental", budget=1,
               max_groups=6, progress=False)
+
+
+def test_max_groups_defaults_to_the_graphs_auto_count():
+    from autoplace import workloads
+    from autoplace.capture import capture_workload
+    from autoplace.grouping import auto_group_count
+
+    graph = capture_workload(workloads.get("branchy-mlp", device="meta"))
+    want = auto_group_count(graph)
+    r = train(graph, "h100x2", policy="gnn", budget=1, progress=False, batch_size=2,
+              policy_options={"hidden": 8})
+    assert r.best_plan.num_groups <= want
+    from autoplace.policies import api
+
+    assert api._auto_groups(graph) == want == api._auto_groups("branchy-mlp")
+    with pytest.raises(AutoplaceError, match="positive number or 'auto'"):
+        train(graph, "h100x2", budget=1, progress=False, max_groups=0)
