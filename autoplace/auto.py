@@ -62,12 +62,20 @@ def signature(plan: Plan) -> tuple:
             plan.parallel, tuple(sorted(plan.recompute)))
 
 
+def _sim_row(graph: Any, cluster: Any, name: str, plan: Plan) -> dict[str, Any]:
+    """A candidate row like :func:`autoplace.compare.compare`'s for a plan made elsewhere."""
+    from autoplace.sim import simulate
+
+    r = simulate(graph, plan, cluster)
+    return {"planner": name, "plan": plan, "sim_step_time_s": r.step_time_s, "oom": r.oom,
+            "error": None, "peak_memory_bytes": r.peak_memory_bytes}
+
+
 def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
     """The best simulated plan of every ``hybrid-dp`` family (data degree, replica kind,
     stages, shard, schedule) as extra candidates: the search itself returns only its
     single best, and a family the simulator misjudges may hold the measured winner."""
     from autoplace.baselines.pipeline_dp import hybrid_candidates, hybrid_family
-    from autoplace.sim import simulate
 
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -80,10 +88,7 @@ def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
         if oom or fam in seen:
             continue
         seen.add(fam)
-        r = simulate(graph, plan, cluster)
-        rows.append({"planner": f"hybrid-dp[{fam}]", "plan": plan,
-                     "sim_step_time_s": r.step_time_s, "oom": r.oom, "error": None,
-                     "peak_memory_bytes": r.peak_memory_bytes})
+        rows.append(_sim_row(graph, cluster, f"hybrid-dp[{fam}]", plan))
     return rows
 
 
@@ -151,21 +156,14 @@ def auto_plan(
             + ", ".join(f"{f} x{v:.2f}" for f, v in cal.time_factors.items()))
     rows = compare(graph, cluster, planners, progress=progress)
     rows += _hybrid_rows(graph, cluster)
+    extra_plans = dict(extra_plans or {})
     if policy is not None:
         from autoplace.policies import train
-        from autoplace.sim import simulate
 
         res = train(graph, cluster, policy=policy, backend="sim",
                     budget=f"{max(10.0, 0.2 * limit_s):.0f}s", out_dir=None, progress=progress)
-        r = simulate(graph, res.best_plan, cluster)
-        rows.append({"planner": f"policy:{policy}", "plan": res.best_plan,
-                     "sim_step_time_s": r.step_time_s, "oom": r.oom, "error": None})
-    for name, extra in (extra_plans or {}).items():
-        from autoplace.sim import simulate
-
-        r = simulate(graph, extra, cluster)
-        rows.append({"planner": name, "plan": extra, "sim_step_time_s": r.step_time_s,
-                     "oom": r.oom, "error": None, "peak_memory_bytes": r.peak_memory_bytes})
+        extra_plans[f"policy:{policy}"] = res.best_plan
+    rows += [_sim_row(graph, cluster, name, p) for name, p in extra_plans.items()]
     cands: list[dict[str, Any]] = []
     seen: set[tuple] = set()
     for r in sorted((r for r in rows if r.get("plan") is not None and not r.get("oom")),

@@ -126,6 +126,7 @@ class Harness:
                                     timeout=dt.timedelta(minutes=3))
             self.cmd_group = dist.new_group(backend="gloo", timeout=dt.timedelta(minutes=30))
         self.workloads: dict[str, Any] = {}
+        self._weights: tuple[str, str] | None = None  # (workload key, weights file)
 
     def workload(self, spec: dict[str, Any]):
         from autoplace import workloads
@@ -143,7 +144,7 @@ class Harness:
         from autoplace.executor.weights import save_weights
 
         key = json.dumps(spec, sort_keys=True)
-        if getattr(self, "_weights", (None, None))[0] != key:
+        if self._weights is None or self._weights[0] != key:
             folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(CACHE)
             path = folder / f"autoplace-bench-weights-{os.getpid()}.pt"
             t = time.perf_counter()
