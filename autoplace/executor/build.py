@@ -114,7 +114,7 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
 
                 mesh = init_device_mesh(devices[0].type, (par.data,))
             model = wrap_data_parallel(program, workload.model, par.shard, mesh=mesh,
-                                       device=devices[0] if k == 1 else None,
+                                       device=devices[0],
                                        param_dtype=_param_dtype(workload, devices[0]))
 
         params = [q for q in program.parameters() if q.requires_grad] if manual else []

@@ -61,8 +61,9 @@ def wrap_data_parallel(
         shard: ``none`` (DDP), ``zero2`` (``reshard_after_forward=False``) or ``fsdp``.
         group: data-parallel process group for DDP (None: the world).
         mesh: 1-D data-parallel ``DeviceMesh`` for FSDP2.
-        device: the replica's device when it has one; None for a replica spread over
-            several devices (DDP then gets ``device_ids=None``).
+        device: the replica's device (DDP gets ``device_ids=[device]`` on CUDA). A replica
+            spread over several devices is not wrapped: :func:`allreduce_grads` reduces
+            its gradients on its first device.
         param_dtype: FSDP2 only: gather parameters in this dtype (the workload's autocast
             dtype), reduce gradients in fp32. Without it FSDP2 gathers fp32 parameters and
             autocast keeps a low-precision copy of every gathered block until the forward
