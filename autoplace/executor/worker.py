@@ -1,4 +1,8 @@
-"""The torchrun entry: one rank of a multi-process plan (``-m autoplace.executor.worker``)."""
+"""The torchrun entry: one rank of a multi-process plan (``-m autoplace.executor.worker``).
+
+``--config FILE``: run one plan and exit (:func:`~autoplace.executor.launch.run_plan`).
+``--serve FILE``: run plan after plan for a :class:`~autoplace.executor.pool.PlanPool`.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     """Read the config, join the process group, run this rank, write the report."""
     t0 = time.perf_counter()
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", required=True)
-    cfg = json.loads(Path(ap.parse_args(argv).config).read_text())
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--config")
+    mode.add_argument("--serve")
+    args = ap.parse_args(argv)
+    if args.serve:
+        return serve(Path(args.serve))
+    cfg = json.loads(Path(args.config).read_text())
     plan = Plan.from_json(cfg["plan"])
     cluster = Cluster.from_json(cfg["cluster"])
     spec = cfg["workload"]
@@ -65,6 +74,91 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
     # Skip interpreter teardown: on CPU/gloo it sometimes aborts ("terminate called without
     # an active exception") while destroying a background thread, after the run is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _fail(path: Path, rank: int, report) -> None:
+    """Write this rank's failed report and end the job: a peer may wait in a collective."""
+    _write(path.with_name(f"{path.name}.rank{rank}"), report.dumps())
+    print(f"rank {rank}: {report.error}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _next_command(folder: Path, k: int, parent_pid: int) -> dict:
+    """Rank 0: wait for the driver's ``cmd-K.json`` (a stop when the driver is gone)."""
+    path = folder / f"cmd-{k}.json"
+    while not path.exists():
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            return {"op": "stop"}
+        time.sleep(0.02)
+    return json.loads(path.read_text())
+
+
+def serve(config: Path) -> int:
+    """One rank of a :class:`~autoplace.executor.pool.PlanPool` job: run commands until stop.
+
+    Each rank keeps the workload it built (by spec and weights file) between runs and
+    trains a copy each time. A run that fails on a rank ends the job (see the pool): an
+    out-of-memory run writes this rank's report first; any other exception is printed
+    to the job's log, as in a one-shot run.
+    """
+    import traceback
+    from datetime import timedelta
+
+    cfg = json.loads(config.read_text())
+    folder = config.parent
+    rank = int(os.environ["RANK"])
+    device = torch.device(cfg["devices"][rank])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        cmd_group = dist.new_group(backend="gloo", timeout=timedelta(days=1))
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(days=1))
+        cmd_group = dist.group.WORLD
+    cache: dict[str, workloads.Workload] = {}
+    k = 0
+    while True:
+        k += 1
+        box = [_next_command(folder, k, cfg["parent_pid"]) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=cmd_group)
+        cmd = box[0]
+        if cmd["op"] == "stop":
+            break
+        out = folder / f"rep-{k}.json"
+        plan = Plan.from_json(cmd["plan"])
+        spec = cmd["workload"]
+        opts = RunOptions(**cmd["options"])
+        try:
+            if device != torch.device(Cluster.from_json(cmd["cluster"]).devices[
+                    rank if plan.parallel.pipeline > 1 else rank * plan.devices_per_replica].name):
+                raise RuntimeError("the plan's process layout is not this job's")
+            key = json.dumps([spec, opts.weights_file], sort_keys=True)
+            t_load = time.perf_counter()
+            if key not in cache:
+                cache.clear()
+                cache[key] = (load_workload(spec, opts.weights_file) if opts.weights_file
+                              else workloads.get(spec["spec"], seed=spec.get("seed", 0),
+                                                 **spec.get("options", {})))
+            load_s = time.perf_counter() - t_load
+            report = run_here(cache[key], plan, Cluster.from_json(cmd["cluster"]), opts)
+            report.extra["init_s"] = round(load_s, 3)
+            report.extra["pool_run"] = k
+        except Exception:  # as a one-shot run: the log names the rank and the error
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        if report.error:  # out of memory: this rank's report says where
+            _fail(out, rank, report)
+        if rank == 0:
+            _write(out, report.dumps())
+    dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -1,0 +1,95 @@
+"""PlanPool: multi-process plans run one after another in a torchrun job kept alive."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoplace import workloads
+from autoplace.cluster import preset
+from autoplace.executor import run_plan
+from autoplace.executor.pool import PlanPool, rank_devices
+from autoplace.executor.runner import RunOptions, capture_graph
+from autoplace.plan import ParallelConfig, Plan
+
+CPU2 = preset("cpu-x2")
+
+
+def _plan(graph, devices: int = 1, **parallel) -> Plan:
+    n = len(graph.order)
+    groups = {op: min(devices - 1, i * devices // n) for i, op in enumerate(graph.order)}
+    return Plan.from_groups(graph, groups, list(range(devices)),
+                            parallel=ParallelConfig(**parallel))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    wl = workloads.get("gpt-tiny")
+    return wl, capture_graph(wl)
+
+
+def test_rank_devices(tiny):
+    _, g = tiny
+    h4 = preset("h100x4")
+    assert rank_devices(_plan(g, data=2), h4) == ("cuda:0", "cuda:1")
+    assert rank_devices(_plan(g, 4, pipeline=4, microbatches=4), h4) == tuple(
+        f"cuda:{i}" for i in range(4))
+    # two replicas of two devices each: each process starts at its replica's first device
+    assert rank_devices(_plan(g, 2, data=2), h4) == ("cuda:0", "cuda:2")
+
+
+def test_pool_runs_plans_in_one_job_and_matches_run_plan(tiny, tmp_path):
+    wl, g = tiny
+    ddp = _plan(g, data=2)
+    pipe = _plan(g, 2, pipeline=2, microbatches=2)
+    opts = RunOptions(steps=3, warmup=1, reference=False)
+    with PlanPool(CPU2, timeout_s=240) as pool:
+        a = pool.run(ddp, wl, opts)
+        b = pool.run(pipe, wl, opts)
+        c = pool.run(ddp, wl, opts)
+        one = pool.run(_plan(g), wl, opts)  # one process: runs here
+        assert pool.starts == 1
+    for r in (a, b, c, one):
+        assert r.error is None and len(r.loss) == 3 and len(r.step_times_s) == 2
+    assert a.extra["pool_run"] == 1 and b.extra["pool_run"] == 2 and c.extra["pool_run"] == 3
+    # every run trains a fresh copy of the same initial model on the same batches
+    assert a.loss == c.loss
+    fresh = run_plan(ddp, wl, cluster=CPU2, options=opts)
+    assert all(math.isclose(x, y, rel_tol=1e-5) for x, y in zip(a.loss, fresh.loss))
+    assert all(math.isclose(x, y, rel_tol=1e-4) for x, y in zip(a.loss, b.loss))
+
+
+def test_a_failed_run_is_reported_and_the_next_starts_a_new_job(tiny, tmp_path):
+    wl, g = tiny
+    ddp = _plan(g, data=2)
+    bad = tmp_path / "not-weights.pt"
+    bad.write_text("not a weights file")
+    from autoplace.errors import AutoplaceError
+
+    with PlanPool(CPU2, timeout_s=240) as pool:
+        with pytest.raises(AutoplaceError, match="cannot read weights file"):
+            pool.run(ddp, wl, RunOptions(steps=2, warmup=1, reference=False,
+                                         weights_file=str(bad)))
+        ok = pool.run(ddp, wl, RunOptions(steps=2, warmup=1, reference=False))
+        assert ok.error is None and len(ok.loss) == 2
+        assert pool.starts == 2
+
+
+def test_a_rank_killed_mid_run_ends_the_job_not_the_pool(tiny, monkeypatch):
+    """Rank 1 dies at step 1 while rank 0 waits in an all-reduce: torchrun stops the job,
+    the driver gets an error naming the rank, and the next run starts a fresh job."""
+    from autoplace.errors import AutoplaceError
+
+    wl, g = tiny
+    ddp = _plan(g, data=2)
+    opts = RunOptions(steps=3, warmup=1, reference=False)
+    with PlanPool(CPU2, timeout_s=120) as pool:
+        monkeypatch.setenv("AUTOPLACE_FAIL_AT_STEP", "1")
+        monkeypatch.setenv("AUTOPLACE_FAIL_RANK", "1")
+        with pytest.raises(AutoplaceError, match=r"rank 1 \(SIGKILL\)"):
+            pool.run(ddp, wl, opts)
+        monkeypatch.delenv("AUTOPLACE_FAIL_AT_STEP")
+        ok = pool.run(ddp, wl, opts)
+        assert ok.error is None and len(ok.loss) == 3
+        assert pool.starts == 2
