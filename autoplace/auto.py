@@ -118,16 +118,15 @@ def auto_plan(
         graph: a captured (possibly profiled) graph; captured here when None.
         planners: baseline planners to run (default: all).
         policy: also train this policy briefly on the simulator and add its plan.
-        measure: ``plan -> RunReport`` (default: the executor through ``run_plan``).
+        measure: ``plan -> RunReport`` (default: the executor; multi-process plans run in
+            a :class:`~autoplace.executor.pool.PlanPool`, closed when the search ends).
         progress: print progress lines to stderr.
         cache_dir: profile cache folder; the calibration is read from and saved there.
         extra_plans: plans made elsewhere (a policy trained earlier) to consider too,
             by name.
     """
     from autoplace import workloads
-    from autoplace.calibration import Calibration, calibration_path
     from autoplace.capture import capture_workload
-    from autoplace.compare import compare
 
     t_start = time.perf_counter()
     limit_s = parse_duration(budget)
@@ -143,12 +142,28 @@ def auto_plan(
         wl = workloads.get(spec["spec"], device="meta", seed=spec.get("seed", 0),
                            **spec.get("options", {}))
         graph = capture_workload(wl)
-    if measure is None:
-        from autoplace.executor.launch import run_plan
+    pool = None
+    if measure is None:  # multi-process plans run in torchrun jobs kept alive between them
+        from autoplace.executor.pool import PlanPool
+        from autoplace.executor.runner import RunOptions
+
+        pool = PlanPool(cluster)
 
         def measure(plan: Plan):
-            return run_plan(plan, spec, cluster=cluster, steps=steps, warmup=2,
-                            reference=False)
+            return pool.run(plan, spec, RunOptions(steps=steps, warmup=2, reference=False))
+
+    try:
+        return _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure,
+                       progress, cache_dir, extra_plans, t_start, say)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, progress,
+            cache_dir, extra_plans, t_start, say) -> Plan:
+    from autoplace.calibration import Calibration, calibration_path
+    from autoplace.compare import compare
 
     cal = Calibration.load(cache_dir, graph, cluster)
     if cal.samples:
@@ -219,7 +234,11 @@ def auto_plan(
             continue  # its family was measured and it is predicted far slower
         say(f"measuring {c['planner']} ({c['plan'].split()}), predicted "
             f"{corrected(c) * 1e3:.2f} ms")
-        rep = measure(c["plan"])
+        try:
+            rep = measure(c["plan"])
+        except AutoplaceError as e:  # a rank died: that plan failed, the search goes on
+            say(f"  failed: {str(e).splitlines()[0]}")
+            continue
         step = getattr(rep, "step_time_s", None) if not isinstance(rep, (int, float)) else rep
         err = getattr(rep, "error", None)
         if err or not step:

@@ -136,3 +136,18 @@ def test_corrupt_or_foreign_calibration_is_ignored(setup, tmp_path, capsys):
                                   "measured_step_time_s": 5.0}])
     other.save(path)
     assert Calibration.load(tmp_path, graph, cluster).samples == []
+
+
+def test_auto_measures_for_real_on_cpu_ranks(tmp_path):
+    """The default measure: one-process plans here, multi-process ones in one pooled
+    torchrun job (gloo on two CPU ranks); the answer is a measured plan."""
+    cluster = preset("cpu-x2")
+    graph = capture_workload(workloads.get("gpt-tiny", device="meta"))
+    plan = auto_plan("gpt-tiny", cluster, budget="5m", graph=graph,
+                     planners=["single", "ddp", "pipeline"], top_k=3, steps=4,
+                     progress=False, cache_dir=tmp_path)
+    cands = plan.planner["candidates"]
+    fams = {c["family"] for c in cands}
+    assert {"single", "dp-none"} <= fams, fams  # one-process and pooled runs both measured
+    assert all(c["measured_step_time_s"] > 0 for c in cands)
+    assert plan.measured["step_time_s"] == min(c["measured_step_time_s"] for c in cands)

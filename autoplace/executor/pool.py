@@ -14,7 +14,8 @@ rank writes its report (``rep-K.json.rank<R>``) and exits, and torchrun stops th
 The driver reads that report and starts a fresh job for the next plan. So a failure
 costs one job start, as a torchrun per plan always did, and nothing else changes.
 
-One-process plans run in the calling process (:func:`~autoplace.executor.launch.run_plan`).
+One-process plans run in the calling process, on a copy of a workload the pool builds
+once.
 A job serves one layout (number of processes and the device of each rank); a plan with
 another layout replaces it.
 """
@@ -34,7 +35,7 @@ from typing import Any
 
 from autoplace.cluster import Cluster
 from autoplace.errors import AutoplaceError
-from autoplace.executor.launch import _failure_message, run_plan, workload_spec
+from autoplace.executor.launch import _failure_message, workload_spec
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
@@ -90,6 +91,7 @@ class PlanPool:
         self._job = 0
         self._count = 0
         self._fresh = False
+        self._local: dict[str, Workload] = {}
         self.starts = 0
         """Jobs started so far (a failed run costs one)."""
 
@@ -106,8 +108,7 @@ class PlanPool:
         spec = workload_spec(workload)
         par = plan.parallel
         if par.data * par.pipeline == 1:
-            return run_plan(plan, workload if isinstance(workload, Workload) else spec,
-                            cluster=self.cluster, options=opts)
+            return self._run_here(plan, workload, spec, opts)
         layout = rank_devices(plan, self.cluster)
         if self._proc is None or self._proc.poll() is not None or layout != self._layout:
             self._start(layout)
@@ -120,6 +121,24 @@ class PlanPool:
         self._fresh = False
         report = self._wait(k, limit)
         return report
+
+    def _run_here(self, plan: Plan, workload: Workload | str | dict[str, Any],
+                  spec: dict[str, Any], opts: RunOptions) -> RunReport:
+        """A one-process plan, in this process, on a copy of a workload built once."""
+        from autoplace import workloads
+        from autoplace.executor.runner import capture_graph, run_here
+
+        if isinstance(workload, Workload):
+            wl = workload
+        else:
+            key = json.dumps(spec, sort_keys=True)
+            if key not in self._local:
+                self._local.clear()
+                self._local[key] = workloads.get(spec["spec"], seed=spec.get("seed", 0),
+                                                 **spec["options"])
+            wl = self._local[key]
+        plan.validate(capture_graph(wl), self.cluster)
+        return run_here(wl, plan, self.cluster, opts)
 
     def close(self) -> None:
         """Stop the job (if any) and remove the pool's files."""
