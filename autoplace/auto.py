@@ -150,7 +150,8 @@ def auto_plan(
         pool = PlanPool(cluster)
 
         def measure(plan: Plan):
-            return pool.run(plan, spec, RunOptions(steps=steps, warmup=2, reference=False))
+            return pool.run(plan, spec, RunOptions(steps=steps, warmup=2, reference=False),
+                            cluster=cluster)
 
     try:
         return _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure,

@@ -3,10 +3,13 @@
     python scripts/bench_plans.py --out bench/results/                  # GPUs present
     python scripts/bench_plans.py --cpu --scenarios tiny --out /tmp/b   # CPU smoke run
 
-The script relaunches itself under torchrun with one rank per device; rank 0 plans and
-the other ranks follow its commands (over a gloo group), so multi-process plans (DDP,
-FSDP2, torch.distributed.pipelining) and one-process plans run in the same job, in
-interleaved order, without a relaunch per plan.
+This process drives: it plans, runs one-process plans itself, and hands multi-process
+plans (DDP, FSDP2, torch.distributed.pipelining) to a torchrun job it keeps alive between
+runs (:class:`autoplace.executor.pool.PlanPool`), so plans run in interleaved order
+without a process start per plan. A run that fails on a rank (out of memory under a cap)
+ends that job and the next plan starts a fresh one; its processes read the workload's
+initial weights from a file in /dev/shm written once per scenario
+(``RunOptions.weights_file``) instead of initialising the model again.
 
 For each scenario (workload x devices x memory cap):
 1. capture the workload; on GPUs profile per-op costs on cuda:0 (calibrated);
@@ -18,17 +21,12 @@ For each scenario (workload x devices x memory cap):
    pipelines); identical plans are measured once and credited to every planner;
 3. every distinct plan runs ``--reps`` times in interleaved order, ``--steps`` steps
    after ``--warmup`` each; the step time is the median over all timed steps, with the
-   spread of the per-repetition medians;
+   spread of the per-repetition medians. auto measures its candidates with the same
+   steps, and such a measurement is the plan's first repetition (no plan runs twice in
+   a row for nothing);
 4. results: JSON (card, driver, torch version, date, scenarios with plans, ratios,
-   simulator error and Kendall tau) and a markdown table, written after every
-   measurement so a cut-off run keeps what it measured.
-
-Under a memory cap every run of a multi-process plan is a torchrun job of its own
-(``run_plan``): a rank that runs out of memory there ends that job with an error,
-where inside this job it would leave its peers waiting in a collective. So is a plan
-that needs fewer processes than this job has. Such jobs read the workload's initial
-weights from a file in /dev/shm written once per scenario (``RunOptions.weights_file``)
-instead of initialising the model in every process.
+   simulator error and Kendall tau, wall time per scenario) and a markdown table,
+   written after every measurement so a cut-off run keeps what it measured.
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
 MANUAL = ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b",
@@ -82,28 +79,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per repetition")
     p.add_argument("--reps", type=int, default=2, help="repetitions per plan, interleaved")
     p.add_argument("--deadline-s", type=float, default=540, help="stop starting new work after")
-    p.add_argument("--auto-budget", default="60s", help="time budget of the auto planner")
+    p.add_argument("--auto-budget", default="45s", help="time budget of the auto planner")
     p.add_argument("--policy", default="gnn", help="RL policy trained on the simulator")
-    p.add_argument("--policy-budget", default="15s")
+    p.add_argument("--policy-budget", default="10s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile per-op costs on the first device (GPU only)")
-    p.add_argument("--cpu", action="store_true", help="two CPU ranks with gloo (smoke test)")
-    p.add_argument("--nproc", type=int, default=None, help="ranks (default: GPUs present)")
+    p.add_argument("--cpu", action="store_true", help="CPU devices, gloo (smoke test)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="devices to use (default: every GPU present; 2 on CPU)")
     p.add_argument("--out", default="bench/results", help="folder for the JSON and markdown")
     p.add_argument("--render", default=None, metavar="JSON",
                    help="only regenerate the markdown table of a results JSON")
     return p.parse_args()
-
-
-# --------------------------------------------------------------------- launch
-def relaunch(args: argparse.Namespace) -> int:
-    n = args.nproc or (2 if args.cpu or not torch.cuda.is_available()
-                       else torch.cuda.device_count())
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={n}", __file__, *sys.argv[1:]]
-    return subprocess.call(cmd, env=env)
 
 
 def say(msg: str) -> None:
@@ -111,22 +98,17 @@ def say(msg: str) -> None:
 
 
 # ------------------------------------------------------------------ measuring
-class Harness:
-    """Runs a plan on every rank it needs; rank 0 drives, the others obey."""
+class Driver:
+    """Runs plans: one-process plans here, multi-process plans in a :class:`PlanPool`."""
 
-    def __init__(self, cpu: bool) -> None:
-        self.rank = int(os.environ["RANK"])
-        self.world = int(os.environ["WORLD_SIZE"])
-        if cpu:
-            dist.init_process_group("gloo", timeout=dt.timedelta(minutes=5))
-            self.cmd_group = dist.group.WORLD
-        else:
-            torch.cuda.set_device(self.rank)
-            dist.init_process_group("nccl", device_id=torch.device(f"cuda:{self.rank}"),
-                                    timeout=dt.timedelta(minutes=3))
-            self.cmd_group = dist.new_group(backend="gloo", timeout=dt.timedelta(minutes=30))
+    def __init__(self, cluster, log_dir: Path) -> None:
+        from autoplace.executor.pool import PlanPool
+
+        self.cluster = cluster
+        self.pool = PlanPool(cluster, timeout_s=300, log_dir=log_dir)
         self.workloads: dict[str, Any] = {}
         self._weights: tuple[str, str] | None = None  # (workload key, weights file)
+        self.runs = 0
 
     def workload(self, spec: dict[str, Any]):
         from autoplace import workloads
@@ -139,8 +121,8 @@ class Harness:
         return self.workloads[key]
 
     def weights_file(self, spec: dict[str, Any]) -> str:
-        """Rank 0: the workload's initial weights in a file (written once per workload),
-        which an isolated job's processes load instead of initialising the model."""
+        """The workload's initial weights in a file (written once per workload), which
+        the pool's processes load instead of initialising the model."""
         from autoplace.executor.weights import save_weights
 
         key = json.dumps(spec, sort_keys=True)
@@ -153,78 +135,35 @@ class Harness:
             self._weights = (key, str(path))
         return self._weights[1]
 
-    def broadcast(self, cmd: Any) -> Any:
-        box = [cmd]
-        dist.broadcast_object_list(box, src=0, group=self.cmd_group)
-        return box[0]
-
-    def _run(self, cmd: dict[str, Any]):
-        from autoplace.cluster import Cluster
-        from autoplace.executor.runner import RunOptions, run_here
-        from autoplace.plan import Plan
-
-        plan = Plan.from_json(cmd["plan"])
-        cluster = Cluster.from_json(cmd["cluster"])
-        opts = RunOptions(steps=cmd["steps"] + cmd["warmup"], warmup=cmd["warmup"],
-                          reference=False)
-        return run_here(self.workload(cmd["spec"]), plan, cluster, opts)
-
-    def measure(self, spec, plan, cluster, steps: int, warmup: int, isolated: bool = False):
-        """Rank 0: run ``plan`` (on every rank it needs) and return rank 0's report.
-
-        ``isolated``: run a multi-process plan as its own torchrun job (``run_plan``)
-        instead of on this job's ranks, so a rank that runs out of memory ends the job
-        with an error; in this job it would leave its peers waiting in a collective.
-        """
+    def measure(self, spec, plan, cluster, steps: int, warmup: int):
+        """Run ``plan`` and return (rank 0's) report; a failure is a report with an error."""
         from autoplace.executor.report import RunReport
+        from autoplace.executor.runner import RunOptions, run_here
 
-        cmd = {"op": "run", "spec": spec, "plan": plan.to_json(),
-               "cluster": cluster.to_json(), "steps": steps, "warmup": warmup}
-        nproc = plan.parallel.data * plan.parallel.pipeline
-        multi = nproc > 1
-        # a plan needing fewer processes than this job has runs as a job of its own
-        isolated = isolated or (multi and nproc != self.world)
-        if multi:
-            self.broadcast({"op": "free"} if isolated else cmd)
+        gc.collect()
         if torch.cuda.is_available():
-            gc.collect()
             torch.cuda.empty_cache()
+        self.runs += 1
         t0 = time.perf_counter()
         try:
-            if multi and isolated:
-                from autoplace.executor.launch import run_plan
-                from autoplace.executor.runner import RunOptions
-
-                rep = run_plan(plan, spec, cluster=cluster, timeout_s=300,
-                               options=RunOptions(steps=steps + warmup, warmup=warmup,
-                                                  reference=False,
-                                                  weights_file=self.weights_file(spec)))
-                say(f"    job of its own: {time.perf_counter() - t0:.1f} s (process group "
-                    f"{rep.extra.get('group_init_s', '?')} s, weights "
+            if plan.parallel.data * plan.parallel.pipeline == 1:
+                return run_here(self.workload(spec), plan, cluster,
+                                RunOptions(steps=steps + warmup, warmup=warmup, reference=False))
+            starts = self.pool.starts
+            rep = self.pool.run(plan, spec, RunOptions(
+                steps=steps + warmup, warmup=warmup, reference=False,
+                weights_file=self.weights_file(spec)), cluster=cluster)
+            if self.pool.starts != starts:
+                say(f"    new pool job: {time.perf_counter() - t0:.1f} s (weights "
                     f"{rep.extra.get('init_s', '?')} s, build {rep.extra.get('build_s', '?')} s)")
-                return rep
-            return self._run(cmd)
+            return rep
         except Exception as e:  # noqa: BLE001 - a plan that fails is a result
             return RunReport(plan=plan.describe(), error=f"{type(e).__name__}: {e}").finish()
 
-    def follow(self) -> None:
-        """Ranks > 0: run what rank 0 sends until it says stop."""
-        while True:
-            cmd = self.broadcast(None)
-            if cmd["op"] == "stop":
-                return
-            if cmd["op"] == "free":  # rank 0 runs a plan in a job of its own
-                gc.collect()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                continue
-            try:
-                self._run(cmd)
-            except Exception as e:  # noqa: BLE001 - rank 0 records the failure
-                say(f"rank {self.rank}: {type(e).__name__}: {e}")
-
-    def stop(self) -> None:
-        self.broadcast({"op": "stop"})
+    def close(self) -> None:
+        self.pool.close()
+        if self._weights is not None:
+            Path(self._weights[1]).unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------- planning
@@ -289,16 +228,18 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
     return float(kendalltau(xs, ys).statistic)
 
 
-def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float,
+def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                  out: dict[str, Any], save) -> None:
     from autoplace import baselines, workloads
     from autoplace.auto import auto_plan, signature
     from autoplace.capture import capture_workload
-    from autoplace.cluster import Cluster, parse_bytes, preset, resolve
+    from autoplace.cluster import parse_bytes, resolve
     from autoplace.sim import lower_bound, simulate
 
-    n = h.world
-    cluster = preset(f"cpu-x{n}") if args.cpu else Cluster.detect()
+    t_scenario = time.perf_counter()
+    base = h.cluster
+    n = base.num_devices
+    cluster = base
     spec = {"spec": sc["model"], "options": dict(sc["options"]), "seed": 0}
     meta = workloads.get(spec["spec"], device="meta", **spec["options"])
     graph = capture_workload(meta)
@@ -351,17 +292,14 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
         search[f"rl-{args.policy}"] = time.perf_counter() - t
 
     def run(plan, steps: int, warmup: int):
-        """Measure ``plan``; under a cap every multi-process run is a job of its own.
+        return h.measure(spec, plan, cluster, steps=steps, warmup=warmup)
 
-        (Reusing this job's ranks under a cap once let a stage's out-of-memory error,
-        which pipelining re-raises as a RuntimeError, leave rank 0 in a send until the
-        NCCL timeout.)
-        """
-        isolated = bool(cap) and plan.parallel.data * plan.parallel.pipeline > 1
-        return h.measure(spec, plan, cluster, steps=steps, warmup=warmup, isolated=isolated)
+    auto_runs: dict[tuple, Any] = {}  # auto's measurements, a plan's first repetition
 
     def measure_for_auto(plan):
-        return run(plan, steps=8, warmup=2)
+        rep_ = run(plan, args.steps, args.warmup)
+        auto_runs.setdefault(signature(plan), rep_)
+        return rep_
 
     t = time.perf_counter()
     try:
@@ -439,26 +377,37 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Harness, t_start: float
         rec["calibration"] = {"samples": len(cal.samples), "time_factors": cal.time_factors}
         save()
 
-    # ---- measure, interleaved
+    def add_run(d: dict[str, Any], rep_, rep: int, source: str = "") -> None:
+        d["runs"].append({"median": rep_.step_time_s if not rep_.error else None,
+                          "steps": list(rep_.step_times_s) if not rep_.error else [],
+                          "peak": list(rep_.peak_memory_bytes), "oom": rep_.oom,
+                          "error": rep_.error})
+        say(f"  rep {rep}{source} {'/'.join(d['planners'])}: "
+            + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
+               if not rep_.error else f"error: {short_error(rep_.error)}"))
+
+    # ---- measure, interleaved; auto's measurement of a plan is that plan's first
+    for sig, d in distinct.items():
+        if sig in auto_runs:
+            add_run(d, auto_runs[sig], 0, " (auto's run)")
     order = list(distinct.values())
     for rep in range(args.reps):
         for d in order:
+            if len(d["runs"]) > rep:
+                continue  # auto measured it
             if rep and any(r.get("oom") or r.get("error") for r in d["runs"]):
                 continue
             if time.perf_counter() - t_start > args.deadline_s:
                 say("deadline reached: stopping measurements")
+                rec["wall_s"] = time.perf_counter() - t_scenario
                 record()
                 return
-            rep_ = run(d["plan"], args.steps, args.warmup)
-            d["runs"].append({"median": rep_.step_time_s if not rep_.error else None,
-                              "steps": list(rep_.step_times_s) if not rep_.error else [],
-                              "peak": list(rep_.peak_memory_bytes), "oom": rep_.oom,
-                              "error": rep_.error})
-            say(f"  rep {rep} {'/'.join(d['planners'])}: "
-                + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
-                   if not rep_.error else f"error: {short_error(rep_.error)}"))
+            add_run(d, run(d["plan"], args.steps, args.warmup), rep)
+            rec["wall_s"] = time.perf_counter() - t_scenario
             record()
+    rec["wall_s"] = time.perf_counter() - t_scenario
     record()
+    say(f"{name} done in {rec['wall_s']:.0f} s")
 
 
 def markdown(out: dict[str, Any]) -> str:
@@ -513,14 +462,19 @@ def main() -> int:
         path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
         print(path.with_suffix(".md").read_text())
         return 0
-    if "RANK" not in os.environ:
-        return relaunch(args)
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ["WORLD_SIZE"])))
-    h = Harness(args.cpu)
-    if h.rank != 0:
-        h.follow()
-        dist.destroy_process_group()
-        return 0
+    from autoplace.cluster import Cluster, preset
+
+    if args.cpu or not torch.cuda.is_available():
+        cluster = preset(f"cpu-x{args.nproc or 2}")
+    else:
+        cluster = Cluster.detect()
+        if args.nproc:
+            cluster = cluster.subset(list(range(args.nproc)))
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    h = Driver(cluster, log_dir=Path(CACHE) / "pool-logs")
     t_start = time.perf_counter()
     if args.cpu:
         card, driver = "cpu", "-"
@@ -534,12 +488,11 @@ def main() -> int:
             driver = "?"
     date = dt.date.today().isoformat()
     out: dict[str, Any] = {"card": card, "driver": driver, "torch_version": torch.__version__,
-                           "date": date, "num_devices": h.world, "steps": args.steps,
+                           "date": date, "num_devices": cluster.num_devices,
+                           "steps": args.steps,
                            "warmup": args.warmup, "reps": args.reps, "scenarios": []}
     slug = card.lower().replace("nvidia ", "").replace(" ", "-")
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{date}-{slug}x{h.world}.json"
+    path = folder / f"{date}-{slug}x{cluster.num_devices}.json"
 
     def save() -> None:
         out["wall_s"] = time.perf_counter() - t_start
@@ -560,11 +513,10 @@ def main() -> int:
                 out.setdefault("failed", {})[name] = f"{type(e).__name__}: {e}"
                 save()
     finally:
-        h.stop()
+        h.close()
         save()
         say(f"wrote {path} and {path.with_suffix('.md')}")
         print(path.with_suffix(".md").read_text())
-    dist.destroy_process_group()
     return 0
 
 

@@ -97,24 +97,28 @@ class PlanPool:
 
     # ------------------------------------------------------------------ public
     def run(self, plan: Plan, workload: Workload | str | dict[str, Any],
-            options: RunOptions | None = None) -> RunReport:
+            options: RunOptions | None = None, *, cluster: Cluster | None = None) -> RunReport:
         """Run ``plan`` and return rank 0's report (an out-of-memory run is a report with
         ``oom=True``, not an exception).
+
+        ``cluster``: the devices of this run (default: the pool's), e.g. the pool's with a
+        memory cap (:func:`autoplace.cluster.resolve`); its devices must be the pool's.
 
         Raises:
             AutoplaceError: a rank died without a report, or the run passed ``timeout_s``.
         """
         opts = options or RunOptions()
+        cluster = cluster or self.cluster
         spec = workload_spec(workload)
         par = plan.parallel
         if par.data * par.pipeline == 1:
-            return self._run_here(plan, workload, spec, opts)
-        layout = rank_devices(plan, self.cluster)
+            return self._run_here(plan, workload, spec, opts, cluster)
+        layout = rank_devices(plan, cluster)
         if self._proc is None or self._proc.poll() is not None or layout != self._layout:
             self._start(layout)
         self._count += 1
         k = self._count
-        cmd = {"op": "run", "plan": plan.to_json(), "cluster": self.cluster.to_json(),
+        cmd = {"op": "run", "plan": plan.to_json(), "cluster": cluster.to_json(),
                "workload": spec, "options": asdict(opts)}
         _write_json(self._job_dir / f"cmd-{k}.json", cmd)
         limit = self.timeout_s + (self.start_timeout_s if self._fresh else 0.0)
@@ -123,7 +127,7 @@ class PlanPool:
         return report
 
     def _run_here(self, plan: Plan, workload: Workload | str | dict[str, Any],
-                  spec: dict[str, Any], opts: RunOptions) -> RunReport:
+                  spec: dict[str, Any], opts: RunOptions, cluster: Cluster) -> RunReport:
         """A one-process plan, in this process, on a copy of a workload built once."""
         from autoplace import workloads
         from autoplace.executor.runner import capture_graph, run_here
@@ -137,8 +141,8 @@ class PlanPool:
                 self._local[key] = workloads.get(spec["spec"], seed=spec.get("seed", 0),
                                                  **spec["options"])
             wl = self._local[key]
-        plan.validate(capture_graph(wl), self.cluster)
-        return run_here(wl, plan, self.cluster, opts)
+        plan.validate(capture_graph(wl), cluster)
+        return run_here(wl, plan, cluster, opts)
 
     def close(self) -> None:
         """Stop the job (if any) and remove the pool's files."""
