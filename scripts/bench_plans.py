@@ -79,7 +79,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per repetition")
     p.add_argument("--reps", type=int, default=2, help="repetitions per plan, interleaved")
     p.add_argument("--deadline-s", type=float, default=540, help="stop starting new work after")
-    p.add_argument("--auto-budget", default="45s", help="time budget of the auto planner")
+    p.add_argument("--auto-budget", default="30s", help="time budget of the auto planner")
     p.add_argument("--policy", default="gnn", help="RL policy trained on the simulator")
     p.add_argument("--policy-budget", default="10s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
