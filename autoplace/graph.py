@@ -8,7 +8,9 @@ Nodes are kept in program order, which is a topological order.
 Per node (:class:`OpNode`): op kind, output shapes / dtypes / bytes, parameter
 bytes and names, activation bytes kept for backward, forward FLOPs, and forward
 and backward time per device kind (filled by :func:`autoplace.costs.estimate_costs`
-or :func:`autoplace.profile.profile`). Per edge: the bytes of the tensor that flows.
+or :func:`autoplace.profile.profile`), and, where profiled, the part of each that
+does not shrink with the batch (``fwd_fixed_s`` / ``bwd_fixed_s``). Per edge: the
+bytes of the tensor that flows.
 
 The graph is a :class:`networkx.DiGraph` underneath (``graph.nx``); the node
 attribute ``"op"`` holds the :class:`OpNode`, the edge attribute ``"bytes"`` the
@@ -57,6 +59,11 @@ class OpNode:
         flops: forward floating-point operations (a multiply-add counts 2).
         fwd_time_s: forward time in seconds per device kind.
         bwd_time_s: backward time in seconds per device kind.
+        fwd_fixed_s: the part of ``fwd_time_s`` that does not shrink with the batch,
+            per device kind, where measured (:func:`autoplace.profile.profile` fits it
+            from a second run at a smaller batch); absent kinds are unknown and the
+            simulator falls back to the device's launch overhead.
+        bwd_fixed_s: the same for ``bwd_time_s``.
     """
 
     name: str
@@ -72,6 +79,8 @@ class OpNode:
     flops: float = 0.0
     fwd_time_s: dict[str, float] = field(default_factory=dict)
     bwd_time_s: dict[str, float] = field(default_factory=dict)
+    fwd_fixed_s: dict[str, float] = field(default_factory=dict)
+    bwd_fixed_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -199,6 +208,18 @@ class OpGraph:
     def bwd_times(self, device_kind: str) -> np.ndarray:
         """Backward seconds per op (topological order) on ``device_kind``."""
         return np.array([op.bwd_time_s.get(device_kind, 0.0) for op in self], dtype=np.float64)
+
+    def fwd_fixed_times(self, device_kind: str) -> np.ndarray:
+        """Batch-independent part of each op's forward seconds on ``device_kind`` (NaN where
+        unknown)."""
+        return np.array([op.fwd_fixed_s.get(device_kind, np.nan) for op in self],
+                        dtype=np.float64)
+
+    def bwd_fixed_times(self, device_kind: str) -> np.ndarray:
+        """Batch-independent part of each op's backward seconds on ``device_kind`` (NaN
+        where unknown)."""
+        return np.array([op.bwd_fixed_s.get(device_kind, np.nan) for op in self],
+                        dtype=np.float64)
 
     # ------------------------------------------------------------ fingerprint
     @property

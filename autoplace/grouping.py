@@ -233,15 +233,22 @@ def group_graph(graph: OpGraph, groups: dict[str, int]) -> nx.DiGraph:
 
 def group_costs(graph: OpGraph, groups: dict[str, int], device_kind: str | None) -> dict[str, Any]:
     """Per-group sums (arrays indexed by group id): ``fwd_time_s``, ``bwd_time_s``,
-    ``flops``, ``param_bytes``, ``activation_bytes``, ``output_bytes``, ``num_ops``."""
+    ``fwd_fixed_s``, ``bwd_fixed_s`` (the batch-independent parts: NaN for a group
+    with an op whose part is unknown, or with no ``device_kind``), ``flops``,
+    ``param_bytes``, ``activation_bytes``, ``output_bytes``, ``num_ops``."""
     n = max(groups.values()) + 1 if groups else 0
-    out = {k: np.zeros(n) for k in ("fwd_time_s", "bwd_time_s", "flops", "param_bytes",
-                                    "activation_bytes", "output_bytes", "num_ops")}
+    out = {k: np.zeros(n) for k in ("fwd_time_s", "bwd_time_s", "fwd_fixed_s", "bwd_fixed_s",
+                                    "flops", "param_bytes", "activation_bytes",
+                                    "output_bytes", "num_ops")}
+    if device_kind is None:
+        out["fwd_fixed_s"][:] = out["bwd_fixed_s"][:] = np.nan
     for op in graph:
         g = groups[op.name]
         if device_kind is not None:
             out["fwd_time_s"][g] += op.fwd_time_s.get(device_kind, 0.0)
             out["bwd_time_s"][g] += op.bwd_time_s.get(device_kind, 0.0)
+            out["fwd_fixed_s"][g] += op.fwd_fixed_s.get(device_kind, np.nan)
+            out["bwd_fixed_s"][g] += op.bwd_fixed_s.get(device_kind, np.nan)
         out["flops"][g] += op.flops
         out["param_bytes"][g] += op.param_bytes
         out["activation_bytes"][g] += op.activation_bytes

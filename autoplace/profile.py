@@ -30,7 +30,31 @@ is subtracted from every backward time instead. Measured on an H200 with torch
 2.11 (gpt-small, gpt-medium in bf16, resnet50, gnmt-4), raw forward sums came within
 25% of a whole forward and raw backward sums were 1.0x to 2.1x a whole backward.
 
-Results are cached as JSON per (graph fingerprint, device kind) in ``cache_dir``.
+How op times scale with the batch (the fixed parts). A plan runs an op on a share of
+the batch (a microbatch, a data-parallel replica's part), and not every op's time
+shrinks in proportion: a cuDNN LSTM steps through its timesteps one after another
+whatever the batch, a small matmul on a GPU is latency-bound. So after the
+measurement above at the full batch ``B``, the whole measurement (warm-up, per-op
+timing with the same ``repeats``, and its own calibration against a whole forward and
+forward+backward at that batch) runs again at ``b = max(1, B // 8)``, on the inputs cut
+to their first ``b`` rows along dim 0 (every tensor input of one or more dimensions;
+other inputs unchanged). Per op, forward and backward separately, the affine model
+``t(s) = fixed + (t_full - fixed) * s`` through the points ``s = 1`` and
+``s = b / B`` gives ``fixed = (t_small - (b / B) t_full) / (1 - b / B)``, clipped to
+``[0, t_full]``. It is recorded as ``fwd_fixed_s`` / ``bwd_fixed_s`` and set on the
+graph's ops, where the simulator uses it (:mod:`autoplace.sim_model`). Limits: two
+points of noisy timings (an op of a few µs gets a rough fixed part; the clip keeps it
+in range); a time that is not affine in the batch (cache effects, a change of kernel
+between the two batch sizes) is read as if it were; shares below ``b / B`` (more
+than 8 microbatches x replicas) are extrapolated. It is skipped, and the record's
+``"fixed_parts"`` says why (the simulator then falls back to its launch-overhead
+rule), when the inputs have no common dim 0, dim 0 is not the graph's
+``batch_size``, ``B < 2``, or the model fails at batch ``b`` or returns an output of
+unchanged shape (a batch size baked into the model). The second pass takes about as
+many timed calls as the first, each on a smaller batch.
+
+Results are cached as JSON per (graph fingerprint, device kind) in ``cache_dir``;
+records written before the fixed parts existed still load, without them.
 """
 
 from __future__ import annotations
@@ -99,7 +123,10 @@ def profile(
             (default: the workload's; CPUs always run in the model's own dtypes).
 
     Returns:
-        The graph, with ``fwd_time_s[kind]`` / ``bwd_time_s[kind]`` set on every op.
+        The graph, with ``fwd_time_s[kind]`` / ``bwd_time_s[kind]`` set on every op,
+        and ``fwd_fixed_s[kind]`` / ``bwd_fixed_s[kind]`` (the batch-independent parts)
+        where the second, smaller-batch run worked (see the module docstring;
+        ``graph.profile_info[kind]["fixed_parts"]`` says whether it did).
     """
     from autoplace.graph import OpGraph as _OpGraph
 
@@ -297,19 +324,12 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
                 f"a whole training step of {graph.name!r} failed before profiling: "
                 f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
             ) from e
-        timer = _Timer(gm, dev, repeats, subtract=not calibrate)
-        timer.run(*flat)
-        fwd, bwd = timer.fwd, timer.bwd
-        calib = {"fwd_scale": 1.0, "bwd_scale": 1.0}
-        if calibrate:
-            try:
-                calib = _calibrate(gm, flat, dev, repeats, fwd, bwd)
-            except Exception as e:
-                raise AutoplaceError(
-                    f"calibrating the profile of {graph.name!r} failed: "
-                    f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-                ) from e
-    scale_f, scale_b = calib["fwd_scale"], calib["bwd_scale"]
+        fwd, bwd, calib = _timed_pass(gm, flat, dev, repeats, calibrate,
+                                      f"the profile of {graph.name!r}")
+        scale_f, scale_b = calib["fwd_scale"], calib["bwd_scale"]
+        fwd = {k: v * scale_f for k, v in fwd.items()}
+        bwd = {k: v * scale_b for k, v in bwd.items()}
+        scaling = _small_batch_pass(graph, gm, inputs, flat, dev, repeats, calibrate, fwd, bwd)
     return {
         "format": PROFILE_FORMAT,
         "fingerprint": graph.fingerprint,
@@ -318,9 +338,127 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
         "repeats": repeats,
         "autocast_dtype": autocast_dtype,
         "calibration": calib,
-        "fwd_time_s": {k: v * scale_f for k, v in fwd.items()},
-        "bwd_time_s": {k: v * scale_b for k, v in bwd.items()},
+        "fwd_time_s": fwd,
+        "bwd_time_s": bwd,
+        **scaling,
     }
+
+
+def _timed_pass(gm: fx.GraphModule, flat: tuple, dev: torch.device, repeats: int,
+                calibrate: bool, what: str
+                ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Raw per-op forward / backward seconds on ``flat`` and the calibration factors."""
+    timer = _Timer(gm, dev, repeats, subtract=not calibrate)
+    timer.run(*flat)
+    fwd, bwd = timer.fwd, timer.bwd
+    calib = {"fwd_scale": 1.0, "bwd_scale": 1.0}
+    if calibrate:
+        try:
+            calib = _calibrate(gm, flat, dev, repeats, fwd, bwd)
+        except Exception as e:
+            raise AutoplaceError(
+                f"calibrating {what} failed: {type(e).__name__}: {_first_line(e)}"
+            ) from e
+    return fwd, bwd, calib
+
+
+# ------------------------------------------------------- batch-size scaling
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _cut_batch(graph: OpGraph, inputs: tuple) -> tuple[tuple, int, int] | str:
+    """``(inputs cut to their first b rows, B, b)``, or why the batch cannot be cut."""
+    leaves = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    batched = [t for t in leaves if t.dim() >= 1]
+    if not batched:
+        return "no tensor input has a batch dimension"
+    sizes = sorted({int(t.shape[0]) for t in batched})
+    if len(sizes) > 1:
+        return f"tensor inputs disagree on the size of dim 0 ({sizes})"
+    big = sizes[0]
+    known = getattr(graph, "batch_size", None)
+    if known is not None and int(known) != big:
+        return f"dim 0 of the inputs ({big}) is not the batch size ({known})"
+    if big < 2:
+        return f"batch size {big} < 2"
+    small = max(1, big // 8)
+    cut = pytree.tree_map(
+        lambda t: t[:small].clone() if isinstance(t, torch.Tensor) and t.dim() >= 1 else t,
+        inputs)
+    return cut, big, small
+
+
+def _check_outputs_follow_batch(gm: nn.Module, flat: tuple, small: tuple, big: int,
+                                b: int) -> None:
+    """Raise when the model's outputs do not shrink with the batch (a batch size baked
+    into the model, which broadcasting can hide): an output with a dimension of the full
+    batch size must change shape at the small batch."""
+    with torch.no_grad():
+        full = [t.shape for t in pytree.tree_leaves(gm(*flat)) if isinstance(t, torch.Tensor)]
+        cut = [t.shape for t in pytree.tree_leaves(gm(*small)) if isinstance(t, torch.Tensor)]
+    if len(full) != len(cut):
+        raise AutoplaceError(f"the model returns {len(cut)} tensors at batch {b}, "
+                             f"{len(full)} at batch {big}")
+    for a, c in zip(full, cut):
+        if big in a and tuple(a) == tuple(c):
+            raise AutoplaceError(f"an output keeps its shape {tuple(a)} at batch {b} "
+                                 "(a batch size baked into the model?)")
+
+
+def _fit_fixed(full: dict[str, float], small: dict[str, float], share: float
+               ) -> dict[str, float]:
+    """Per op, the fixed part of ``t(s) = fixed + (t_full - fixed) s`` through the points
+    ``(1, t_full)`` and ``(share, t_small)``, clipped to ``[0, t_full]``."""
+    out = {}
+    for name, t in full.items():
+        ts = small.get(name, math.nan)
+        fixed = (ts - share * t) / (1.0 - share)
+        out[name] = min(max(fixed, 0.0), t) if math.isfinite(fixed) else math.nan
+    return out
+
+
+def _small_batch_pass(graph: OpGraph, gm: fx.GraphModule, inputs: tuple, flat: tuple,
+                      dev: torch.device, repeats: int, calibrate: bool,
+                      fwd: dict[str, float], bwd: dict[str, float]) -> dict[str, Any]:
+    """Profile again at batch ``b = max(1, B // 8)`` and fit each op's fixed part.
+
+    Returns the record's batch-scaling keys; ``"fixed_parts"`` says whether they were
+    measured or why not (then there are no ``fwd_fixed_s`` / ``bwd_fixed_s``).
+    """
+    cut = _cut_batch(graph, inputs)
+    if isinstance(cut, str):
+        return {"fixed_parts": f"skipped: {cut}"}
+    small_inputs, big, b = cut
+    small = _flat_inputs(graph, small_inputs)
+    out: dict[str, Any] = {"batch_size": big, "small_batch": b, "share": b / big}
+    try:
+        _check_outputs_follow_batch(gm, flat, small, big, b)
+        _warm_up(gm, small, dev)
+        fwd_s, bwd_s, calib = _timed_pass(gm, small, dev, repeats, calibrate,
+                                          f"the profile at batch {b}")
+    except Exception as e:
+        gm.zero_grad(set_to_none=True)
+        out["fixed_parts"] = (f"skipped: running at batch {b} failed: "
+                              f"{type(e).__name__}: {_first_line(e)}")
+        return out
+    fwd_s = {k: v * calib["fwd_scale"] for k, v in fwd_s.items()}
+    bwd_s = {k: v * calib["bwd_scale"] for k, v in bwd_s.items()}
+    share = b / big
+    ff, bf = _fit_fixed(fwd, fwd_s, share), _fit_fixed(bwd, bwd_s, share)
+    if any(math.isnan(v) for v in (*ff.values(), *bf.values())):
+        out["fixed_parts"] = f"skipped: the run at batch {b} did not time every op"
+        return out
+    out.update({
+        "fixed_parts": "measured",
+        "small_calibration": calib,
+        "fwd_small_s": fwd_s,
+        "bwd_small_s": bwd_s,
+        "fwd_fixed_s": ff,
+        "bwd_fixed_s": bf,
+    })
+    return out
 
 
 def _step_fns(gm: nn.Module, flat: tuple) -> tuple[Callable[[], Any], Callable[[], None]]:
@@ -391,12 +529,24 @@ def _synth_inputs(graph: OpGraph) -> tuple:
 # --------------------------------------------------------------------- cache
 def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
     """Set every op's ``kind`` times from a profile record and note where they came from."""
+    ff, bf = cached.get("fwd_fixed_s") or {}, cached.get("bwd_fixed_s") or {}
     for op in graph:
         op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
         op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
+        # fixed parts where the record has them (older records have none: the simulator
+        # then uses the launch overhead); never keep those of an earlier profile
+        if op.name in ff and op.name in bf:
+            op.fwd_fixed_s[kind] = min(float(ff[op.name]), op.fwd_time_s[kind])
+            op.bwd_fixed_s[kind] = min(float(bf[op.name]), op.bwd_time_s[kind])
+        else:
+            op.fwd_fixed_s.pop(kind, None)
+            op.bwd_fixed_s.pop(kind, None)
     info = dict(getattr(graph, "profile_info", None) or {})
-    info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version")
+    info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version",
+                                         "fixed_parts", "batch_size", "small_batch", "share",
+                                         "small_calibration")
                   if k in cached}
+    info[kind].setdefault("fixed_parts", "absent: the profile record predates them")
     graph.profile_info = info
 
 

@@ -11,7 +11,9 @@ Model, in brief (details in ``sim_model``, ``sim_local``, ``sim_pipeline``):
 * compute: one queue per device in issue order (:func:`issue_order`: forward of all
   microbatches as a wavefront, then backward in reverse, then the AdamW update,
   whose time is ``7 x parameter bytes / memory bandwidth``); an op on ``1/(m d)``
-  of the batch takes ``(t - min(t, o)) / (m d) + min(t, o)`` (``o`` = launch overhead);
+  of the batch takes ``(t - f) / (m d) + f``, where the fixed part ``f`` is the
+  profiled one (``OpNode.fwd_fixed_s`` / ``bwd_fixed_s``, capped at ``t``) where
+  known, else ``min(t, o)`` (``o`` = launch overhead);
 * host issue (``pipeline == 1``): a replica is one process; one host thread issues
   every forward item in order (``host_dispatch_s`` each, 30 us on GPU presets, 0 on
   CPU), then one autograd thread per device issues that device's backward items;
@@ -177,9 +179,10 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
 
     The larger of (a) all forward + backward work at its fastest device kind plus the
     AdamW update at the best memory bandwidth, spread over every device, and (b) the
-    critical path of the part of each op's time no batch split removes
-    (``min(t, launch overhead)``, forward then backward). The full critical path is
-    not a bound: data parallelism and microbatches split every op's work.
+    critical path of the part of each op's time no batch split removes (its fixed
+    part: the profiled one where known, else ``min(t, launch overhead)``; forward then
+    backward). The full critical path is not a bound: data parallelism and
+    microbatches split every op's work.
     """
     ensure_costs(graph, cluster)
     return _cached_lower_bound(graph, cluster, cost_tables(graph, cluster))
@@ -187,7 +190,9 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
 
 def _cached_lower_bound(graph: OpGraph, cluster: Cluster, tables) -> float:
     key = (cluster.devices, cluster.alpha_s, cluster.bandwidth,
-           float(tables.fwd.sum()), float(tables.bwd.sum()))
+           float(tables.fwd.sum()), float(tables.bwd.sum()),
+           float(np.nansum(tables.fwd_fixed)), float(np.nansum(tables.bwd_fixed)),
+           int(np.isnan(tables.fwd_fixed).sum()), int(np.isnan(tables.bwd_fixed).sum()))
     cache = graph.__dict__.setdefault("_sim_lower_bound", {})
     if key not in cache:
         cache.clear()

@@ -134,8 +134,9 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     kind = tables.kind_of_device[dev_t]
     oh = tables.overhead[dev_t]
     share = 1.0 / mdiv
-    tf = scaled(tables.fwd[kind, ar[:, None]], oh, share)
-    tb = scaled(tables.bwd[kind, ar[:, None]], oh, share)
+    col = ar[:, None]
+    tf = scaled(tables.fwd[kind, col], tables.fwd_fixed[kind, col], oh, share)
+    tb = scaled(tables.bwd[kind, col], tables.bwd_fixed[kind, col], oh, share)
     rc_op = np.zeros((num, n), bool)
     for p, plan in enumerate(plans):
         if plan.recompute:

@@ -119,8 +119,8 @@ def op_times(ga, lp: LocalPlan, tables: CostTables, base: int) -> tuple[list[flo
     ar = np.arange(ga.n)
     share = 1.0 / (lp.m * lp.d)
     oh = tables.overhead[cdev]
-    tf = scaled(tables.fwd[kind, ar], oh, share)
-    tb = scaled(tables.bwd[kind, ar], oh, share)
+    tf = scaled(tables.fwd[kind, ar], tables.fwd_fixed[kind, ar], oh, share)
+    tb = scaled(tables.bwd[kind, ar], tables.bwd_fixed[kind, ar], oh, share)
     if lp.recompute:
         rc = np.isin(np.asarray(lp.group), list(lp.recompute))
         tb = tb + np.where(rc, tf, 0.0)

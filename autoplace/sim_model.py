@@ -6,11 +6,17 @@ placement), ``sim_pipeline`` (torch.distributed.pipelining stages) and ``sim_bat
 (the numpy path over many plans). Both the scalar and the batch path compute times
 with the formulas below, so they agree to rounding.
 
-Op time under a batch split. A profiled op time ``t`` on a device with launch
-overhead ``o`` is read as a fixed part ``min(t, o)`` plus a part ``t - min(t, o)``
-that scales with the batch. An op run on ``1 / (m d)`` of the batch (``m``
-microbatches, ``d`` replicas) takes ``(t - min(t, o)) / (m d) + min(t, o)``: equal to
-``t`` when nothing is split, and small microbatches pay the overhead each time.
+Op time under a batch split. A profiled op time ``t`` (whole batch) is read as a
+fixed part ``f`` plus a part ``t - f`` that scales with the batch, so an op run on
+``1 / (m d)`` of the batch (``m`` microbatches, ``d`` replicas) takes
+``(t - f) / (m d) + f``: equal to ``t`` when nothing is split, and every microbatch
+pays the fixed part again. ``f`` is the op's measured fixed part where the profile
+has one (``OpNode.fwd_fixed_s`` / ``bwd_fixed_s``, fitted by
+:func:`autoplace.profile.profile` from a second run at a smaller batch; taken as
+``min(f, t)``), else the device's launch overhead ``o``: ``f = min(t, o)``. The
+measured part matters for ops whose time hardly shrinks with the batch (a cuDNN
+LSTM stepping through its timesteps, small matmuls on a GPU), where ``min(t, o)``
+would have microbatches look almost free.
 """
 
 from __future__ import annotations
@@ -108,6 +114,8 @@ class CostTables:
     kinds: list[str]
     fwd: np.ndarray  # [num_kinds, n] seconds for the whole batch
     bwd: np.ndarray
+    fwd_fixed: np.ndarray  # [num_kinds, n] batch-independent part of fwd, NaN = unknown
+    bwd_fixed: np.ndarray
     kind_of_device: np.ndarray  # [N] index into kinds
     overhead: np.ndarray  # [N] launch overhead, seconds
     host: np.ndarray  # [N] host seconds to issue one op (``host_dispatch_s``)
@@ -130,6 +138,8 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         kinds=kinds,
         fwd=np.stack([graph.fwd_times(k) for k in kinds]),
         bwd=np.stack([graph.bwd_times(k) for k in kinds]),
+        fwd_fixed=np.stack([graph.fwd_fixed_times(k) for k in kinds]),
+        bwd_fixed=np.stack([graph.bwd_fixed_times(k) for k in kinds]),
         kind_of_device=np.array([kinds.index(d.kind) for d in cluster.devices], dtype=np.int64),
         overhead=np.array([d.launch_overhead_s for d in cluster.devices], dtype=np.float64),
         host=np.array([d.host_dispatch_s for d in cluster.devices], dtype=np.float64),
@@ -140,10 +150,25 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
     )
 
 
-def scaled(t: np.ndarray, overhead: np.ndarray | float, share: np.ndarray | float) -> np.ndarray:
-    """Time of an op run on ``share`` of the batch (see the module docstring)."""
-    fixed = np.minimum(t, overhead)
-    return (t - fixed) * share + fixed
+def fixed_part(t: np.ndarray, fixed: np.ndarray | None, overhead: np.ndarray | float
+               ) -> np.ndarray:
+    """The part of op time ``t`` no batch split removes: ``min(fixed, t)`` where the
+    profiled ``fixed`` is known (not NaN), else ``min(t, overhead)``."""
+    base = np.minimum(t, overhead)
+    if fixed is None:
+        return base
+    known = ~np.isnan(fixed)
+    if not known.any():
+        return base
+    return np.where(known, np.minimum(fixed, t), base)
+
+
+def scaled(t: np.ndarray, fixed: np.ndarray | None, overhead: np.ndarray | float,
+           share: np.ndarray | float) -> np.ndarray:
+    """Time of an op run on ``share`` of the batch (see the module docstring); ``fixed``
+    is the profiled fixed part per op (NaN or None: unknown)."""
+    f = fixed_part(t, fixed, overhead)
+    return (t - f) * share + f
 
 
 def affine_collective(cluster: Cluster, kind: str, group: list[int]) -> tuple[float, float]:
@@ -306,12 +331,13 @@ def lower_bound_from(graph: OpGraph, cluster: Cluster, tables: CostTables) -> fl
     total += UPDATE_TRAFFIC_PER_PARAM_BYTE * float(ga.param_bytes.sum()) / float(
         tables.mem_bandwidth.max()
     )
-    # the part of every op no batch split removes: min(t, overhead) on the best device
+    # the part of every op no batch split removes (see ``fixed_part``) on the best device
     fixed = np.full(ga.n, np.inf)
     for ki in range(len(tables.kinds)):
         oh = tables.overhead[tables.kind_of_device == ki].min()
         fixed = np.minimum(
-            fixed, np.minimum(tables.fwd[ki], oh) + np.minimum(tables.bwd[ki], oh)
+            fixed, fixed_part(tables.fwd[ki], tables.fwd_fixed[ki], oh)
+            + fixed_part(tables.bwd[ki], tables.bwd_fixed[ki], oh)
         )
     longest = np.zeros(ga.n)
     for i in range(ga.n):

@@ -23,6 +23,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.grouping import colocation_groups
+from autoplace.sim_model import fixed_part
 
 __all__ = ["SplitCosts", "SplitConfig", "split_costs", "best_split", "split_objective",
            "chain_groups", "estimate_step_s"]
@@ -81,7 +82,8 @@ class SplitCosts:
 
     Attributes:
         fixed_s, var_s: forward + backward seconds of each group that do not / do
-            shrink with the batch share (``min(t, launch overhead)`` per op and the rest).
+            shrink with the batch share (per op, the simulator's fixed part
+            :func:`autoplace.sim_model.fixed_part`, and the rest).
         fwd_fixed_s, fwd_var_s: the same for the forward alone (paid again by recompute).
         param_bytes, activation_bytes: per group.
         cut_bytes: ``[G + 1]``, bytes of every tensor crossing the boundary before group
@@ -133,7 +135,8 @@ def split_costs(graph: OpGraph, cluster: Cluster, groups: dict[str, int]) -> Spl
     n = max(groups.values()) + 1
     gid = np.array([groups[o] for o in graph.order])
     f, b = graph.fwd_times(dev.kind), graph.bwd_times(dev.kind)
-    ff, bf = np.minimum(f, oh), np.minimum(b, oh)
+    ff = fixed_part(f, graph.fwd_fixed_times(dev.kind), oh)
+    bf = fixed_part(b, graph.bwd_fixed_times(dev.kind), oh)
 
     def per_group(x) -> np.ndarray:
         return np.bincount(gid, weights=np.asarray(x, dtype=np.float64), minlength=n)
