@@ -5,8 +5,10 @@ mostly per execution *family* (FSDP2's all-gathers, torch pipelining's per-micro
 costs, DDP's bucket overlap). After a plan is executed for real, the ratio of its
 measured to simulated step time, and of its measured to simulated peak memory, is a
 sample for its family (:func:`autoplace.auto.family`). A :class:`Calibration` keeps
-the samples; a family's factor is the median of its samples' ratios; families without
-samples use the median of every sample's ratio (1.0 when there are none).
+the samples; a family's factor is the median of its samples' ratios; a family without
+samples keeps the simulator's own figure (factor 1.0): what FSDP2 or pipelining get
+wrong says nothing about a one-process placement (on 2x H200, one FSDP2 sample at 2.55x
+once pushed every unmeasured placement 2.55x down auto's ranking).
 
 The file is ``<cache_dir>/<graph fingerprint>-<device kind>x<devices>.calibration.json``
 in the profile cache folder, so ``autoplace plan --planner auto`` (which writes it
@@ -67,8 +69,7 @@ class Calibration:
 
     def time_factor(self, fam: str) -> float:
         """Measured/simulated step time for plans of family ``fam``."""
-        r = self._ratios("measured_step_time_s", "sim_step_time_s", fam) or \
-            self._ratios("measured_step_time_s", "sim_step_time_s", None)
+        r = self._ratios("measured_step_time_s", "sim_step_time_s", fam)
         return statistics.median(r) if r else 1.0
 
     def memory_factor(self, fam: str) -> float:

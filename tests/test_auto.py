@@ -121,7 +121,7 @@ def test_calibration_factors_and_defaults(setup):
     assert cal.step_time(plan, 1.0) == 1.0  # no samples: the simulator as is
     cal.record(plan, "ddp", sim.step_time_s, max(sim.peak_memory_bytes), 2.0 * sim.step_time_s)
     assert cal.time_factor("dp-none") == pytest.approx(2.0)
-    assert cal.time_factor("pipeline") == pytest.approx(2.0)  # unknown family: all samples
+    assert cal.time_factor("pipeline") == 1.0  # a family never measured: the simulator as is
     assert cal.memory_factor("pipeline") == 1.0  # no memory measured
 
 
