@@ -73,7 +73,7 @@ def test_a_failed_run_is_reported_and_the_next_starts_a_new_job(tiny, tmp_path):
                                          weights_file=str(bad)))
         ok = pool.run(ddp, wl, RunOptions(steps=2, warmup=1, reference=False))
         assert ok.error is None and len(ok.loss) == 2
-        assert pool.starts == 2
+        assert pool.starts == 2 and ok.extra["pool_run"] == 1
 
 
 def test_a_rank_killed_mid_run_ends_the_job_not_the_pool(tiny, monkeypatch):
@@ -89,7 +89,27 @@ def test_a_rank_killed_mid_run_ends_the_job_not_the_pool(tiny, monkeypatch):
         monkeypatch.setenv("AUTOPLACE_FAIL_RANK", "1")
         with pytest.raises(AutoplaceError, match=r"rank 1 \(SIGKILL\)"):
             pool.run(ddp, wl, opts)
+        assert pool.starts == 2  # the replacement job started at once, in the background
         monkeypatch.delenv("AUTOPLACE_FAIL_AT_STEP")
+        pool.warm(ddp, wl)  # a fresh job (without the fault) that builds the model first
         ok = pool.run(ddp, wl, opts)
         assert ok.error is None and len(ok.loss) == 3
-        assert pool.starts == 2
+        assert pool.starts == 3 and ok.extra["pool_run"] == 1
+
+
+def test_warm_job_with_weights_file_trains_the_same_model_every_run(tiny, tmp_path):
+    from autoplace.executor.weights import save_weights
+
+    wl, g = tiny
+    path = str(save_weights(wl.model, tmp_path / "w.pt"))
+    ddp = _plan(g, data=2)
+    opts = RunOptions(steps=3, warmup=1, reference=False, weights_file=path)
+    with PlanPool(CPU2, timeout_s=240) as pool:
+        pool.warm(ddp, wl, path)
+        a = pool.run(ddp, wl, opts)
+        b = pool.run(ddp, wl, opts)
+        assert pool.starts == 1
+    assert a.error is None and a.loss == b.loss  # each run loads the initial weights afresh
+    built = run_plan(ddp, wl, cluster=CPU2, options=RunOptions(steps=3, warmup=1,
+                                                                reference=False))
+    assert all(math.isclose(x, y, rel_tol=1e-5) for x, y in zip(a.loss, built.loss))

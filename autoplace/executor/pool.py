@@ -92,10 +92,23 @@ class PlanPool:
         self._count = 0
         self._fresh = False
         self._local: dict[str, Workload] = {}
+        self._preload: dict[str, Any] | None = None
         self.starts = 0
         """Jobs started so far (a failed run costs one)."""
 
     # ------------------------------------------------------------------ public
+    def warm(self, plan: Plan, workload: Workload | str | dict[str, Any],
+             weights_file: str | None = None, *, cluster: Cluster | None = None) -> None:
+        """Start a fresh job for ``plan``'s process layout now, in the background.
+
+        Its processes build ``workload`` (from ``weights_file`` when given) while the
+        caller does other work, so the next :meth:`run` of that layout finds them ready.
+        After a failed run the pool starts the replacement job the same way at once.
+        Fresh processes also start with no memory held from earlier runs.
+        """
+        self._preload = {"workload": workload_spec(workload), "weights_file": weights_file}
+        self._start(rank_devices(plan, cluster or self.cluster))
+
     def run(self, plan: Plan, workload: Workload | str | dict[str, Any],
             options: RunOptions | None = None, *, cluster: Cluster | None = None) -> RunReport:
         """Run ``plan`` and return rank 0's report (an out-of-memory run is a report with
@@ -163,7 +176,8 @@ class PlanPool:
         self._job_dir = self.dir / f"job{self._job}"
         self._job_dir.mkdir()
         cfg = self._job_dir / "serve.json"
-        _write_json(cfg, {"devices": list(layout), "parent_pid": os.getpid()})
+        _write_json(cfg, {"devices": list(layout), "parent_pid": os.getpid(),
+                          "preload": self._preload})
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                    PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -218,11 +232,14 @@ class PlanPool:
         if proc is not None and proc.poll() is None:
             self._kill(proc)
         self._log.close()
-        nproc = len(self._layout or ())
+        layout, job_dir, log_path = self._layout, self._job_dir, self._log_path
+        nproc = len(layout or ())
         self._layout = None
-        for path in sorted(self._job_dir.glob(f"rep-{k}.json.rank*")):  # a failing rank's
+        if layout is not None:  # the next run of this layout need not wait for a start
+            self._start(layout)
+        for path in sorted(job_dir.glob(f"rep-{k}.json.rank*")):  # a failing rank's
             return RunReport.from_json(json.loads(path.read_text()))
-        text = self._log_path.read_text(errors="replace")
+        text = log_path.read_text(errors="replace")
         if rc is None:
             raise AutoplaceError(f"the run took longer than {limit_s:.0f} s and was stopped; "
                                  f"last lines of its log:\n" + "\n".join(text.splitlines()[-15:]))

@@ -123,6 +123,23 @@ def serve(config: Path) -> int:
         dist.init_process_group("gloo", timeout=timedelta(days=1))
         cmd_group = dist.group.WORLD
     cache: dict[str, workloads.Workload] = {}
+
+    def workload(spec: dict, weights_file: str | None) -> tuple[workloads.Workload, bool]:
+        """The workload to train and whether it is this run's own (else: train a copy).
+        From a weights file every run loads afresh (memory-mapped: no copy to make, and
+        nothing of a run's model is kept); otherwise it is built once and copied."""
+        if weights_file:
+            return load_workload(spec, weights_file), True
+        key = json.dumps(spec, sort_keys=True)
+        if key not in cache:
+            cache.clear()
+            cache[key] = workloads.get(spec["spec"], seed=spec.get("seed", 0),
+                                       **spec.get("options", {}))
+        return cache[key], False
+
+    if cfg.get("preload"):  # build it (and import what it needs) before the first run
+        pre = cfg["preload"]
+        workload(pre["workload"], pre.get("weights_file"))
     k = 0
     while True:
         k += 1
@@ -139,17 +156,17 @@ def serve(config: Path) -> int:
             if device != torch.device(Cluster.from_json(cmd["cluster"]).devices[
                     rank if plan.parallel.pipeline > 1 else rank * plan.devices_per_replica].name):
                 raise RuntimeError("the plan's process layout is not this job's")
-            key = json.dumps([spec, opts.weights_file], sort_keys=True)
             t_load = time.perf_counter()
-            if key not in cache:
-                cache.clear()
-                cache[key] = (load_workload(spec, opts.weights_file) if opts.weights_file
-                              else workloads.get(spec["spec"], seed=spec.get("seed", 0),
-                                                 **spec.get("options", {})))
+            wl, own = workload(spec, opts.weights_file)
             load_s = time.perf_counter() - t_load
-            report = run_here(cache[key], plan, Cluster.from_json(cmd["cluster"]), opts)
+            report = run_here(wl, plan, Cluster.from_json(cmd["cluster"]), opts,
+                              copy_model=not own)
+            del wl
             report.extra["init_s"] = round(load_s, 3)
             report.extra["pool_run"] = k
+            if device.type == "cuda":  # what this process still holds after the run
+                report.extra["leftover_allocated_bytes"] = torch.cuda.memory_allocated(device)
+                report.extra["leftover_reserved_bytes"] = torch.cuda.memory_reserved(device)
         except Exception:  # as a one-shot run: the log names the rank and the error
             traceback.print_exc()
             sys.stderr.flush()

@@ -1,0 +1,34 @@
+"""scripts/bench_plans.py end to end on two CPU devices (gloo): the smallest scenario."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_plans_cpu_smoke(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_plans.py"), "--cpu", "--scenarios",
+           "tiny", "--steps", "3", "--warmup", "1", "--reps", "2", "--auto-budget", "8s",
+           "--policy-budget", "2s", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert {"card", "driver", "torch_version", "date", "scenarios"} <= out.keys()
+    (sc,) = out["scenarios"]
+    assert {"auto_vs_best_manual", "auto_vs_lower_bound", "sim_error_median",
+            "kendall_tau", "wall_s"} <= sc.keys()
+    rows = {r["planner"]: r for r in sc["plans"]}
+    # every hand-written option and every planner has a row; one- and multi-process
+    # plans were executed (DDP and the pipelines run in the pool's job)
+    for name in ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b",
+                 "expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp", "auto"):
+        assert name in rows, name
+        assert rows[name]["measured_step_time_s"] > 0, (name, rows[name]["error"])
+    # two repetitions each: auto's run of a plan counts as its first
+    assert all(len(r["rep_medians_s"]) == 2 for r in rows.values() if not r["error"])
+    assert sc["auto_vs_best_manual"] > 0 and sc["auto_vs_lower_bound"] > 0
+    assert "tiny" in (tmp_path / next(tmp_path.glob("*.md")).name).read_text()
