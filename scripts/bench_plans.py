@@ -3,13 +3,15 @@
     python scripts/bench_plans.py --out bench/results/                  # GPUs present
     python scripts/bench_plans.py --cpu --scenarios tiny --out /tmp/b   # CPU smoke run
 
-This process drives: it plans, runs one-process plans itself, and hands multi-process
-plans (DDP, FSDP2, torch.distributed.pipelining) to a torchrun job it keeps alive between
-runs (:class:`autoplace.executor.pool.PlanPool`), so plans run in interleaved order
-without a process start per plan. A run that fails on a rank (out of memory under a cap)
-ends that job and the next plan starts a fresh one; its processes read the workload's
-initial weights from a file in /dev/shm written once per scenario
-(``RunOptions.weights_file``) instead of initialising the model again.
+This process drives: it profiles and plans, and hands every plan to torchrun jobs it
+keeps alive between runs (:class:`autoplace.executor.pool.PlanPool`: a one-process job
+for one-process plans, one rank per device for DDP, FSDP2 and
+torch.distributed.pipelining), so plans run in interleaved order without a process start
+per plan. Each scenario starts fresh jobs, which load the model while this process
+profiles and plans; every run reads the workload's initial weights from a file in
+/dev/shm written once per scenario (``RunOptions.weights_file``). A multi-process run
+that fails on a rank (out of memory under a cap) ends its job, and a run past 60 s is
+stopped; the replacement job starts at once.
 
 For each scenario (workload x devices x memory cap):
 1. capture the workload; on GPUs profile per-op costs on cuda:0 (calibrated);
@@ -74,14 +76,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--scenarios", default="gpt1b-16GB,gpt1b,gnmt4-capped,branchy-mlp,inception")
+    p.add_argument("--scenarios", default="gpt1b-16GB,gnmt4-capped,gpt1b,branchy-mlp,inception")
     p.add_argument("--steps", type=int, default=20, help="timed steps per repetition")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per repetition")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per repetition")
     p.add_argument("--reps", type=int, default=2, help="repetitions per plan, interleaved")
     p.add_argument("--deadline-s", type=float, default=540, help="stop starting new work after")
     p.add_argument("--auto-budget", default="30s", help="time budget of the auto planner")
     p.add_argument("--policy", default="gnn", help="RL policy trained on the simulator")
-    p.add_argument("--policy-budget", default="10s")
+    p.add_argument("--policy-budget", default="6s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile per-op costs on the first device (GPU only)")
     p.add_argument("--cpu", action="store_true", help="CPU devices, gloo (smoke test)")
@@ -105,19 +107,25 @@ class Driver:
         from autoplace.executor.pool import PlanPool
 
         self.cluster = cluster
-        self.pool = PlanPool(cluster, timeout_s=300, log_dir=log_dir)
+        # a run (23 steps) takes seconds; one that takes minutes is stopped, not waited for
+        self.pool = PlanPool(cluster, timeout_s=60, log_dir=log_dir)
         self.workloads: dict[str, Any] = {}
         self._weights: tuple[str, str] | None = None  # (workload key, weights file)
         self.runs = 0
 
     def workload(self, spec: dict[str, Any]):
+        """The scenario's model, for profiling and the weights file. Built on the first
+        GPU (initialising gpt-1b on one CPU core takes ~16 s); this process runs no plan,
+        so the memory it holds there counts against no plan's cap."""
         from autoplace import workloads
 
         key = json.dumps(spec, sort_keys=True)
         if key not in self.workloads:
             self.workloads.clear()
+            gc.collect()
+            dev = self.cluster.devices[0].name if torch.cuda.is_available() else None
             self.workloads[key] = workloads.get(spec["spec"], seed=spec.get("seed", 0),
-                                                **spec["options"])
+                                                device=dev, **spec["options"])
         return self.workloads[key]
 
     def weights_file(self, spec: dict[str, Any]) -> str:
@@ -136,36 +144,23 @@ class Driver:
         return self._weights[1]
 
     def measure(self, spec, plan, cluster, steps: int, warmup: int):
-        """Run ``plan`` and return (rank 0's) report; a failure is a report with an error."""
+        """Run ``plan`` in the pool and return (rank 0's) report; a failure is a report
+        with an error."""
         from autoplace.executor.report import RunReport
-        from autoplace.executor.runner import RunOptions, run_here
+        from autoplace.executor.runner import RunOptions
 
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
         self.runs += 1
         t0 = time.perf_counter()
         try:
-            if plan.parallel.data * plan.parallel.pipeline == 1:
-                from autoplace.executor.weights import load_workload
-
-                # a fresh memory-mapped load of the initial weights: no copy to make
-                wl = load_workload(spec, self.weights_file(spec))
-                rep = run_here(wl, plan, cluster, RunOptions(
-                    steps=steps + warmup, warmup=warmup, reference=False), copy_model=False)
-                del wl
-                gc.collect()
-                if torch.cuda.is_available():  # what this process still holds after the run
-                    rep.extra["leftover_allocated_bytes"] = sum(
-                        torch.cuda.memory_allocated(i) for i in range(torch.cuda.device_count()))
-                return rep
             starts = self.pool.starts
             rep = self.pool.run(plan, spec, RunOptions(
                 steps=steps + warmup, warmup=warmup, reference=False,
                 weights_file=self.weights_file(spec)), cluster=cluster)
-            if self.pool.starts != starts:
-                say(f"    new pool job: {time.perf_counter() - t0:.1f} s (weights "
+            if rep.extra.get("pool_run") == 1:
+                say(f"    first run of a fresh job: {time.perf_counter() - t0:.1f} s (weights "
                     f"{rep.extra.get('init_s', '?')} s, build {rep.extra.get('build_s', '?')} s)")
+            if self.pool.starts != starts:
+                say("    its job ended; a replacement is starting")
             return rep
         except Exception as e:  # noqa: BLE001 - a plan that fails is a result
             return RunReport(plan=plan.describe(), error=f"{type(e).__name__}: {e}").finish()
@@ -253,8 +248,10 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     spec = {"spec": sc["model"], "options": dict(sc["options"]), "seed": 0}
     meta = workloads.get(spec["spec"], device="meta", **spec["options"])
     graph = capture_workload(meta)
-    # fresh pool processes for this scenario build the model while we profile and plan
-    h.pool.warm(baselines.get("ddp")(graph, cluster), spec, h.weights_file(spec))
+    # fresh pool processes for this scenario (one-process plans, and one rank per device)
+    # load the model while we profile and plan
+    h.pool.warm([baselines.get("single")(graph, cluster), baselines.get("ddp")(graph, cluster)],
+                spec, h.weights_file(spec))
     t0 = time.perf_counter()
     if args.profile and not args.cpu:
         from autoplace.profile import profile

@@ -48,8 +48,9 @@ def test_pool_runs_plans_in_one_job_and_matches_run_plan(tiny, tmp_path):
         a = pool.run(ddp, wl, opts)
         b = pool.run(pipe, wl, opts)
         c = pool.run(ddp, wl, opts)
-        one = pool.run(_plan(g), wl, opts)  # one process: runs here
-        assert pool.starts == 1
+        one = pool.run(_plan(g), wl, opts)  # one process: a one-process job of its own
+        again = pool.run(_plan(g), wl, opts)
+        assert pool.starts == 2 and again.extra["pool_run"] == 2
     for r in (a, b, c, one):
         assert r.error is None and len(r.loss) == 3 and len(r.step_times_s) == 2
     assert a.extra["pool_run"] == 1 and b.extra["pool_run"] == 2 and c.extra["pool_run"] == 3

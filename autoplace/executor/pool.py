@@ -5,19 +5,20 @@ set-up, building the model) before the first step. A :class:`PlanPool` keeps one
 torchrun job per process layout alive (``python -m autoplace.executor.worker --serve
 DIR``) and hands it plan after plan: the driver writes ``DIR/cmd-K.json``, rank 0 of
 the job reads it and broadcasts it to the other ranks (gloo), every rank runs its part
-with :func:`~autoplace.executor.runner.run_here` on a copy of the workload it keeps
-between runs, and rank 0 writes ``DIR/rep-K.json``.
+with :func:`~autoplace.executor.runner.run_here` (on the initial weights loaded afresh
+from ``RunOptions.weights_file``, or on a copy of a workload it built once), and rank 0
+writes ``DIR/rep-K.json``.
 
-A run that fails on any rank (out of memory, a killed rank, an exception) ends the
-job: a peer may be waiting in a collective that will never complete, so the failing
-rank writes its report (``rep-K.json.rank<R>``) and exits, and torchrun stops the rest.
-The driver reads that report and starts a fresh job for the next plan. So a failure
-costs one job start, as a torchrun per plan always did, and nothing else changes.
+A multi-process run that fails on any rank (out of memory, a killed rank, an
+exception) ends the job: a peer may be waiting in a collective that will never
+complete, so the failing rank writes its report (``rep-K.json.rank<R>``) and exits, and
+torchrun stops the rest. A run past ``timeout_s`` has its job killed. Either way the
+driver reads what there is and starts the replacement job at once, in the background.
+A one-process job survives its own out-of-memory runs.
 
-One-process plans run in the calling process, on a copy of a workload the pool builds
-once.
-A job serves one layout (number of processes and the device of each rank); a plan with
-another layout replaces it.
+Every plan runs in a job, one-process plans too (in a one-process job); a job serves
+one layout (number of processes and the first device of each), and the pool keeps one
+job per layout it has seen.
 """
 
 from __future__ import annotations
@@ -61,8 +62,23 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+class _Job:
+    """One torchrun job serving one process layout."""
+
+    def __init__(self, proc: subprocess.Popen, folder: Path, log_path: Path, log: Any) -> None:
+        self.proc, self.dir, self.log_path, self.log = proc, folder, log_path, log
+        self.count = 0  # commands sent
+        self.fresh = True  # no run finished yet: allow for its start-up
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
 class PlanPool:
-    """Run plans in torchrun jobs that stay alive between runs.
+    """Run plans in torchrun jobs that stay alive between runs, one job per process layout.
+
+    Every plan runs in a job, one-process plans too (a one-process job), so a run that
+    hangs or crashes never takes the caller with it, and the caller holds no GPU memory.
 
     Example::
 
@@ -72,7 +88,7 @@ class PlanPool:
 
     Args:
         cluster: the devices plans run on.
-        timeout_s: wall-clock limit of one run (the job is stopped past it).
+        timeout_s: wall-clock limit of one run (its job is stopped past it).
         start_timeout_s: limit for a fresh job to join up, on top of ``timeout_s``.
         log_dir: keep each job's log there (default: a temporary folder, removed on close).
     """
@@ -86,28 +102,29 @@ class PlanPool:
         self.dir = Path(self._tmp.name)
         self.log_dir = Path(log_dir) if log_dir else self.dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._proc: subprocess.Popen | None = None
-        self._layout: tuple[str, ...] | None = None
-        self._job = 0
-        self._count = 0
-        self._fresh = False
-        self._local: dict[str, Workload] = {}
+        self._jobs: dict[tuple[str, ...], _Job] = {}
+        self._n = 0
         self._preload: dict[str, Any] | None = None
         self.starts = 0
         """Jobs started so far (a failed run costs one)."""
 
     # ------------------------------------------------------------------ public
-    def warm(self, plan: Plan, workload: Workload | str | dict[str, Any],
+    def warm(self, plans: Plan | list[Plan], workload: Workload | str | dict[str, Any],
              weights_file: str | None = None, *, cluster: Cluster | None = None) -> None:
-        """Start a fresh job for ``plan``'s process layout now, in the background.
+        """Stop every job and start fresh ones for ``plans``' process layouts, in the
+        background.
 
-        Its processes build ``workload`` (from ``weights_file`` when given) while the
-        caller does other work, so the next :meth:`run` of that layout finds them ready.
+        Their processes build ``workload`` (from ``weights_file`` when given) while the
+        caller does other work, so the next :meth:`run` of those layouts finds them ready.
         After a failed run the pool starts the replacement job the same way at once.
         Fresh processes also start with no memory held from earlier runs.
         """
         self._preload = {"workload": workload_spec(workload), "weights_file": weights_file}
-        self._start(rank_devices(plan, cluster or self.cluster))
+        self._stop_all()
+        for plan in [plans] if isinstance(plans, Plan) else plans:
+            layout = rank_devices(plan, cluster or self.cluster)
+            if layout not in self._jobs:
+                self._start(layout)
 
     def run(self, plan: Plan, workload: Workload | str | dict[str, Any],
             options: RunOptions | None = None, *, cluster: Cluster | None = None) -> RunReport:
@@ -123,43 +140,25 @@ class PlanPool:
         opts = options or RunOptions()
         cluster = cluster or self.cluster
         spec = workload_spec(workload)
-        par = plan.parallel
-        if par.data * par.pipeline == 1:
-            return self._run_here(plan, workload, spec, opts, cluster)
         layout = rank_devices(plan, cluster)
-        if self._proc is None or self._proc.poll() is not None or layout != self._layout:
-            self._start(layout)
-        self._count += 1
-        k = self._count
+        job = self._jobs.get(layout)
+        if job is None or not job.alive():
+            if job is not None:
+                self._close(layout)
+            job = self._start(layout)
+        job.count += 1
+        k = job.count
         cmd = {"op": "run", "plan": plan.to_json(), "cluster": cluster.to_json(),
                "workload": spec, "options": asdict(opts)}
-        _write_json(self._job_dir / f"cmd-{k}.json", cmd)
-        limit = self.timeout_s + (self.start_timeout_s if self._fresh else 0.0)
-        self._fresh = False
-        report = self._wait(k, limit)
+        _write_json(job.dir / f"cmd-{k}.json", cmd)
+        limit = self.timeout_s + (self.start_timeout_s if job.fresh else 0.0)
+        report = self._wait(layout, job, k, limit)
+        job.fresh = False
         return report
 
-    def _run_here(self, plan: Plan, workload: Workload | str | dict[str, Any],
-                  spec: dict[str, Any], opts: RunOptions, cluster: Cluster) -> RunReport:
-        """A one-process plan, in this process, on a copy of a workload built once."""
-        from autoplace import workloads
-        from autoplace.executor.runner import capture_graph, run_here
-
-        if isinstance(workload, Workload):
-            wl = workload
-        else:
-            key = json.dumps(spec, sort_keys=True)
-            if key not in self._local:
-                self._local.clear()
-                self._local[key] = workloads.get(spec["spec"], seed=spec.get("seed", 0),
-                                                 **spec["options"])
-            wl = self._local[key]
-        plan.validate(capture_graph(wl), cluster)
-        return run_here(wl, plan, cluster, opts)
-
     def close(self) -> None:
-        """Stop the job (if any) and remove the pool's files."""
-        self._stop()
+        """Stop every job and remove the pool's files."""
+        self._stop_all()
         self._tmp.cleanup()
 
     def __enter__(self) -> PlanPool:
@@ -168,41 +167,44 @@ class PlanPool:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ----------------------------------------------------------------- the job
-    def _start(self, layout: tuple[str, ...]) -> None:
-        self._stop()
-        self._job += 1
-        self._count = 0
-        self._job_dir = self.dir / f"job{self._job}"
-        self._job_dir.mkdir()
-        cfg = self._job_dir / "serve.json"
+    # ---------------------------------------------------------------- the jobs
+    def _start(self, layout: tuple[str, ...]) -> _Job:
+        self._n += 1
+        folder = self.dir / f"job{self._n}"
+        folder.mkdir()
+        cfg = folder / "serve.json"
         _write_json(cfg, {"devices": list(layout), "parent_pid": os.getpid(),
                           "preload": self._preload})
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                    PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "1")
-        self._log_path = self.log_dir / f"pool-job{self._job}.log"
-        self._log = open(self._log_path, "w")  # noqa: SIM115 - closed in _stop
+        log_path = self.log_dir / f"pool-job{self._n}.log"
+        log = open(log_path, "w")  # noqa: SIM115 - closed in _close
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={len(layout)}", "-m", "autoplace.executor.worker",
                "--serve", str(cfg)]
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
-        self._layout = layout
-        self._fresh = True
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        self._jobs[layout] = job = _Job(proc, folder, log_path, log)
         self.starts += 1
+        return job
 
-    def _stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            if proc.poll() is None:
-                _write_json(self._job_dir / f"cmd-{self._count + 1}.json", {"op": "stop"})
+    def _close(self, layout: tuple[str, ...], *, polite: bool = True) -> None:
+        job = self._jobs.pop(layout)
+        if job.alive():
+            if polite:
+                _write_json(job.dir / f"cmd-{job.count + 1}.json", {"op": "stop"})
                 try:
-                    proc.wait(timeout=30)
+                    job.proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
-                    self._kill(proc)
-            self._log.close()
-        self._layout = None
+                    self._kill(job.proc)
+            else:
+                self._kill(job.proc)
+        job.log.close()
+
+    def _stop_all(self) -> None:
+        for layout in list(self._jobs):
+            self._close(layout)
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
@@ -212,35 +214,28 @@ class PlanPool:
             pass
         proc.wait()
 
-    def _wait(self, k: int, limit_s: float) -> RunReport:
-        rep = self._job_dir / f"rep-{k}.json"
+    def _wait(self, layout: tuple[str, ...], job: _Job, k: int, limit_s: float) -> RunReport:
+        rep = job.dir / f"rep-{k}.json"
         t0 = time.monotonic()
+        timed_out = False
         while True:
             if rep.exists():
                 return RunReport.from_json(json.loads(rep.read_text()))
-            assert self._proc is not None
-            rc = self._proc.poll()
-            if rc is not None:
+            if not job.alive():
                 break
             if time.monotonic() - t0 > limit_s:
-                self._kill(self._proc)
-                rc = None
+                timed_out = True
                 break
             time.sleep(_POLL_S)
-        # the job ended (or was stopped) without rank 0's report
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            self._kill(proc)
-        self._log.close()
-        layout, job_dir, log_path = self._layout, self._job_dir, self._log_path
-        nproc = len(layout or ())
-        self._layout = None
-        if layout is not None:  # the next run of this layout need not wait for a start
-            self._start(layout)
-        for path in sorted(job_dir.glob(f"rep-{k}.json.rank*")):  # a failing rank's
+        # the job ended (or is stopped now) without rank 0's report; its replacement
+        # starts at once, so the next run of this layout need not wait for a start
+        rc = job.proc.poll()
+        self._close(layout, polite=False)
+        self._start(layout)
+        for path in sorted(job.dir.glob(f"rep-{k}.json.rank*")):  # a failing rank's
             return RunReport.from_json(json.loads(path.read_text()))
-        text = log_path.read_text(errors="replace")
-        if rc is None:
+        text = job.log_path.read_text(errors="replace")
+        if timed_out:
             raise AutoplaceError(f"the run took longer than {limit_s:.0f} s and was stopped; "
                                  f"last lines of its log:\n" + "\n".join(text.splitlines()[-15:]))
-        raise AutoplaceError(_failure_message(text, rc, nproc))
+        raise AutoplaceError(_failure_message(text, rc if rc is not None else -9, len(layout)))

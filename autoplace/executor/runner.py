@@ -228,8 +228,10 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
     try:
         exec_workload = replace(workload, model=copy.deepcopy(workload.model)) \
             if copy_model else workload
-        exec_graph = capture_graph(exec_workload, micro) if micro != workload.batch_size else \
-            capture_graph(exec_workload)
+        if micro != workload.batch_size:
+            exec_graph = capture_graph(exec_workload, micro)
+        else:  # the model trained is the one captured above: reuse that capture
+            exec_graph = capture_graph(exec_workload) if copy_model else graph
         built = build.build_rank(exec_workload, exec_graph, plan, cluster, rank, micro)
         build.apply_memory_caps(built.devices, cluster, built.cluster_indices)
         for d in built.devices:
