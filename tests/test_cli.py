@@ -152,9 +152,8 @@ def test_profile_cache_and_calibrated_compare(tmp_path):
     rows = {r["planner"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
     single = rows["single"]
     assert single["calibrated_step_time_s"] == pytest.approx(3.0 * single["sim_step_time_s"])
-    # ddp has no sample of its own: the median of all samples (3x) stands in
-    assert rows["ddp"]["calibrated_step_time_s"] == pytest.approx(
-        3.0 * rows["ddp"]["sim_step_time_s"])
+    # ddp has no sample of its own: another family's error does not carry over
+    assert rows["ddp"]["calibrated_step_time_s"] == pytest.approx(rows["ddp"]["sim_step_time_s"])
     assert_clean_error(run("compare", "--model", "gpt-tiny", "--cluster", "cpu-x2",
                            "--profile-dir", str(tmp_path / "missing")), "no such folder")
 

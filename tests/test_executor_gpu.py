@@ -124,3 +124,24 @@ def test_killed_rank_on_gpus(gpus, tmp_path, monkeypatch):
         run_plan(single(capture_graph(wl), data=2), wl, cluster=gpus, steps=3,
                  reference=False, out=tmp_path / "r.json")
     assert not (tmp_path / "r.json").exists()
+
+
+def test_pool_job_frees_an_out_of_memory_run_before_the_next(gpus):
+    """On 2x H200 a one-process pool job whose run ran out of memory under a cap kept that
+    run's memory allocated (a reference cycle through the error's traceback), so every
+    later plan in the job ran out too. The job now collects after every run."""
+    from autoplace.executor.pool import PlanPool
+    from autoplace.executor.runner import RunOptions
+
+    wl = workloads.get("gpt-small", batch_size=64)
+    graph = capture_graph(wl)
+    need = execute(wl, single(graph), cluster=gpus, steps=2, warmup=1,
+                   reference=False).peak_memory_bytes[0]
+    capped = gpus.with_memory_cap(int(0.75 * need))  # one GPU cannot hold it, two halves can
+    opts = RunOptions(steps=3, warmup=1, reference=False)
+    with PlanPool(gpus, timeout_s=120) as pool:
+        oom = pool.run(single(graph), wl, opts, cluster=capped)
+        assert oom.oom
+        ok = pool.run(split(graph), wl, opts, cluster=capped)
+        assert ok.error is None, ok.error
+        assert ok.extra["pool_run"] == 2 and ok.extra["leftover_allocated_bytes"] == 0

@@ -268,6 +268,11 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         if oom is None:
             raise
         msg = str(oom).split("\n")[0]
+        # the error's traceback holds this frame: don't let ``oom`` make that a cycle. The
+        # model and activations are still only freed by a garbage collection after this
+        # returns (fx graphs are cycles too): a long-lived process must collect between
+        # runs, or its next run starts with this one's memory allocated
+        oom = None
         report.oom = True
         report.oom_device = _oom_device(msg, built.devices if built else all_devices)
         report.error = f"out of memory on {report.oom_device}: {msg}"

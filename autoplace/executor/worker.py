@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -164,7 +165,9 @@ def serve(config: Path) -> int:
             del wl
             report.extra["init_s"] = round(load_s, 3)
             report.extra["pool_run"] = k
+            gc.collect()  # the run's reference cycles (autograd, pipelining stages)
             if device.type == "cuda":  # what this process still holds after the run
+                torch.cuda.empty_cache()
                 report.extra["leftover_allocated_bytes"] = torch.cuda.memory_allocated(device)
                 report.extra["leftover_reserved_bytes"] = torch.cuda.memory_reserved(device)
         except Exception:  # as a one-shot run: the log names the rank and the error
