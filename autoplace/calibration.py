@@ -6,9 +6,10 @@ costs, DDP's bucket overlap). After a plan is executed for real, the ratio of it
 measured to simulated step time, and of its measured to simulated peak memory, is a
 sample for its family (:func:`autoplace.auto.family`). A :class:`Calibration` keeps
 the samples; a family's factor is the median of its samples' ratios; a family without
-samples keeps the simulator's own figure (factor 1.0): what FSDP2 or pipelining get
-wrong says nothing about a one-process placement (on 2x H200, one FSDP2 sample at 2.55x
-once pushed every unmeasured placement 2.55x down auto's ranking).
+samples keeps the simulator's own figures (factor 1.0, for time and memory): what
+FSDP2 or pipelining get wrong says nothing about a one-process placement (on 2x H200,
+one FSDP2 sample at 2.55x once pushed every unmeasured placement 2.55x down auto's
+ranking).
 
 The file is ``<cache_dir>/<graph fingerprint>-<device kind>x<devices>.calibration.json``
 in the profile cache folder, so ``autoplace plan --planner auto`` (which writes it
@@ -73,12 +74,11 @@ class Calibration:
         return statistics.median(r) if r else 1.0
 
     def memory_factor(self, fam: str) -> float:
-        """Measured/simulated peak memory for ``fam``; never below 1 without a sample."""
+        """Measured/simulated peak memory for ``fam`` (1.0 without a sample of it: FSDP2's
+        gather buffers or a pipeline's activations say nothing of another family's peak;
+        on GNMT-4 under a cap, FSDP2's 1.55x once ruled out every unmeasured placement)."""
         r = self._ratios("measured_peak_bytes", "sim_peak_bytes", fam)
-        if r:
-            return statistics.median(r)
-        r = self._ratios("measured_peak_bytes", "sim_peak_bytes", None)
-        return max(1.0, statistics.median(r)) if r else 1.0
+        return statistics.median(r) if r else 1.0
 
     @property
     def time_factors(self) -> dict[str, float]:

@@ -151,3 +151,18 @@ def test_auto_measures_for_real_on_cpu_ranks(tmp_path):
     assert {"single", "dp-none"} <= fams, fams  # one-process and pooled runs both measured
     assert all(c["measured_step_time_s"] > 0 for c in cands)
     assert plan.measured["step_time_s"] == min(c["measured_step_time_s"] for c in cands)
+
+
+def test_choose_prefers_room_under_the_cap_when_nearly_as_fast():
+    from autoplace.auto import _choose
+
+    def m(name, t, peak):
+        return {"planner": name, "measured": t,
+                "report": RunReport(plan=name, step_time_s=t, peak_memory_bytes=[peak, peak])}
+
+    usable = 100.0
+    tight, roomy = m("fsdp", 1.00, 97.0), m("two-halves", 1.05, 70.0)
+    assert _choose([tight, roomy], usable, print) is roomy
+    # far slower with room: the tight plan stays the answer; without a cap nothing changes
+    assert _choose([tight, m("pipe", 1.50, 50.0)], usable, print) is tight
+    assert _choose([tight, roomy], 1e12, print) is tight
