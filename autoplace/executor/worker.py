@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from autoplace import workloads
 from autoplace.cluster import Cluster
+from autoplace.executor.pool import rank_devices
 from autoplace.executor.runner import RunOptions, run_here
 from autoplace.executor.weights import load_workload
 from autoplace.plan import Plan
@@ -46,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = cfg["workload"]
     opts = RunOptions(**cfg["options"])
     rank = int(os.environ["RANK"])
-    k = plan.devices_per_replica
-    first = rank if plan.parallel.pipeline > 1 else rank * k
-    device = torch.device(cluster.devices[first].name)
+    device = torch.device(rank_devices(plan, cluster)[rank])
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
@@ -151,17 +150,16 @@ def serve(config: Path) -> int:
             break
         out = folder / f"rep-{k}.json"
         plan = Plan.from_json(cmd["plan"])
+        cluster = Cluster.from_json(cmd["cluster"])
         spec = cmd["workload"]
         opts = RunOptions(**cmd["options"])
         try:
-            if device != torch.device(Cluster.from_json(cmd["cluster"]).devices[
-                    rank if plan.parallel.pipeline > 1 else rank * plan.devices_per_replica].name):
+            if torch.device(rank_devices(plan, cluster)[rank]) != device:
                 raise RuntimeError("the plan's process layout is not this job's")
             t_load = time.perf_counter()
             wl, own = workload(spec, opts.weights_file)
             load_s = time.perf_counter() - t_load
-            report = run_here(wl, plan, Cluster.from_json(cmd["cluster"]), opts,
-                              copy_model=not own)
+            report = run_here(wl, plan, cluster, opts, copy_model=not own)
             del wl
             report.extra["init_s"] = round(load_s, 3)
             report.extra["pool_run"] = k
