@@ -42,7 +42,7 @@ from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
-__all__ = ["PlanPool", "rank_devices"]
+__all__ = ["PlanPool", "rank_devices", "write_atomic"]
 
 _POLL_S = 0.02
 
@@ -55,11 +55,17 @@ def rank_devices(plan: Plan, cluster: Cluster) -> tuple[str, ...]:
     return tuple(cluster.devices[r if par.pipeline > 1 else r * k].name for r in range(nproc))
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, default=lambda o: sorted(o) if isinstance(o, (set, frozenset))
-                              else str(o)))
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a reader polling for it never sees
+    half a file)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    write_atomic(path, json.dumps(data, default=lambda o: sorted(o)
+                                  if isinstance(o, (set, frozenset)) else str(o)))
 
 
 class _Job:

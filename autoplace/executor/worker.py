@@ -19,16 +19,10 @@ import torch.distributed as dist
 
 from autoplace import workloads
 from autoplace.cluster import Cluster
-from autoplace.executor.pool import rank_devices
+from autoplace.executor.pool import rank_devices, write_atomic
 from autoplace.executor.runner import RunOptions, run_here
 from autoplace.executor.weights import load_workload
 from autoplace.plan import Plan
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,12 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     report.extra["init_s"] = round(t_loaded - t_init, 3)
     report.extra["group_init_s"] = round(t_init - t0, 3)
     out = Path(cfg["out"])
-    if report.error:
-        _write(out.with_name(f"{out.name}.rank{rank}"), report.dumps())
-        print(f"rank {rank}: {report.error}", file=sys.stderr, flush=True)
-        os._exit(1)  # the other ranks may wait in a collective: torchrun stops them
+    if report.error:  # the other ranks may wait in a collective: torchrun stops them
+        _fail(out, rank, report)
     if rank == 0:
-        _write(out, report.dumps())
+        write_atomic(out, report.dumps())
     dist.barrier()
     dist.destroy_process_group()
     # Skip interpreter teardown: on CPU/gloo it sometimes aborts ("terminate called without
@@ -81,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fail(path: Path, rank: int, report) -> None:
     """Write this rank's failed report and end the job: a peer may wait in a collective."""
-    _write(path.with_name(f"{path.name}.rank{rank}"), report.dumps())
+    write_atomic(path.with_name(f"{path.name}.rank{rank}"), report.dumps())
     print(f"rank {rank}: {report.error}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -175,7 +167,7 @@ def serve(config: Path) -> int:
         if report.error and dist.get_world_size() > 1:  # out of memory: peers may wait
             _fail(out, rank, report)
         if rank == 0:
-            _write(out, report.dumps())
+            write_atomic(out, report.dumps())
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
