@@ -125,6 +125,8 @@ class RunConfig(ClusterArgs):
     resume: bool = opt(False, "resume from --checkpoint-dir")
     seed: int = opt(0, "data seed")
     curve: str | None = opt(None, "write a training-curve plot (PNG)")
+    trace: str | None = opt(None, "record the timed steps with torch.profiler: one Chrome "
+                                  "trace per rank in this folder")
 
 
 @dataclass(kw_only=True)
@@ -447,7 +449,7 @@ def cmd_run(cfg: RunConfig) -> int:
     report = launch.run_plan(
         plan, spec, cluster=cluster, steps=cfg.steps, warmup=cfg.warmup,
         reference=not cfg.no_reference, checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
-        seed=cfg.seed, progress=True,
+        seed=cfg.seed, progress=True, trace_dir=cfg.trace,
     )
     if cfg.report:
         Path(cfg.report).write_text(json.dumps(report.to_json(), indent=1))
@@ -460,6 +462,8 @@ def cmd_run(cfg: RunConfig) -> int:
     if report.reference_loss:
         print(f"loss {report.loss[-1]:.6f} vs reference {report.reference_loss[-1]:.6f} "
               f"(max rel diff {report.max_loss_rel_diff:.2e})")
+    if report.extra.get("trace"):
+        print(f"trace of the timed steps (rank 0): {report.extra['trace']}")
     if cfg.write_measured:
         plan.with_measured({"step_time_s": report.step_time_s,
                             "peak_memory_bytes": report.peak_memory_bytes,

@@ -16,6 +16,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,6 +56,9 @@ class RunOptions:
     weights_file: str | None = None
     """Processes of a multi-process run read the initial weights from this file
     (:func:`autoplace.executor.weights.save_weights`) instead of initialising the model."""
+    trace_dir: str | None = None
+    """Record the timed steps with ``torch.profiler`` and write one Chrome trace per rank
+    here (``trace-rank<R>.json``, viewable in Perfetto). Tracing slows the steps it records."""
 
 
 def capture_graph(workload: Workload, batch_size: int | None = None):
@@ -188,6 +192,50 @@ def _maybe_fail(step: int, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _Tracer:
+    """``torch.profiler`` over the timed steps of a run, when ``opts.trace_dir`` asks."""
+
+    def __init__(self, opts: RunOptions, devices: list[torch.device], rank: int,
+                 start: int) -> None:
+        self.opts, self.devices, self.rank = opts, devices, rank
+        self.first = max(start, opts.warmup)
+        self.prof: Any = None
+        self.span: Any = None
+        self.path = str(Path(opts.trace_dir) / f"trace-rank{rank}.json") \
+            if opts.trace_dir else None
+
+    def step(self, step: int) -> None:
+        """Start recording at the first timed step; mark each step as a span."""
+        if self.path is None or step < self.first:
+            return
+        if self.prof is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU]
+            if any(d.type == "cuda" for d in self.devices):
+                acts.append(ProfilerActivity.CUDA)
+            self.prof = profile(activities=acts, record_shapes=False)
+            self.prof.__enter__()
+        self._end_span()
+        self.span = torch.profiler.record_function(f"autoplace step {step}")
+        self.span.__enter__()
+
+    def _end_span(self) -> None:
+        if self.span is not None:
+            self.span.__exit__(None, None, None)
+            self.span = None
+
+    def close(self) -> bool:
+        if self.prof is None:
+            return False
+        self._end_span()
+        self.prof.__exit__(None, None, None)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.prof.export_chrome_trace(self.path)
+        self.prof = None
+        return True
+
+
 def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
              *, copy_model: bool = True) -> RunReport:
     """Run ``plan`` in this process (one rank of it when torch.distributed is initialised).
@@ -224,6 +272,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         dist.barrier()
 
     built = None
+    tracer = None
     t_build = time.perf_counter()
     try:
         exec_workload = replace(workload, model=copy.deepcopy(workload.model)) \
@@ -244,7 +293,9 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         losses: list[torch.Tensor] = []
         times: list[float] = []
         report.extra["build_s"] = round(time.perf_counter() - t_build, 3)
+        tracer = _Tracer(opts, built.devices, rank, start)
         for step in range(start, opts.steps):
+            tracer.step(step)
             _maybe_fail(step, rank)
             inputs, targets = global_batch(workload, step, opts.seed)
             _sync(built.devices)
@@ -260,6 +311,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
                 save_checkpoint(opts.checkpoint_dir, built.state_module, opt, step + 1)
             if opts.progress and rank == 0:
                 print(f"step {step}: {times[-1] * 1e3:.1f} ms", flush=True)
+        if tracer.close():
+            report.extra["trace"] = tracer.path
         report.loss, step_times, report.peak_memory_bytes = build.gather_results(
             built, losses, times, plan, distributed)
         report.step_times_s = step_times[max(0, opts.warmup - start):]
@@ -279,7 +332,10 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         if distributed:  # the other ranks are stuck in a collective: stop them all
             print(f"rank {rank}: {report.error}", flush=True)
     finally:
+        if tracer is not None and tracer.prof is not None:  # a failed run: no trace
+            tracer.prof.__exit__(None, None, None)
         built = None
+        tracer = None
         opt = None
         _free()
         build.reset_memory_caps(all_devices)
