@@ -77,7 +77,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", default="gpt1b-16GB,gnmt4-capped,gpt1b,branchy-mlp,inception")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per repetition")
+    p.add_argument("--steps", type=int, default=10,
+                   help="timed steps per repetition (a plan's median pools its repetitions)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per repetition")
     p.add_argument("--reps", type=int, default=2, help="repetitions per plan, interleaved")
     p.add_argument("--deadline-s", type=float, default=540, help="stop starting new work after")
@@ -291,6 +292,8 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
         search[k] = time.perf_counter() - t
     for k, plan in hybrid_plans(graph, cluster).items():
         plans[k], search[k] = plan, float(plan.planner.get("search_time_s", 0.0))
+    # a job for every other process layout starts now, while the policy trains
+    h.pool.ensure(list(plans.values()), cluster=cluster)
     if args.policy:
         from autoplace.policies import train
 
@@ -401,11 +404,13 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
             add_run(d, auto_runs[sig], 0, " (auto's run)")
     order = list(distinct.values())
     for rep in range(args.reps):
-        for d in order:
-            if len(d["runs"]) > rep:
-                continue  # auto measured it
-            if rep and any(r.get("oom") or r.get("error") for r in d["runs"]):
-                continue
+        pending = [d for d in order if len(d["runs"]) <= rep  # else auto measured it
+                   and not any(r.get("oom") or r.get("error") for r in d["runs"])]
+        while pending:
+            # in this repetition's order, but first a plan whose job is up: a job that is
+            # (re)starting after a failed run is not waited for while others can run
+            d = next((x for x in pending if h.pool.ready(x["plan"], cluster)), pending[0])
+            pending.remove(d)
             if time.perf_counter() - t_start > args.deadline_s:
                 say("deadline reached: stopping measurements")
                 rec["wall_s"] = time.perf_counter() - t_scenario
@@ -422,8 +427,10 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
 def markdown(out: dict[str, Any]) -> str:
     lines = [f"# Plans measured on {out['num_devices']}x {out['card']}",
              "", f"torch {out['torch_version']}, driver {out['driver']}, {out['date']}. "
-             f"Median of {out['steps']} steps after {out['warmup']} warm-up, "
-             f"{out['reps']} interleaved repetitions (spread = min-max of their medians).", ""]
+             f"Measured: median of the {out['steps'] * out['reps']} timed steps of "
+             f"{out['reps']} interleaved repetitions ({out['steps']} steps after "
+             f"{out['warmup']} warm-up each; spread = min-max of the repetitions' medians).",
+             ""]
     lines += [f"- {n}" for n in out.get("notes", [])] + ([""] if out.get("notes") else [])
     for sc in out["scenarios"]:
         cap = sc["memory_cap_bytes"]

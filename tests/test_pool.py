@@ -114,3 +114,25 @@ def test_warm_job_with_weights_file_trains_the_same_model_every_run(tiny, tmp_pa
     built = run_plan(ddp, wl, cluster=CPU2, options=RunOptions(steps=3, warmup=1,
                                                                 reference=False))
     assert all(math.isclose(x, y, rel_tol=1e-5) for x, y in zip(a.loss, built.loss))
+
+
+def test_ensure_starts_missing_layouts_and_ready_tells_when_a_job_is_up(tiny):
+    import time
+
+    wl, g = tiny
+    ddp, one = _plan(g, data=2), _plan(g)
+    with PlanPool(CPU2, timeout_s=240) as pool:
+        pool.warm(one, wl)
+        assert not pool.ready(ddp)  # no job for its layout
+        pool.ensure([one, ddp])  # keeps the one-process job, starts the ddp one
+        assert pool.starts == 2
+        deadline = time.monotonic() + 120
+        while not (pool.ready(ddp) and pool.ready(one)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.ready(ddp) and pool.ready(one)
+        pool.ensure(ddp)  # up already: nothing new
+        assert pool.starts == 2
+        rep = pool.run(ddp, wl, RunOptions(steps=2, warmup=1, reference=False))
+        assert rep.error is None and rep.extra["pool_run"] == 1  # it found the job up
+        pool.warm(one, wl)  # stops both (the ready ones politely) and starts one afresh
+        assert not pool.ready(ddp)

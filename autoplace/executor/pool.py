@@ -79,6 +79,10 @@ class _Job:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def ready(self) -> bool:
+        """Rank 0 has joined and preloaded (it writes ``ready``): it reads commands now."""
+        return (self.dir / "ready").exists()
+
 
 class PlanPool:
     """Run plans in torchrun jobs that stay alive between runs, one job per process layout.
@@ -132,6 +136,18 @@ class PlanPool:
             if layout not in self._jobs:
                 self._start(layout)
 
+    def ensure(self, plans: Plan | list[Plan], *, cluster: Cluster | None = None) -> None:
+        """Start, in the background, a job for each layout of ``plans`` that has none,
+        preloading what the last :meth:`warm` named; running jobs are kept."""
+        for plan in [plans] if isinstance(plans, Plan) else plans:
+            layout = rank_devices(plan, cluster or self.cluster)
+            job = self._jobs.get(layout)
+            if job is not None and not job.alive():
+                self._close(layout)
+                job = None
+            if job is None:
+                self._start(layout)
+
     def run(self, plan: Plan, workload: Workload | str | dict[str, Any],
             options: RunOptions | None = None, *, cluster: Cluster | None = None) -> RunReport:
         """Run ``plan`` and return rank 0's report (an out-of-memory run is a report with
@@ -161,6 +177,12 @@ class PlanPool:
         report = self._wait(layout, job, k, limit)
         job.fresh = False
         return report
+
+    def ready(self, plan: Plan, cluster: Cluster | None = None) -> bool:
+        """Whether the job that would run ``plan`` is up and idle-ready (started, joined,
+        its workload preloaded), so a run of it now waits for no start."""
+        job = self._jobs.get(rank_devices(plan, cluster or self.cluster))
+        return job is not None and job.alive() and job.ready()
 
     def close(self) -> None:
         """Stop every job and remove the pool's files."""
@@ -198,10 +220,11 @@ class PlanPool:
     def _close(self, layout: tuple[str, ...], *, polite: bool = True) -> None:
         job = self._jobs.pop(layout)
         if job.alive():
-            if polite:
+            # a job still starting reads no command until it is up: kill it, don't wait
+            if polite and job.ready():
                 _write_json(job.dir / f"cmd-{job.count + 1}.json", {"op": "stop"})
                 try:
-                    job.proc.wait(timeout=30)
+                    job.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     self._kill(job.proc)
             else:

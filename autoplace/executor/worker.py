@@ -132,6 +132,8 @@ def serve(config: Path) -> int:
     if cfg.get("preload"):  # build it (and import what it needs) before the first run
         pre = cfg["preload"]
         workload(pre["workload"], pre.get("weights_file"))
+    if rank == 0:  # the driver may now send commands without waiting for a start
+        write_atomic(folder / "ready", "")
     k = 0
     while True:
         k += 1
