@@ -147,6 +147,11 @@ class ProfileConfig(ModelArgs, ClusterArgs):
     repeats: int = opt(5, "timed repeats per op")
     cache_dir: str | None = opt(None, "also keep the op times in this profile cache folder "
                                 "(for plan/compare --profile-dir)")
+    links: bool = opt(True, "also measure copies between every device pair and collectives "
+                            "(all-reduce, all-gather, reduce-scatter) when there are several "
+                            "devices")
+    cluster_out: str = opt("cluster.json", "write the cluster with the measured link and "
+                                           "collective speeds here (for --cluster)")
 
 
 @dataclass(kw_only=True)
@@ -512,6 +517,20 @@ def cmd_profile(cfg: ProfileConfig) -> int:
                     cache_dir=cfg.cache_dir)
     graph.save(cfg.out)
     print(f"profiled {len(graph)} ops on {cluster.devices[0].name} -> {cfg.out}")
+    if cfg.links and cluster.num_devices > 1:
+        from autoplace.executor.collectives import measure_collectives, with_measured_links
+        from autoplace.profile import measure_links
+
+        names = [d.name for d in cluster.devices]
+        links = measure_links(names)
+        coll = measure_collectives(names)
+        measured = with_measured_links(cluster, links, coll)
+        measured.save(cfg.cluster_out)
+        bw = min(x for i, row in enumerate(links[1]) for j, x in enumerate(row) if i != j)
+        print(f"links: slowest pair {bw / 1e9:.1f} GB/s; collectives (bus GB/s): "
+              + ", ".join(f"{k} {coll[k]['bus_bandwidth'] / 1e9:.1f}"
+                          for k in ("allreduce", "allgather", "reducescatter"))
+              + f" -> {cfg.cluster_out} (use with --cluster {cfg.cluster_out})")
     return 0
 
 
@@ -552,8 +571,9 @@ def _add_args(parser: argparse.ArgumentParser, cls: type) -> None:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if meta.get("action") == "append":
             parser.add_argument(*names, default=[], action="append", help=help_, dest=f.name)
-        elif isinstance(default, bool):
-            parser.add_argument(*names, action="store_true", default=default, help=help_,
+        elif isinstance(default, bool):  # on by default: --no-<name> turns it off
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            parser.add_argument(*names, action=action, default=default, help=help_,
                                 dest=f.name)
         else:
             typ = int if isinstance(default, int) or "int" in str(f.type) else str

@@ -13,6 +13,9 @@ profiles and plans; every run reads the workload's initial weights from a file i
 that fails on a rank (out of memory under a cap) ends its job, and a run past 60 s is
 stopped; the replacement job starts at once.
 
+First (on GPUs, or with ``--links``) it measures copy speeds between every device pair
+and all-reduce / all-gather / reduce-scatter speed, and simulates with them.
+
 For each scenario (workload x devices x memory cap):
 1. capture the workload; on GPUs profile per-op costs on cuda:0 (calibrated);
 2. hand-written options (single device, two halves (n parts) in one process, DDP, FSDP2,
@@ -21,8 +24,8 @@ For each scenario (workload x devices x memory cap):
    plans, plus named hybrids: ``local-xN-mb`` (microbatches flowing through a
    one-process placement) and on 4+ devices ``hybrid-dpDxppP`` (plain DDP over
    pipelines); identical plans are measured once and credited to every planner;
-3. every distinct plan runs ``--reps`` times in interleaved order, ``--steps`` steps
-   after ``--warmup`` each; the step time is the median over all timed steps, with the
+3. every distinct plan runs ``--reps`` times in interleaved order (within a repetition a
+   plan whose job is up goes first), ``--steps`` steps after ``--warmup`` each; the step time is the median over all timed steps, with the
    spread of the per-repetition medians. auto measures its candidates with the same
    steps, and such a measurement is the plan's first repetition (no plan runs twice in
    a row for nothing);
@@ -87,6 +90,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--policy-budget", default="6s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile per-op costs on the first device (GPU only)")
+    p.add_argument("--links", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure copy and collective speeds first and simulate with them "
+                        "(default: on GPUs)")
     p.add_argument("--cpu", action="store_true", help="CPU devices, gloo (smoke test)")
     p.add_argument("--nproc", type=int, default=None,
                    help="devices to use (default: every GPU present; 2 on CPU)")
@@ -431,6 +437,12 @@ def markdown(out: dict[str, Any]) -> str:
              f"{out['reps']} interleaved repetitions ({out['steps']} steps after "
              f"{out['warmup']} warm-up each; spread = min-max of the repetitions' medians).",
              ""]
+    if out.get("links"):
+        lk = out["links"]
+        bw = [x for i, row in enumerate(lk["bandwidth"]) for j, x in enumerate(row) if i != j]
+        lines += [f"Simulated with measured links: copies {min(bw) / 1e9:.0f}-"
+                  f"{max(bw) / 1e9:.0f} GB/s between devices, collectives at "
+                  f"{lk['collective_bandwidth'] / 1e9:.0f} GB/s bus bandwidth.", ""]
     lines += [f"- {n}" for n in out.get("notes", [])] + ([""] if out.get("notes") else [])
     for sc in out["scenarios"]:
         cap = sc["memory_cap_bytes"]
@@ -471,6 +483,27 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def measured_cluster(cluster):
+    """``cluster`` with measured copy speeds between every device pair and measured
+    all-reduce / all-gather / reduce-scatter speed (the simulator then uses them)."""
+    from autoplace.executor.collectives import measure_collectives, with_measured_links
+    from autoplace.profile import measure_links
+
+    t = time.perf_counter()
+    names = [d.name for d in cluster.devices]
+    links = measure_links(names)
+    coll = measure_collectives(names)
+    out = with_measured_links(cluster, links, coll)
+    bw = [x for i, row in enumerate(links[1]) for j, x in enumerate(row) if i != j]
+    say(f"links measured in {time.perf_counter() - t:.1f} s: copies {min(bw) / 1e9:.0f}-"
+        f"{max(bw) / 1e9:.0f} GB/s; collectives' bus bandwidth "
+        + ", ".join(f"{k} {coll[k]['bus_bandwidth'] / 1e9:.0f} GB/s"
+                    for k in ("allreduce", "allgather", "reducescatter"))
+        + f" (simulated with {out.collective_bandwidth / 1e9:.0f} GB/s, "
+          f"{out.collective_alpha_s * 1e6:.0f} us a ring step)")
+    return out
+
+
 def main() -> int:
     args = parse_args()
     if args.render:
@@ -507,6 +540,11 @@ def main() -> int:
                            "date": date, "num_devices": cluster.num_devices,
                            "steps": args.steps,
                            "warmup": args.warmup, "reps": args.reps, "scenarios": []}
+    if args.links if args.links is not None else not args.cpu:
+        h.cluster = measured_cluster(cluster)
+        out["links"] = {"alpha_s": h.cluster.alpha_s, "bandwidth": h.cluster.bandwidth,
+                        "collective_alpha_s": h.cluster.collective_alpha_s,
+                        "collective_bandwidth": h.cluster.collective_bandwidth}
     slug = card.lower().replace("nvidia ", "").replace(" ", "-")
     path = folder / f"{date}-{slug}x{cluster.num_devices}.json"
 

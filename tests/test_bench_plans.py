@@ -13,11 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_plans_cpu_smoke(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_plans.py"), "--cpu", "--scenarios",
            "tiny", "--steps", "3", "--warmup", "1", "--reps", "2", "--auto-budget", "8s",
-           "--policy-budget", "2s", "--out", str(tmp_path)]
+           "--policy-budget", "2s", "--links", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert {"card", "driver", "torch_version", "date", "scenarios"} <= out.keys()
+    # simulated with measured copy and collective speeds (gloo here)
+    assert out["links"]["collective_bandwidth"] > 0 and out["links"]["bandwidth"][0][1] > 0
     (sc,) = out["scenarios"]
     assert {"auto_vs_best_manual", "auto_vs_lower_bound", "sim_error_median",
             "kendall_tau", "wall_s"} <= sc.keys()

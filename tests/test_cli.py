@@ -133,8 +133,15 @@ def test_profile_cache_and_calibrated_compare(tmp_path):
 
     cache = tmp_path / "profile"
     p = run("profile", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--repeats", "1",
-            "--cache-dir", str(cache), "-o", str(tmp_path / "g.json"))
+            "--cache-dir", str(cache), "-o", str(tmp_path / "g.json"),
+            "--cluster-out", str(tmp_path / "measured.json"))
     assert p.returncode == 0, p.stderr
+    # links and collectives measured too: a cluster file --cluster takes
+    from autoplace.cluster import Cluster
+
+    measured = Cluster.load(tmp_path / "measured.json")
+    assert measured.collective_bandwidth > 0 and "collectives" in p.stdout
+    assert measured.bandwidth[0][1] != preset("cpu-x2").bandwidth[0][1]
     graph = capture_workload(workloads.get("gpt-tiny", device="meta"))
     cluster = preset("cpu-x2")
     assert apply_cached(graph, cache, ["cpu"]) == ["cpu"]
