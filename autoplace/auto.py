@@ -112,6 +112,10 @@ def auto_plan(
 ) -> Plan:
     """The fastest measured plan for ``spec`` on ``cluster``.
 
+    Candidates from every planner (and the hybrids, and ``extra_plans``) are ranked by
+    the calibrated simulator; the simulated best and the one-device plan (where it fits)
+    are always measured, then others in predicted order until ``budget`` is spent.
+
     Args:
         spec: workload spec (``{"spec", "options", "seed"}``) or a zoo name.
         cluster: a Cluster (its devices must be present to measure).
@@ -234,6 +238,13 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         if c["family"] not in fams:
             fams.add(c["family"])
             queue.append(c)
+    # measured second, budget or not, after the predicted best: the one-device plan where
+    # it fits (the plan every other must beat: the choice is never slower than one device)
+    single = next((c for c in cands if c["family"] == "single"), None)
+    if single is not None and single not in queue:
+        queue.append(single)
+    pinned = [single] if single is not None else []
+    tried = 0
     measured: list[dict[str, Any]] = []
     usable = min(d.usable_memory_bytes for d in cluster.devices)
 
@@ -250,12 +261,16 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
 
     while queue:
         elapsed = time.perf_counter() - t_start
-        if measured and elapsed > limit_s:
+        if measured and elapsed > limit_s and not pinned:
             say(f"budget of {limit_s:.0f} s spent")
             break
         queue.sort(key=corrected)
         best_so_far = min((m["measured"] for m in measured), default=None)
-        c = queue.pop(0)
+        c = pinned[0] if pinned and tried else queue[0]
+        queue.remove(c)
+        if c in pinned:
+            pinned.remove(c)
+        tried += 1
         if best_so_far is not None and corrected(c) >= 1e3:
             continue  # predicted out of memory (measured so), and something else ran
         if best_so_far is not None and len(measured) >= top_k \

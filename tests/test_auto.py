@@ -166,3 +166,14 @@ def test_choose_prefers_room_under_the_cap_when_nearly_as_fast():
     # far slower with room: the tight plan stays the answer; without a cap nothing changes
     assert _choose([tight, m("pipe", 1.50, 50.0)], usable, print) is tight
     assert _choose([tight, roomy], 1e12, print) is tight
+
+
+def test_the_one_device_plan_is_measured_second_even_past_the_budget(setup, tmp_path):
+    graph, cluster = setup
+    log: list = []
+    # a zero budget: only what is always measured runs
+    plan = auto_plan("gpt-tiny", cluster, budget=0, graph=graph, planners=PLANNERS,
+                     measure=fake_measure(graph, cluster, log), progress=False,
+                     cache_dir=tmp_path)
+    assert len(log) == 2 and family(log[0]) != "single" and family(log[1]) == "single"
+    assert signature(plan) in {signature(p) for p in log}
