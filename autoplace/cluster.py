@@ -51,6 +51,13 @@ class Device:
             device, can bound the step. 0 for CPU devices (measured CPU op times
             already include the dispatch, and the CPU is the device); about 30 us
             for GPUs driven eagerly under autocast.
+        ddp_param_host_s: backward host time per parameter tensor under DDP (its
+            autograd hook and bucketing), on the autograd thread's clock like
+            ``host_dispatch_s``: hidden behind long kernels, it bounds the step of a
+            model with many small ones.
+        shard_param_host_s: host time per parameter tensor per sharded collective of
+            FSDP2 (all-gather before forward and before backward, reduce-scatter after
+            it: 3 a step; ZeRO-2: 2) that the device waits for: added to the step.
     """
 
     name: str
@@ -61,6 +68,8 @@ class Device:
     memory_bandwidth: float = 50e9
     launch_overhead_s: float = 5e-6
     host_dispatch_s: float = 0.0
+    ddp_param_host_s: float = 0.0
+    shard_param_host_s: float = 0.0
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -298,20 +307,25 @@ class Cluster:
 #: host seconds to issue one op (forward, or one op's backward) from Python on a GPU
 #: (eager PyTorch with autocast: ~20-40 us per op).
 GPU_HOST_DISPATCH_S = 30e-6
+#: Per parameter tensor, fitted to what DDP and FSDP2 plans measured beyond the simulated
+#: step on 2x H200 (torch 2.11; bench/results/2026-11-26-h200x2-links.json: gpt-1b, gnmt-4,
+#: inception-v3, 40 to 284 parameter tensors): DDP's backward hook, on the autograd thread, and
+#: FSDP2's per-parameter work per all-gather / reduce-scatter, which the device waits for.
+GPU_HOST_PARAM = dict(ddp_param_host_s=0.15e-3, shard_param_host_s=0.13e-3)
 # Achievable (not datasheet) rates for bf16 training: ~60% of dense peak.
 _GPU_SPECS: dict[str, Device] = {
     "h100": Device(name="cuda:{i}", kind="h100", memory_bytes=80 * GiB,
                    peak_flops=600e12, memory_bandwidth=2.8e12, launch_overhead_s=8e-6,
-                   host_dispatch_s=GPU_HOST_DISPATCH_S),
+                   host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
     "h200": Device(name="cuda:{i}", kind="h200", memory_bytes=141 * GiB,
                    peak_flops=600e12, memory_bandwidth=4.0e12, launch_overhead_s=8e-6,
-                   host_dispatch_s=GPU_HOST_DISPATCH_S),
+                   host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
     "a100": Device(name="cuda:{i}", kind="a100", memory_bytes=80 * GiB,
                    peak_flops=250e12, memory_bandwidth=1.6e12, launch_overhead_s=8e-6,
-                   host_dispatch_s=GPU_HOST_DISPATCH_S),
+                   host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
     "a100-pcie": Device(name="cuda:{i}", kind="a100-pcie", memory_bytes=40 * GiB,
                         peak_flops=230e12, memory_bandwidth=1.3e12, launch_overhead_s=8e-6,
-                        host_dispatch_s=GPU_HOST_DISPATCH_S),
+                        host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
 }
 _NVLINK4 = dict(alpha_s=10e-6, bandwidth=300e9, collective_bandwidth=250e9)
 _LINKS: dict[str, dict[str, float]] = {

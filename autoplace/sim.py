@@ -25,6 +25,9 @@ Model, in brief (details in ``sim_model``, ``sim_local``, ``sim_pipeline``):
   (``zero2``, ``fsdp``) in 25 MB buckets in reverse topological order on a
   collective stream overlapping backward; ZeRO-2 all-gathers updated parameters;
   FSDP all-gathers each unit (module block) before forward and backward, one ahead;
+  DDP's per-parameter backward hook runs on the autograd thread's clock
+  (``ddp_param_host_s``), FSDP2's per-parameter work per collective is added to the
+  step (``shard_param_host_s``, :func:`sharded_host_s`);
 * pipelines: stage-level GPipe / 1F1B schedules with boundary transfers;
 * memory per device: parameters + gradients + AdamW state (sharded as configured)
   + activations kept for backward (microbatches held per the schedule; recomputed
@@ -54,7 +57,7 @@ from autoplace.sim_pipeline import schedule_actions, simulate_pipeline
 
 __all__ = [
     "BatchResult", "Event", "SimResult", "issue_order", "lower_bound", "schedule_actions",
-    "simulate", "simulate_batch",
+    "sharded_host_s", "simulate", "simulate_batch",
 ]
 
 
@@ -140,14 +143,19 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
         out = simulate_pipeline(ga, plan, cluster, tables, timeline)
     else:
         out = simulate_local(ga, plan, cluster, tables, timeline)
+    extra = sharded_host_s(graph, plan, cluster)
+    step = float(out["step"]) + extra
     peak = [int(round(x)) for x in out["peak"]]
     usable = tables.usable_memory
     oom_devices = [i for i, b in enumerate(peak) if b > usable[i]]
     events = None
     if timeline:
+        if extra > 0:
+            out["events"].append(Event("host", "FSDP2 per-parameter work", float(out["step"]),
+                                       step, "host"))
         events = sorted(out["events"], key=lambda e: (e.start_s, e.resource))
     return SimResult(
-        step_time_s=float(out["step"]),
+        step_time_s=step,
         busy_time_s=[float(x) for x in out["busy"]],
         peak_memory_bytes=peak,
         oom=bool(oom_devices),
@@ -167,11 +175,35 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
 
     ensure_costs(graph, cluster)
     tables = cost_tables(graph, cluster)
-    step, peak = run_batch(graph, list(plans), cluster, tables)
+    plans = list(plans)
+    step, peak = run_batch(graph, plans, cluster, tables)
+    step = step + np.array([sharded_host_s(graph, p, cluster) for p in plans])
     peak_i = np.rint(peak).astype(np.int64)
     oom = (peak_i > tables.usable_memory[None, :]).any(axis=1)
     return BatchResult(step_time_s=step, peak_memory_bytes=peak_i, oom=oom,
                        lower_bound_s=_cached_lower_bound(graph, cluster, tables))
+
+
+def sharded_host_s(graph: OpGraph, plan: Plan, cluster: Cluster) -> float:
+    """Host time FSDP2's per-parameter work adds to a step of a sharded data-parallel plan.
+
+    Per parameter tensor and sharded collective (``fsdp``: all-gather before forward and
+    before backward, reduce-scatter after it; ``zero2``: the reduce-scatter and the
+    all-gather of updated parameters), ``Device.shard_param_host_s``, which the device
+    waits for: the largest such sum over the devices of a replica (they run in parallel).
+    """
+    par = plan.parallel
+    if par.data <= 1 or par.shard not in ("fsdp", "zero2"):
+        return 0.0
+    phases = 3 if par.shard == "fsdp" else 2
+    ga = graph_arrays(graph)
+    per_dev: dict[int, float] = {}
+    for name, count in zip(ga.names, ga.param_count.tolist()):
+        if count:
+            j = plan.placement[plan.groups[name]]
+            per_dev[j] = per_dev.get(j, 0.0) + count
+    return max((phases * c * cluster.devices[j].shard_param_host_s
+                for j, c in per_dev.items()), default=0.0)
 
 
 def lower_bound(graph: OpGraph, cluster: Cluster) -> float:

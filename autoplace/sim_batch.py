@@ -192,8 +192,12 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     flat = op_t * num + pidx
     dev_s = np.take(dev_t, flat)
     tf_s, tb_s = np.take(tf, flat), np.take(tb, flat)
-    host_on = bool(tables.host[:kk].any())
+    host_on = bool(tables.host[:kk].any() or tables.ddp_host[:kk].any())
     host_s = tables.host[dev_s] if host_on else None  # [mn, P] host issue time per step
+    ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
+    hostb_s = host_s
+    if host_on and ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
+        hostb_s = host_s + ga.param_count[op_t] * tables.ddp_host[dev_s] * ddp[None, :]
     if kk > 1:
         durf_s = np.stack([np.take(x, flat) for x in durs_f], -1)  # [mn, P, K]
         durb_s = np.stack([np.take(x, flat) for x in durs_b], -1)
@@ -255,7 +259,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
             ready = r[:, 0]
         start = np.maximum(dev_free[row], ready)
         if host_on:
-            hb = host_b[row] + host_s[s]
+            hb = host_b[row] + hostb_s[s]
             host_b[row] = hb
             np.maximum(start, hb, out=start)
         fin = start + tb_s[s]

@@ -134,6 +134,11 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     tf, tb = op_times(ga, lp, tables, base)
     ids = [base + j for j in range(k)]
     host = [float(tables.host[c]) for c in ids]
+    # DDP's backward hook per parameter tensor, on the autograd thread (not under ZeRO/FSDP:
+    # their per-parameter work is added to the step, sim.sharded_host_s)
+    ddp_h = [float(tables.ddp_host[c]) if lp.d > 1 and lp.shard == "none" else 0.0
+             for c in ids]
+    npar = ga.param_count
     alpha = [[float(tables.alpha[a, b]) for b in ids] for a in ids]
     inv_bw = [[float(tables.inv_bw[a, b]) for b in ids] for a in ids]
     dev_free = [0.0] * k
@@ -215,7 +220,7 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
                     events.append(Event(f"link{base + e}->{base + d}", label(item), s0, r, "comm"))
             if r > ready:
                 ready = r
-        host_b[d] += host[d]
+        host_b[d] += host[d] + npar[i] * ddp_h[d]
         start = dev_free[d] if dev_free[d] > ready else ready
         if host_b[d] > start:
             start = host_b[d]

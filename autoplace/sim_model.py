@@ -59,6 +59,7 @@ class GraphArrays:
     edge_dst: np.ndarray
     edge_bytes: np.ndarray  # float64 [E]
     param_bytes: np.ndarray  # float64 [n]
+    param_count: np.ndarray  # float64 [n]: parameter tensors the op owns
     act_bytes: np.ndarray
     out_bytes: np.ndarray
     block_key: list[str]  # FSDP unit key per op (module path up to the first integer)
@@ -90,6 +91,7 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         edge_dst=np.array([idx[v] for _, v, _ in edges], dtype=np.int64),
         edge_bytes=np.array([b for _, _, b in edges], dtype=np.float64),
         param_bytes=np.array([op.param_bytes for op in ops], dtype=np.float64),
+        param_count=np.array([len(op.param_names) for op in ops], dtype=np.float64),
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
         out_bytes=np.array([op.output_bytes for op in ops], dtype=np.float64),
         block_key=[_block_key(op.module_path) for op in ops],
@@ -119,6 +121,7 @@ class CostTables:
     kind_of_device: np.ndarray  # [N] index into kinds
     overhead: np.ndarray  # [N] launch overhead, seconds
     host: np.ndarray  # [N] host seconds to issue one op (``host_dispatch_s``)
+    ddp_host: np.ndarray  # [N] backward host seconds per parameter tensor under DDP
     mem_bandwidth: np.ndarray  # [N] bytes/s
     usable_memory: np.ndarray  # [N] bytes
     alpha: np.ndarray  # [N, N] link latency
@@ -143,6 +146,7 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         kind_of_device=np.array([kinds.index(d.kind) for d in cluster.devices], dtype=np.int64),
         overhead=np.array([d.launch_overhead_s for d in cluster.devices], dtype=np.float64),
         host=np.array([d.host_dispatch_s for d in cluster.devices], dtype=np.float64),
+        ddp_host=np.array([d.ddp_param_host_s for d in cluster.devices], dtype=np.float64),
         mem_bandwidth=np.array([d.memory_bandwidth for d in cluster.devices], dtype=np.float64),
         usable_memory=np.array([d.usable_memory_bytes for d in cluster.devices], dtype=np.float64),
         alpha=alpha,
@@ -210,7 +214,8 @@ def replicas_identical(cluster: Cluster, plan: Plan) -> bool:
     def sig(r: int) -> tuple:
         ids = [r * k + j for j in range(k)]
         devs = tuple(
-            (x.kind, x.launch_overhead_s, x.host_dispatch_s, x.memory_bandwidth)
+            (x.kind, x.launch_overhead_s, x.host_dispatch_s, x.ddp_param_host_s,
+             x.memory_bandwidth)
             for x in (cluster.devices[i] for i in ids)
         )
         links = tuple(

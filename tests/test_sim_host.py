@@ -189,3 +189,64 @@ def test_pipeline_stages_pay_their_own_host_time():
     ops = len(graph.order) / 2  # per stage (inputs and parameters included)
     assert slow >= 2 * 4 * ops * h * 0.9  # 4 microbatches, forward and backward
     assert slow < 2 * 4 * 2 * ops * h  # the two stages' hosts overlap
+
+
+# ------------------------------------------------ per-parameter host time of DP plans
+def with_param_host(cluster: Cluster, ddp: float, shard: float) -> Cluster:
+    return replace(cluster, devices=tuple(replace(d, ddp_param_host_s=ddp,
+                                                  shard_param_host_s=shard)
+                                          for d in cluster.devices))
+
+
+def param_chain(n: int, fwd: float) -> OpGraph:
+    """``chain`` whose ops own two parameter tensors each."""
+    g = chain(n, fwd)
+    for op in g:
+        op.param_names = (f"{op.module_path}.weight", f"{op.module_path}.bias")
+    return OpGraph(g.name, list(g), g.edges)
+
+
+def test_gpu_presets_carry_per_parameter_host_times():
+    for name in ("h100x2", "h200x4"):
+        assert all(d.ddp_param_host_s > 0 and d.shard_param_host_s > 0
+                   for d in preset(name).devices)
+    assert all(d.ddp_param_host_s == d.shard_param_host_s == 0.0
+               for d in preset("cpu-x2").devices)
+
+
+def test_ddp_hook_time_bounds_short_ops_and_hides_behind_long_ones():
+    cluster = with_host(preset("cpu-x2"), 10e-6)
+    hook = 1e-3
+    for fwd, bound in ((1e-7, True), (1e-1, False)):
+        graph = param_chain(10, fwd)
+        plan = Plan.single(graph).with_parallel(data=2)
+        t0 = simulate(graph, plan, cluster).step_time_s
+        t1 = simulate(graph, plan, with_param_host(cluster, hook, 0.0)).step_time_s
+        if bound:  # the autograd thread issues 10 backward ops of 2 hooks each
+            assert t1 - t0 == pytest.approx(20 * hook, rel=0.05)
+        else:  # 1 ms a parameter is nothing beside 200 ms backward ops
+            assert t1 - t0 < 2 * hook
+        assert simulate_batch(graph, [plan], with_param_host(cluster, hook, 0.0)
+                              ).step_time_s[0] == pytest.approx(t1, rel=1e-12)
+        # not DDP: no hooks (one replica, or sharded)
+        for other in (Plan.single(graph), plan.with_parallel(shard="zero2")):
+            assert simulate(graph, other, with_param_host(cluster, hook, 0.0)).step_time_s \
+                == simulate(graph, other, cluster).step_time_s
+
+
+def test_sharded_plans_add_their_per_parameter_work_to_the_step():
+    from autoplace.sim import sharded_host_s
+
+    graph = param_chain(12, 1e-4)
+    c = 0.5e-3
+    base = preset("cpu-x2")
+    cluster = with_param_host(base, 0.0, c)
+    for shard, phases in (("fsdp", 3), ("zero2", 2), ("none", 0)):
+        plan = Plan.single(graph).with_parallel(data=2, shard=shard)
+        assert sharded_host_s(graph, plan, cluster) == pytest.approx(phases * 24 * c)
+        res = simulate(graph, plan, cluster, timeline=True)
+        assert res.step_time_s == pytest.approx(
+            simulate(graph, plan, base).step_time_s + phases * 24 * c, rel=1e-12)
+        assert simulate_batch(graph, [plan], cluster).step_time_s[0] == pytest.approx(
+            res.step_time_s, rel=1e-12)
+        assert any(e.resource == "host" for e in res.timeline) == (phases > 0)
