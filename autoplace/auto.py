@@ -285,7 +285,9 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         try:
             rep = measure(c["plan"])
         except AutoplaceError as e:  # a rank died: that plan failed, the search goes on
-            say(f"  failed: {str(e).splitlines()[0]}")
+            from autoplace.executor.launch import short_error
+
+            say(f"  failed: {short_error(str(e))}")
             continue
         step = getattr(rep, "step_time_s", None) if not isinstance(rep, (int, float)) else rep
         err = getattr(rep, "error", None)

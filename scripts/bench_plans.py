@@ -199,16 +199,6 @@ def hand_written(graph, cluster) -> dict[str, Any]:
     return out
 
 
-def short_error(text: str) -> str:
-    """The first line of an error, and the exceptions a failed job's ranks raised."""
-    lines = text.splitlines()
-    raised = []
-    if "--- errors raised ---" in lines:
-        i = lines.index("--- errors raised ---")
-        raised = [x for x in lines[i + 1:i + 4] if not x.startswith("---")]
-    return " | ".join([lines[0][:160], *(x[:200] for x in raised)]) if lines else text
-
-
 def hybrid_plans(graph, cluster) -> dict[str, Any]:
     """Hybrid plans measured by name whatever auto picks: the best simulated plan with
     microbatches flowing through a one-process placement on every device, and on 4+
@@ -248,6 +238,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     from autoplace.auto import auto_plan, signature
     from autoplace.capture import capture_workload
     from autoplace.cluster import parse_bytes, resolve
+    from autoplace.executor.launch import short_error
     from autoplace.sim import lower_bound, simulate
 
     t_scenario = time.perf_counter()

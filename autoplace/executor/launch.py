@@ -79,6 +79,17 @@ def _failure_message(log: str, rc: int, nproc: int) -> str:
     return f"{first}; no report was written.{cause}\n--- last lines of the run's log ---\n{tail}"
 
 
+def short_error(text: str) -> str:
+    """One line for a failed run: the error's first line and the exceptions its ranks
+    raised (:func:`_failure_message`'s "errors raised" section)."""
+    lines = text.splitlines()
+    raised = []
+    if "--- errors raised ---" in lines:
+        i = lines.index("--- errors raised ---")
+        raised = [x for x in lines[i + 1:i + 4] if not x.startswith("---")]
+    return " | ".join([lines[0][:160], *(x[:200] for x in raised)]) if lines else text
+
+
 def run_plan(
     plan: Plan | str | Path,
     workload: Workload | str | dict[str, Any],
