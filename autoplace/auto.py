@@ -185,13 +185,12 @@ def _choose(measured: list[dict[str, Any]], usable: float, say: Callable[[str], 
     plan with room measured within ``NEAR_CAP_TOLERANCE`` of it: a run at 96% of a cap
     fits once and runs out of memory the next time (allocator fragmentation; FSDP2 on
     GNMT-4 at a 4.4 GiB cap on 2x H200)."""
-    peak = _peak
     best = min(measured, key=lambda m: m["measured"])
-    roomy = [m for m in measured if peak(m) <= NEAR_CAP * usable]
-    if peak(best) > NEAR_CAP * usable and roomy:
+    roomy = [m for m in measured if _peak(m) <= NEAR_CAP * usable]
+    if _peak(best) > NEAR_CAP * usable and roomy:
         alt = min(roomy, key=lambda m: m["measured"])
         if alt["measured"] <= NEAR_CAP_TOLERANCE * best["measured"]:
-            say(f"{best['planner']} peaked at {peak(best) / usable:.0%} of the cap; "
+            say(f"{best['planner']} peaked at {_peak(best) / usable:.0%} of the cap; "
                 f"{alt['planner']} has room and is within {NEAR_CAP_TOLERANCE - 1:.0%}")
             return alt
     return best

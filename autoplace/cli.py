@@ -518,19 +518,11 @@ def cmd_profile(cfg: ProfileConfig) -> int:
     graph.save(cfg.out)
     print(f"profiled {len(graph)} ops on {cluster.devices[0].name} -> {cfg.out}")
     if cfg.links and cluster.num_devices > 1:
-        from autoplace.executor.collectives import measure_collectives, with_measured_links
-        from autoplace.profile import measure_links
+        from autoplace.executor.collectives import measured_cluster
 
-        names = [d.name for d in cluster.devices]
-        links = measure_links(names)
-        coll = measure_collectives(names)
-        measured = with_measured_links(cluster, links, coll)
+        measured, summary = measured_cluster(cluster)
         measured.save(cfg.cluster_out)
-        bw = min(x for i, row in enumerate(links[1]) for j, x in enumerate(row) if i != j)
-        print(f"links: slowest pair {bw / 1e9:.1f} GB/s; collectives (bus GB/s): "
-              + ", ".join(f"{k} {coll[k]['bus_bandwidth'] / 1e9:.1f}"
-                          for k in ("allreduce", "allgather", "reducescatter"))
-              + f" -> {cfg.cluster_out} (use with --cluster {cfg.cluster_out})")
+        print(f"links: {summary} -> {cfg.cluster_out} (use with --cluster {cfg.cluster_out})")
     return 0
 
 

@@ -479,27 +479,6 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measured_cluster(cluster):
-    """``cluster`` with measured copy speeds between every device pair and measured
-    all-reduce / all-gather / reduce-scatter speed (the simulator then uses them)."""
-    from autoplace.executor.collectives import measure_collectives, with_measured_links
-    from autoplace.profile import measure_links
-
-    t = time.perf_counter()
-    names = [d.name for d in cluster.devices]
-    links = measure_links(names)
-    coll = measure_collectives(names)
-    out = with_measured_links(cluster, links, coll)
-    bw = [x for i, row in enumerate(links[1]) for j, x in enumerate(row) if i != j]
-    say(f"links measured in {time.perf_counter() - t:.1f} s: copies {min(bw) / 1e9:.0f}-"
-        f"{max(bw) / 1e9:.0f} GB/s; collectives' bus bandwidth "
-        + ", ".join(f"{k} {coll[k]['bus_bandwidth'] / 1e9:.0f} GB/s"
-                    for k in ("allreduce", "allgather", "reducescatter"))
-        + f" (simulated with {out.collective_bandwidth / 1e9:.0f} GB/s, "
-          f"{out.collective_alpha_s * 1e6:.0f} us a ring step)")
-    return out
-
-
 def main() -> int:
     args = parse_args()
     if args.render:
@@ -537,7 +516,11 @@ def main() -> int:
                            "steps": args.steps,
                            "warmup": args.warmup, "reps": args.reps, "scenarios": []}
     if args.links if args.links is not None else not args.cpu:
-        h.cluster = measured_cluster(cluster)
+        from autoplace.executor.collectives import measured_cluster
+
+        t = time.perf_counter()
+        h.cluster, summary = measured_cluster(cluster)
+        say(f"links measured in {time.perf_counter() - t:.1f} s: {summary}")
         out["links"] = {"alpha_s": h.cluster.alpha_s, "bandwidth": h.cluster.bandwidth,
                         "collective_alpha_s": h.cluster.collective_alpha_s,
                         "collective_bandwidth": h.cluster.collective_bandwidth}

@@ -30,7 +30,7 @@ from typing import Any
 from autoplace.cluster import Cluster
 from autoplace.errors import AutoplaceError
 
-__all__ = ["measure_collectives", "with_measured_links"]
+__all__ = ["measure_collectives", "measured_cluster", "with_measured_links"]
 
 KINDS = ("allreduce", "allgather", "reducescatter")
 GPU_SIZES = (2**20, 2**23, 2**26, 2**28)
@@ -110,6 +110,24 @@ def with_measured_links(cluster: Cluster, links: tuple[list[list[float]], list[l
                       collective_bandwidth=statistics.median(
                           collectives[k]["bus_bandwidth"] for k in KINDS))
     return out
+
+
+def measured_cluster(cluster: Cluster) -> tuple[Cluster, str]:
+    """``cluster`` with copy speeds between every pair of its devices and collective
+    speeds measured here (:func:`with_measured_links`), and a one-line summary."""
+    from autoplace.profile import measure_links
+
+    names = [d.name for d in cluster.devices]
+    links = measure_links(names)
+    coll = measure_collectives(names)
+    out = with_measured_links(cluster, links, coll)
+    bw = [x for i, row in enumerate(links[1]) for j, x in enumerate(row) if i != j]
+    summary = (f"copies {min(bw) / 1e9:.0f}-{max(bw) / 1e9:.0f} GB/s; collectives' bus "
+               "bandwidth " + ", ".join(f"{k} {coll[k]['bus_bandwidth'] / 1e9:.0f} GB/s"
+                                        for k in KINDS)
+               + f" (simulated with {out.collective_bandwidth / 1e9:.0f} GB/s, "
+                 f"{out.collective_alpha_s * 1e6:.0f} us a ring step)")
+    return out, summary
 
 
 # ------------------------------------------------------------------ one rank

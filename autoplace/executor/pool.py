@@ -131,10 +131,7 @@ class PlanPool:
         """
         self._preload = {"workload": workload_spec(workload), "weights_file": weights_file}
         self._stop_all()
-        for plan in [plans] if isinstance(plans, Plan) else plans:
-            layout = rank_devices(plan, cluster or self.cluster)
-            if layout not in self._jobs:
-                self._start(layout)
+        self.ensure(plans, cluster=cluster)
 
     def ensure(self, plans: Plan | list[Plan], *, cluster: Cluster | None = None) -> None:
         """Start, in the background, a job for each layout of ``plans`` that has none,
