@@ -197,7 +197,7 @@ class _Tracer:
 
     def __init__(self, opts: RunOptions, devices: list[torch.device], rank: int,
                  start: int) -> None:
-        self.opts, self.devices, self.rank = opts, devices, rank
+        self.devices = devices
         self.first = max(start, opts.warmup)
         self.prof: Any = None
         self.span: Any = None
@@ -225,15 +225,18 @@ class _Tracer:
             self.span.__exit__(None, None, None)
             self.span = None
 
-    def close(self) -> bool:
+    def close(self, save: bool = True) -> bool:
+        """Stop recording; write the trace when ``save`` (a failed run writes none).
+        Whether a trace was written."""
         if self.prof is None:
             return False
         self._end_span()
         self.prof.__exit__(None, None, None)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self.prof.export_chrome_trace(self.path)
-        self.prof = None
-        return True
+        prof, self.prof = self.prof, None
+        if save:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(self.path)
+        return save
 
 
 def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
@@ -332,8 +335,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         if distributed:  # the other ranks are stuck in a collective: stop them all
             print(f"rank {rank}: {report.error}", flush=True)
     finally:
-        if tracer is not None and tracer.prof is not None:  # a failed run: no trace
-            tracer.prof.__exit__(None, None, None)
+        if tracer is not None:  # still recording: the run failed
+            tracer.close(save=False)
         built = None
         tracer = None
         opt = None
