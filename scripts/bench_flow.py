@@ -44,8 +44,10 @@ MB = (1, 2, 4)
 def _halves(model, cut: int, devices):
     """The hand-written split: embeddings and blocks[:cut] | blocks[cut:], ln_f, head."""
 
+    positions = model.positions.to(devices[0])
+
     def first(tokens):
-        x = model.tok_emb(tokens) + model.pos_emb(model.positions)
+        x = model.tok_emb(tokens) + model.pos_emb(positions)
         for b in model.blocks[:cut]:
             x = b(x)
         return x
