@@ -235,10 +235,11 @@ def _cached_lower_bound(graph: OpGraph, cluster: Cluster, tables) -> float:
 def issue_order(graph: OpGraph, plan: Plan) -> list[tuple[int, str]]:
     """Forward issue order ``[(microbatch, op name), ...]`` of a one-process placement.
 
-    Sorted by ``(microbatch + level(op), topological index)`` where ``level`` is the
-    rank of the op's device in order of first use, raised to the largest level of its
-    producers (so every producer is issued before its consumers, even when a
-    placement returns to an earlier device). Backward runs this order reversed.
+    Sorted by ``(microbatch + level(op), microbatch, topological index)`` where
+    ``level`` is the rank of the op's device in order of first use, raised to the
+    largest level of its producers (so every producer is issued before its consumers,
+    even when a placement returns to an earlier device); within a wavefront step the
+    earlier microbatch first. Backward runs this order reversed.
     """
     ga = graph_arrays(graph)
     lp = local_plan(ga, plan)

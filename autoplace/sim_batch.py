@@ -169,7 +169,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
             durs_f.append(np.where(sent, alpha[dev_t, e] + bmb * inv[dev_t, e], -np.inf))
             durs_b.append(np.where(sent, alpha[e, dev_t] + bmb * inv[e, dev_t], -np.inf))
 
-    # ---- issue order: sort (mb, op) by (mb + level, op)
+    # ---- issue order: sort (mb, op) by (mb + level, mb, op), as sim_local.issue_order_items
     first = np.stack([np.where((dev == j).any(1), (dev == j).argmax(1), n + j)
                       for j in range(kk)], 1)
     rank = np.argsort(np.argsort(first, axis=1), axis=1)
@@ -185,7 +185,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
             np.maximum(rank_t[i], level_t[pr].max(0), out=level_t[i])
     steps = m * n
     items = np.arange(steps)
-    key = (items // n + level_t.T[:, items % n]) * n + items % n  # [P, mn]
+    key = ((items // n + level_t.T[:, items % n]) * m + items // n) * n + items % n  # [P, mn]
     order_t = np.ascontiguousarray(np.argsort(key, axis=1).T)  # [mn, P] item per step
     op_t = order_t % n
     mboff_t = (order_t // n) * (n + 1)  # row offset of the item's microbatch (n + 1 rows each)

@@ -174,3 +174,24 @@ def test_out_of_memory_wrapped_by_pipelining_is_recognised():
         cause = _out_of_memory_cause(e)
     assert isinstance(cause, torch.OutOfMemoryError)
     assert _out_of_memory_cause(RuntimeError("shape mismatch")) is None
+
+
+def test_each_microbatch_loss_follows_its_forward():
+    """The executor's issue order (sim.issue_order): the second device's part of a
+    microbatch before the first device's part of the next one, and each microbatch's
+    loss right after its output, as a hand-written flow issues them."""
+    from autoplace.executor.build import _issue_order
+
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    plan = two_halves(graph, microbatches=3)
+    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn,
+                       order=_issue_order(graph, plan))
+    names = [n.name for n in prog.program.graph.nodes]
+    losses = [i for i, n in enumerate(prog.program.graph.nodes) if n.target == "_loss"]
+    embeddings = [names.index(e) for e in ("tok_emb", "tok_emb_1", "tok_emb_2")]
+    assert len(losses) == 3
+    assert embeddings[0] < losses[0] < embeddings[1] < losses[1] < embeddings[2] < losses[2]
+    x, y = wl.make_batch(3 * wl.batch_size, "cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(prog(x, y), wl.loss_fn(wl.model(*x), y))

@@ -129,8 +129,9 @@ def test_issue_order_is_a_wavefront_and_topological():
             assert pos[(mb, u)] < pos[(mb, v)]
     two = Plan.from_assignment(graph, {op.name: int(i >= 30) for i, op in enumerate(graph)},
                                parallel=ParallelConfig(microbatches=2))
-    order = issue_order(graph, two)  # microbatch 1 of stage 0 before microbatch 0 of stage 1
-    assert order.index((1, "op0")) < order.index((0, "op30"))
+    order = issue_order(graph, two)  # microbatch 0 of stage 1 before microbatch 1 of stage 0
+    assert order.index((0, "op30")) < order.index((1, "op0"))
+    assert order.index((0, "op29")) < order.index((0, "op30"))
 
 
 def test_schedule_actions():

@@ -344,8 +344,22 @@ def build_local(
         else:
             units.append([(mb, name)])
 
+    out_dev = plan_dev[output.name]
+    b.attrs["_loss"] = _Loss(loss_fn)
+    out_nodes = [a.name for a in output.all_input_nodes]
+    losses: dict[int, fx.Node] = {}
+
+    def emit_losses() -> None:
+        """The loss of every microbatch whose outputs exist, as soon as they do (a
+        hand-written flow computes each microbatch's loss right after its forward)."""
+        for mb in range(m):
+            if mb not in losses and all(b.key(nodes[a], mb) in b.env for a in out_nodes):
+                out = fx.map_arg(output.args[0], lambda a, mb=mb: b.value(a, mb, out_dev))
+                losses[mb] = g.call_module("_loss", (out, targets[mb]))
+
     n_rc = 0
     for unit in units:
+        emit_losses()
         mb, first = unit[0]
         node = nodes[first]
         dev = dev_of[first]
@@ -378,14 +392,9 @@ def build_local(
         for i, u in enumerate(users):
             b.env[(u.name, mb)] = g.call_function(operator.getitem, (call, i))
 
-    out_dev = plan_dev[output.name]
-    b.attrs["_loss"] = _Loss(loss_fn)
-    losses = []
-    for mb in range(m):
-        out = fx.map_arg(output.args[0], lambda a, mb=mb: b.value(a, mb, out_dev))
-        losses.append(g.call_module("_loss", (out, targets[mb])))
+    emit_losses()
     total = losses[0] if m == 1 else g.call_function(operator.truediv, (losses[0], m))
-    for loss in losses[1:]:
+    for loss in (losses[mb] for mb in range(1, m)):
         total = g.call_function(operator.add, (total, g.call_function(operator.truediv, (loss, m))))
     g.output(total)
     program = fx.GraphModule(dict(b.attrs), g)
