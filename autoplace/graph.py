@@ -64,6 +64,10 @@ class OpNode:
             from a second run at a smaller batch); absent kinds are unknown and the
             simulator falls back to the device's launch overhead.
         bwd_fixed_s: the same for ``bwd_time_s``.
+        workspace_bytes: memory the op holds only while it runs, beyond its outputs;
+            on the ``output`` op, the peak of the loss's forward and backward
+            (:func:`autoplace.capture.loss_workspace_bytes`), which the simulator
+            counts as a transient on the device that computes the loss.
     """
 
     name: str
@@ -81,6 +85,12 @@ class OpNode:
     bwd_time_s: dict[str, float] = field(default_factory=dict)
     fwd_fixed_s: dict[str, float] = field(default_factory=dict)
     bwd_fixed_s: dict[str, float] = field(default_factory=dict)
+    workspace_bytes: int = 0
+
+    @property
+    def transient_bytes(self) -> int:
+        """Memory the op needs while it runs: its outputs, or its workspace if larger."""
+        return max(self.output_bytes, self.workspace_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

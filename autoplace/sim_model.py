@@ -93,7 +93,7 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         param_bytes=np.array([op.param_bytes for op in ops], dtype=np.float64),
         param_count=np.array([len(op.param_names) for op in ops], dtype=np.float64),
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
-        out_bytes=np.array([op.output_bytes for op in ops], dtype=np.float64),
+        out_bytes=np.array([op.transient_bytes for op in ops], dtype=np.float64),
         block_key=[_block_key(op.module_path) for op in ops],
     )
     graph.__dict__["_sim_arrays"] = arrays

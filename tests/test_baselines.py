@@ -282,7 +282,9 @@ def test_zoo_gpt_under_memory_cap_hybrid_fits_where_single_and_ddp_do_not():
 
     g = capture_workload(workloads.get("gpt-medium"))
     base = preset("h200x2")
-    cap = int(max(simulate(g, baselines.get("ddp")(g, base), base).peak_memory_bytes) * 0.75)
+    # 0.8x DDP's peak: one replica (with the loss's workspace on one device) does not fit,
+    # half of it per device does (at 0.75x even a perfect split of it would not)
+    cap = int(max(simulate(g, baselines.get("ddp")(g, base), base).peak_memory_bytes) * 0.8)
     c = base.with_memory_cap(cap)
     assert simulate(g, baselines.get("single")(g, c), c).oom
     assert simulate(g, baselines.get("ddp")(g, c), c).oom

@@ -237,3 +237,39 @@ def test_zoo_captures_on_meta(name):
     assert g.name == wl.name and g.spec["spec"] == name and g.batch_size == wl.batch_size
     assert g.param_bytes == _param_bytes(wl.model)
     assert g.flops > 0 and len(g) > 3
+
+
+class _Head(nn.Module):
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, vocab)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def _classifier(vocab: int, loss_fn) -> Workload:
+    return Workload(
+        name="head", model=_Head(vocab),
+        make_batch=lambda bs, dev: ((torch.randn(bs, 16, device=dev),),
+                                    torch.randint(0, vocab, (bs,), device=dev)),
+        loss_fn=loss_fn, batch_size=64)
+
+
+def test_loss_workspace_is_the_cross_entropy_peak_on_the_output_op():
+    g = capture_workload(_classifier(1000, F.cross_entropy))
+    out = next(op for op in g if op.kind == "output")
+    logits = 64 * 1000 * 4
+    # logits, their float32 log-softmax (kept for backward), the gradient of the
+    # log-softmax and the gradient of the logits: at most four logits-sized tensors
+    assert 2.5 * logits <= out.workspace_bytes <= 4 * logits
+    assert out.transient_bytes == out.workspace_bytes
+    assert all(op.workspace_bytes == 0 for op in g if op.kind != "output")
+
+
+def test_loss_that_cannot_run_on_meta_has_no_workspace():
+    def host_loss(output, target):  # reads values: impossible on meta
+        return output.sum() * float(target.float().mean())
+
+    g = capture_workload(_classifier(10, host_loss))
+    assert next(op for op in g if op.kind == "output").workspace_bytes == 0

@@ -122,9 +122,7 @@ def group_view(graph: OpGraph, cluster: Cluster, groups: dict[str, int]) -> Grou
     params = np.bincount(gid, weights=[op.param_bytes for op in graph], minlength=g_count)
     acts = np.bincount(gid, weights=[op.activation_bytes for op in graph], minlength=g_count)
     transient = np.zeros(g_count)
-    np.maximum.at(transient, gid, [float(op.output_bytes) for op in graph])
-    transient = np.zeros(g_count)
-    np.maximum.at(transient, gid, [float(op.output_bytes) for op in graph])
+    np.maximum.at(transient, gid, [float(op.transient_bytes) for op in graph])
     gg = group_graph(graph, groups)
     edges = [(int(u), int(v), int(d["bytes"])) for u, v, d in gg.edges(data=True)]
     preds: list[list[tuple[int, int]]] = [[] for _ in range(g_count)]
