@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.errors import AutoplaceError
+from autoplace.plan import strict_json
 
 __all__ = ["main"]
 
@@ -337,7 +338,7 @@ def cmd_simulate(cfg: SimulateConfig) -> int:
            "oom": res.oom, "oom_devices": res.oom_devices, "lower_bound_s": res.lower_bound_s,
            "busy_time_s": res.busy_time_s, "cluster": cluster.name}
     if cfg.json:
-        print(json.dumps(out))
+        print(json.dumps(strict_json(out), allow_nan=False))
     else:
         print(f"{plan.describe()} on {cluster.name}: step {_ms(res.step_time_s)} ms "
               f"(lower bound {_ms(res.lower_bound_s)} ms), peak GiB "
@@ -432,8 +433,9 @@ def cmd_compare(cfg: CompareConfig) -> int:
     print(f"{wl.name} on {cluster.name} ({cluster.num_devices} devices)")
     print(format_table(rows))
     if cfg.json:
-        Path(cfg.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "plan"}
-                                              for r in rows], indent=1))
+        Path(cfg.json).write_text(json.dumps(
+            strict_json([{k: v for k, v in r.items() if k != "plan"} for r in rows]),
+            indent=1, allow_nan=False))
     if cfg.plot:
         from autoplace import viz
 
@@ -457,7 +459,8 @@ def cmd_run(cfg: RunConfig) -> int:
         seed=cfg.seed, progress=True, trace_dir=cfg.trace,
     )
     if cfg.report:
-        Path(cfg.report).write_text(json.dumps(report.to_json(), indent=1))
+        Path(cfg.report).write_text(json.dumps(strict_json(report.to_json()), indent=1,
+                                               allow_nan=False))
     if report.error:
         print(f"error: {report.error}", file=sys.stderr)
         return 3

@@ -216,7 +216,8 @@ class Cluster:
         d["format"] = CLUSTER_FORMAT
         d["devices"] = [asdict(x) for x in self.devices]
         d["alpha_s"] = [list(r) for r in self.alpha_s]
-        d["bandwidth"] = [list(r) for r in self.bandwidth]
+        # a device's link to itself is infinitely fast: null in the file (JSON has no inf)
+        d["bandwidth"] = [[x if math.isfinite(x) else None for x in r] for r in self.bandwidth]
         return d
 
     @classmethod
@@ -231,7 +232,8 @@ class Cluster:
                 name=str(data["name"]),
                 devices=devices,
                 alpha_s=tuple(tuple(float(x) for x in r) for r in data["alpha_s"]),
-                bandwidth=tuple(tuple(float(x) for x in r) for r in data["bandwidth"]),
+                bandwidth=tuple(tuple(math.inf if x is None else float(x) for x in r)
+                                for r in data["bandwidth"]),
                 gamma_s_per_byte=float(data.get("gamma_s_per_byte", 0.0)),
                 collective_alpha_s=float(data.get("collective_alpha_s", 10e-6)),
                 collective_bandwidth=data.get("collective_bandwidth"),
@@ -241,7 +243,7 @@ class Cluster:
             raise AutoplaceError(f"cluster file is malformed: {e!r}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        Path(path).write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
 
     @classmethod
     def load(cls, path: str | Path) -> Cluster:

@@ -442,6 +442,18 @@ def _check_divisible(n: int, what: str) -> None:
         raise PlanError(f"{what} must be >= 1")
 
 
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None: JSON has no infinity or NaN,
+    and reports written with ``allow_nan=False`` stay readable by any JSON parser."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, (set, frozenset)):
         return sorted(o)

@@ -190,11 +190,15 @@ def _time_call(fn: Callable[[], Any], dev: torch.device, repeats: int) -> float:
     samples = []
     for _ in range(repeats):
         if dev.type == "cuda":
+            # record on dev's stream, not the current device's: a copy between two other
+            # devices never reaches the current device's stream, and events there timed
+            # nothing (13-23 TB/s "measured" between GPUs 1-3 of a 4x H200 machine)
+            stream = torch.cuda.current_stream(dev)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             for _ in range(inner):
                 fn()
-            end.record()
+            end.record(stream)
             end.synchronize()
             samples.append(start.elapsed_time(end) / 1e3 / inner)
         else:
@@ -598,20 +602,26 @@ def _save(cache_dir: str | Path | None, graph: OpGraph, kind: str, data: dict) -
 def measure_links(
     devices: Sequence[str],
     *,
-    sizes: Sequence[int] = (2**10, 2**16, 2**20, 2**23),
+    sizes: Sequence[int] | None = None,
     repeats: int = 5,
 ) -> tuple[list[list[float]], list[list[float]]]:
     """Latency and bandwidth of a copy between every ordered pair of ``devices``.
 
     Each pair copies float32 buffers of ``sizes`` bytes into a preallocated tensor on
-    the destination (``copy_``, so a CPU-to-CPU pair really copies) and fits
-    ``t = alpha + bytes / bandwidth`` by least squares over the medians.
+    the destination (``copy_``, so a CPU-to-CPU pair really copies), timed on the
+    destination's stream (which waits for the copy), and fits
+    ``t = alpha + bytes / bandwidth`` by least squares over the medians. Default sizes
+    reach 64 MiB on GPUs, where an 8 MiB copy over NVLink (about 20 us) is too close to
+    its launch latency for the slope to mean anything.
 
     Returns:
         ``(alpha_s, bandwidth)``: n x n lists (diagonal 0 and inf) for
         :class:`~autoplace.cluster.Cluster`.
     """
     devs = [torch.device(d) for d in devices]
+    if sizes is None:
+        gpu = all(d.type == "cuda" for d in devs)
+        sizes = (2**10, 2**20, 2**23, 2**26) if gpu else (2**10, 2**16, 2**20, 2**23)
     n = len(devs)
     alpha = [[0.0] * n for _ in range(n)]
     bandwidth = [[math.inf] * n for _ in range(n)]

@@ -101,8 +101,11 @@ def issue_order_items(ga: GraphArrays, dev: list[int], m: int) -> list[int]:
     of microbatch ``i`` is issued before this device's part of ``i + 1``, as a
     hand-written flow does. When issuing the ops takes the host about as long as the
     GPUs take to run them (gpt-1b at 2 microbatches), this starts the second device
-    earlier: on 2x H200 the other order measured 95.4 ms against 89.9 ms for the same
-    program issued this way (bench/results/2026-11-26-h200x2-flow.json).
+    earlier. On 2x H200 (``scripts/bench_flow.py``, gpt-1b halves, 2 microbatches) the
+    other order measured 95.4 ms against 89.9 ms for a hand-written flow issued this way
+    (bench/results/raw/2026-11-26-h200x2-flow-nocap-oldorder.json); in this order our
+    program measured 88.8 ms against the hand-written 88.5 ms (a later run of the same
+    session, whose result files were not kept).
     """
     n = ga.n
     level = op_levels(ga, dev)

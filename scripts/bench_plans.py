@@ -487,6 +487,7 @@ def main() -> int:
         print(path.with_suffix(".md").read_text())
         return 0
     from autoplace.cluster import Cluster, preset
+    from autoplace.plan import strict_json
 
     if args.cpu or not torch.cuda.is_available():
         cluster = preset(f"cpu-x{args.nproc or 2}")
@@ -529,7 +530,8 @@ def main() -> int:
 
     def save() -> None:
         out["wall_s"] = time.perf_counter() - t_start
-        path.write_text(json.dumps(out, indent=1, default=str))
+        # strict JSON: a device's link to itself (infinite bandwidth) is written as null
+        path.write_text(json.dumps(strict_json(out), indent=1, default=str, allow_nan=False))
         path.with_suffix(".md").write_text(markdown(out))
 
     try:

@@ -42,7 +42,7 @@ from autoplace.capture import capture_workload
 from autoplace.cluster import format_bytes, resolve
 from autoplace.costs import estimate_costs
 from autoplace.grouping import auto_group_count
-from autoplace.plan import Plan
+from autoplace.plan import Plan, strict_json
 from autoplace.policies import train
 from autoplace.sim import lower_bound, simulate
 
@@ -164,7 +164,7 @@ for workload in names:
                     "ratio_to_best_baseline": step / best_baseline if math.isfinite(
                         best_baseline) else None,
                     "ratio_to_lower_bound": step / scenario["lower_bound_s"],
-                    "baselines": scores,
+                    "baselines": scores,  # null in the JSON: the plan does not fit
                 })
                 r = rows[-1]
                 print(f"{workload:13s} {preset:7s} cap={scenario['memory_cap'] or '-':>7s} "
@@ -191,12 +191,12 @@ if parts:
                             "total_time_s": p["total_time_s"]} for p in parts]
 
 
-def ms(x: float) -> str:
-    return f"{x * 1e3:.3f}" if math.isfinite(x) else "OOM"
+def ms(x: float | None) -> str:
+    return f"{x * 1e3:.3f}" if x is not None and math.isfinite(x) else "OOM"
 
 
-(out / f"policies_{tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1,
-                                                     default=str))
+(out / f"policies_{tag}.json").write_text(json.dumps(strict_json({**meta, "rows": rows}),
+                                                     indent=1, default=str, allow_nan=False))
 lines = [
     f"# Policies vs baselines (simulated), {meta['date']}", "",
     f"Budget {args.budget} per row (cap {args.row_limit_s:.0f} s), batch {args.batch_size}, "

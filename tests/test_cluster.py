@@ -26,6 +26,17 @@ def test_memory_cap_and_json(tmp_path):
     c.save(path)
     again = resolve(str(path))
     assert again == c
+    # strict JSON: the infinite self-links are null in the file, infinite again when read
+    text = path.read_text()
+    assert "Infinity" not in text and "null" in text
+    assert all(math.isinf(again.bandwidth[i][i]) for i in range(again.num_devices))
+
+
+def test_strict_json_replaces_non_finite_floats():
+    from autoplace.plan import strict_json
+
+    assert strict_json({"a": [1.0, math.inf, (math.nan, 2)], "b": "x"}) == {
+        "a": [1.0, None, [None, 2]], "b": "x"}
 
 
 def test_parse_bytes():
