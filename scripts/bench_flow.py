@@ -11,7 +11,10 @@ any difference is the executor's:
 * ``native-mbM``: ``for each microbatch: h = first_half(x); h = h.to(dev1);
   loss += loss_fn(second_half(h), y) / M``, then ``loss.backward()``;
 * ``autoplace-mbM``: ``build_local(graph, plan with M microbatches)`` with the issue
-  order the executor uses.
+  order the executor uses;
+* ``streams-mbM`` (with ``--copy-streams``): the same program whose GPU-to-GPU edges skip
+  PyTorch's two-way stream barrier (``build_local(copy_streams=True)``,
+  ``AUTOPLACE_COPY_STREAMS=1`` in the executor).
 
 Both use one fused AdamW over all parameters and bf16 autocast; step time covers
 forward, backward and the optimizer step, from synchronised devices to
@@ -78,6 +81,8 @@ def main() -> None:
     ap.add_argument("--cap-gib", type=float, default=None, help="memory cap per GPU")
     ap.add_argument("--cut", type=int, default=None,
                     help="first block on the second GPU (default: half the blocks)")
+    ap.add_argument("--copy-streams", action="store_true",
+                    help="also run autoplace's program with stream-aware copies (streams-mbM)")
     ap.add_argument("--trace", default=None, help="directory for Chrome traces")
     ap.add_argument("--out", default=None, help="result JSON")
     a = ap.parse_args()
@@ -101,12 +106,15 @@ def main() -> None:
     cut = a.cut if a.cut is not None else wl.model.config.n_layers // 2
     first = next(i for i, op in enumerate(graph) if op.module_path.startswith(f"blocks.{cut}"))
     groups = {op: int(i >= first) for i, op in enumerate(graph.order)}
-    programs = {}
+    names = ("native", "autoplace") + (("streams",) if a.copy_streams else ())
+    programs: dict[str, dict[int, torch.nn.Module]] = {"autoplace": {}, "streams": {}}
     for m in MB:
         plan = Plan.from_groups(graph, groups, [0, 1], planner="bench-flow",
                                 parallel=ParallelConfig(microbatches=m))
-        programs[m] = build_local(graph.module, plan, devices, wl.loss_fn,
-                                  order=_issue_order(graph, plan))
+        for name in names[1:]:
+            programs[name][m] = build_local(graph.module, plan, devices, wl.loss_fn,
+                                            order=_issue_order(graph, plan),
+                                            copy_streams=name == "streams")
     native = _halves(wl.model, cut, devices)  # parameters: where build_local put them
     opt = _optimizer([p for p in wl.model.parameters() if p.requires_grad], wl, devices[0])
 
@@ -114,13 +122,13 @@ def main() -> None:
         with _autocast(wl, devices[0]):
             if name == "native":
                 return native(inputs[0], targets, m, wl.loss_fn)
-            return programs[m](inputs, targets)
+            return programs[name][m](inputs, targets)
 
     # same parameters, same batch: the two programs must compute the same loss
     inputs, targets = global_batch(wl, 0, 0)
     check = {}
     with torch.no_grad():
-        for name in ("native", "autoplace"):
+        for name in names:
             for m in MB:
                 check[f"{name}-mb{m}"] = float(run(name, m, inputs, targets))
     ref = check["native-mb1"]
@@ -149,7 +157,7 @@ def main() -> None:
             out.append(time.perf_counter() - t0)
         return out
 
-    variants = [(name, m) for m in MB for name in ("native", "autoplace")]
+    variants = [(name, m) for m in MB for name in names]
     times: dict[str, list[list[float]]] = {f"{n}-mb{m}": [] for n, m in variants}
     peaks: dict[str, list[int]] = {}
     t_start = time.time()
@@ -202,11 +210,13 @@ def main() -> None:
                         "spread_s": [min(meds), max(meds)], "peak_memory_bytes": peaks.get(key),
                         "oom": any(not r for r in rs)}
     for m in MB:
-        ours, theirs = summary[f"autoplace-mb{m}"], summary[f"native-mb{m}"]
-        if "step_time_s" in ours and "step_time_s" in theirs:
-            ours["vs_native"] = ours["step_time_s"] / theirs["step_time_s"]
-            print(f"mb={m}: autoplace {ours['step_time_s'] * 1e3:.1f} ms, hand-written "
-                  f"{theirs['step_time_s'] * 1e3:.1f} ms: {ours['vs_native']:.3f}x")
+        theirs = summary[f"native-mb{m}"]
+        for name in names[1:]:
+            ours = summary[f"{name}-mb{m}"]
+            if "step_time_s" in ours and "step_time_s" in theirs:
+                ours["vs_native"] = ours["step_time_s"] / theirs["step_time_s"]
+                print(f"mb={m}: {name} {ours['step_time_s'] * 1e3:.1f} ms, hand-written "
+                      f"{theirs['step_time_s'] * 1e3:.1f} ms: {ours['vs_native']:.3f}x")
     result = {"benchmark": "one-process-flow", "workload": wl.name, "card": card,
               "torch_version": torch.__version__, "date": datetime.date.today().isoformat(),
               "memory_cap_gib": a.cap_gib, "steps": a.steps, "warmup": a.warmup,

@@ -83,6 +83,32 @@ def test_interleaved_placement_moves_tensors_between_gpus(gpus):
     check(execute(wl, plan, cluster=gpus, steps=3, warmup=1))
 
 
+def test_streamed_copies_between_gpus_match(gpus, monkeypatch):
+    """Edges that skip PyTorch's two-way stream barrier (AUTOPLACE_COPY_STREAMS=1) give
+    the losses and gradients of plain ``.to`` copies, and train like the reference."""
+    from autoplace.executor.local import build_local
+
+    wl = workloads.get("gpt-tiny")
+    plan = Plan.from_groups(capture_graph(wl), {op: i % 2 for i, op in
+                                                enumerate(capture_graph(wl).order)}, [0, 1],
+                            parallel=ParallelConfig(microbatches=2))
+    devices = [torch.device("cuda:0"), torch.device("cuda:1")]
+    x, y = wl.make_batch(wl.batch_size, "cuda:0")
+    out = []
+    for streams in (False, True):
+        g = capture_graph(workloads.get("gpt-tiny"))
+        prog = build_local(g.module, plan, devices, wl.loss_fn, copy_streams=streams)
+        loss = prog(x, y)
+        loss.backward()
+        torch.cuda.synchronize()
+        out.append((loss.detach().cpu(), [p.grad.cpu() for p in prog.parameters()]))
+    torch.testing.assert_close(out[0][0], out[1][0])
+    for a, b in zip(out[0][1], out[1][1]):
+        torch.testing.assert_close(a, b)
+    monkeypatch.setenv("AUTOPLACE_COPY_STREAMS", "1")
+    check(execute(wl, plan, cluster=gpus, steps=3, warmup=1))
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("name", ["gpt-tiny", "rnnlm"])
 def test_pipeline_on_two_gpus(gpus, name, schedule):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import operator
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from autoplace.capture import fetch_attr
 from autoplace.plan import Plan
 
-__all__ = ["LocalProgram", "build_local", "issue_order", "move_to"]
+__all__ = ["LocalProgram", "build_local", "issue_order", "move_to", "move_to_streamed"]
 
 _META_METHODS = {"size", "dim", "numel", "ndimension", "get_device", "element_size"}
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
@@ -43,6 +44,60 @@ _FREE_KINDS = {"input", "output", "param", "getitem", "getattr", "size", "view",
 def move_to(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor in it moved to ``device`` (non-tensors unchanged)."""
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device, non_blocking=True), value)
+
+
+#: ``AUTOPLACE_COPY_STREAMS=1``: cross-GPU edges use :func:`move_to_streamed` (experimental,
+#: not yet measured on GPUs; read by :func:`build_local` when ``copy_streams`` is None)
+COPY_STREAMS_ENV = "AUTOPLACE_COPY_STREAMS"
+_side_streams: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
+def _copy_streamed(x: torch.Tensor, dst: torch.device) -> torch.Tensor:
+    """``x.to(dst)`` without PyTorch's two-way barrier between the devices' streams.
+
+    A cross-device ``copy_`` runs on the source device's current stream after making it
+    wait for everything queued on the destination's current stream (ATen's
+    ``copy_device_to_device``), so in a one-process placement every edge makes the
+    sending GPU wait for the receiving GPU's whole queue. Here the destination's current
+    stream is, during the copy, a side stream of its own per (source, destination)
+    pair, which holds only copies: the source waits for nothing but earlier copies on
+    that pair; the destination's compute stream then waits for the side stream, and the
+    new tensor is marked as used by it so the allocator does not reuse its memory early.
+    """
+    src = x.device
+    if src.type != "cuda" or dst.type != "cuda" or src == dst:
+        return x.to(dst, non_blocking=True)
+    key = (src.index, dst.index)
+    side = _side_streams.get(key)
+    if side is None:
+        side = _side_streams[key] = torch.cuda.Stream(device=dst)
+    main = torch.cuda.current_stream(dst)
+    with torch.cuda.stream(side):
+        y = x.to(dst, non_blocking=True)
+    main.wait_stream(side)
+    y.record_stream(main)
+    return y
+
+
+class _CopyTo(torch.autograd.Function):
+    """A differentiable :func:`_copy_streamed`: the gradient goes back the same way."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dst: torch.device) -> torch.Tensor:
+        ctx.src = x.device
+        y = _copy_streamed(x, dst)
+        return x.view_as(x) if y is x else y  # a Function returns a new tensor
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _copy_streamed(grad, ctx.src), None
+
+
+def move_to_streamed(value: Any, device: torch.device) -> Any:
+    """:func:`move_to` whose GPU-to-GPU copies skip the two-way stream barrier
+    (:func:`_copy_streamed`), forward and backward."""
+    return pytree.tree_map_only(
+        torch.Tensor, lambda t: t if t.device == device else _CopyTo.apply(t, device), value)
 
 
 def _call_module_on(module: nn.Module, device: torch.device, *args: Any, **kwargs: Any) -> Any:
@@ -188,6 +243,7 @@ class _Builder:
         self.moved: dict[tuple[str, int | None, int], fx.Node] = {}
         self.attrs: dict[str, Any] = {}
         self.shared: set[str] = set()
+        self.mover: Callable[[Any, torch.device], Any] = move_to
 
     def key(self, node: fx.Node, mb: int) -> tuple[str, int | None]:
         return (node.name, None if node.name in self.shared else mb)
@@ -199,7 +255,7 @@ class _Builder:
             return v
         mk = (*k, dev)
         if mk not in self.moved:
-            self.moved[mk] = self.graph.call_function(move_to, (v, self.devices[dev]))
+            self.moved[mk] = self.graph.call_function(self.mover, (v, self.devices[dev]))
         return self.moved[mk]
 
     def copy(self, graph: fx.Graph, node: fx.Node, arg: Callable[[fx.Node], fx.Node],
@@ -284,13 +340,18 @@ def build_local(
     *,
     microbatches: int | None = None,
     order: list[tuple[int, str]] | None = None,
+    copy_streams: bool | None = None,
 ) -> LocalProgram:
     """The placed program for ``gm`` under ``plan`` on ``devices`` (index = local device).
 
     Moves ``gm``'s parameters to their devices in place. ``order`` is an issue order
     of ``(microbatch, op)`` pairs (default: :func:`issue_order`); get_attr ops are
     issued once, before everything else, and shared by all microbatches.
+    ``copy_streams``: edges between GPUs use :func:`move_to_streamed` (default: whether
+    the environment sets ``AUTOPLACE_COPY_STREAMS=1``; off otherwise).
     """
+    if copy_streams is None:
+        copy_streams = os.environ.get(COPY_STREAMS_ENV, "0") == "1"
     m = microbatches or plan.parallel.microbatches
     plan_dev = {n.name: plan.device_of(n.name) for n in gm.graph.nodes}
     homes = _param_homes(gm, plan_dev)
@@ -299,6 +360,8 @@ def build_local(
 
     b = _Builder(gm, {}, devices)
     b.homes = homes
+    if copy_streams:
+        b.mover = move_to_streamed
     dev_of = b.dev_of
     for node in gm.graph.nodes:  # actual device of each op's output
         if node.op == "get_attr":
