@@ -126,6 +126,32 @@ def test_calibration_factors_and_defaults(setup):
     assert cal.memory_factor("pipeline") == 1.0  # no memory measured
 
 
+def test_a_searched_plan_does_not_correct_the_planners_plans(setup):
+    """An annealed (or policy) plan's error does not carry over to a planner's plan of
+    its family (the winner's curse: the search picked what the simulator underrates);
+    it still corrects plans found the same way."""
+    from autoplace.calibration import searched
+
+    graph, cluster = setup
+    cal = Calibration.empty(graph, cluster)
+    heuristic = baselines.get("expert")(graph, cluster)
+    annealed = replace(heuristic, planner={"name": "anneal"})
+    policy = replace(heuristic, planner={"name": "gnn", "trainer": "reinforce"})
+    assert not searched(heuristic) and searched(annealed) and searched(policy)
+    assert family(annealed) == family(heuristic) == "placement"
+    cal.record(annealed, "anneal", 1.0, 0.0, 2.25)
+    assert cal.step_time(heuristic, 1.0) == 1.0
+    assert cal.step_time(policy, 1.0) == pytest.approx(2.25)
+    assert cal.time_factors == {"placement (searched)": pytest.approx(2.25)}
+    cal.record(heuristic, "m-sct", 1.0, 0.0, 1.2)
+    assert cal.step_time(heuristic, 1.0) == pytest.approx(1.2)
+    assert cal.step_time(annealed, 1.0) == pytest.approx(2.25)
+    # a searched plan with no searched sample of its family: the planners' samples
+    cal2 = Calibration.empty(graph, cluster)
+    cal2.record(heuristic, "m-sct", 1.0, 0.0, 1.2)
+    assert cal2.step_time(annealed, 1.0) == pytest.approx(1.2)
+
+
 def test_corrupt_or_foreign_calibration_is_ignored(setup, tmp_path, capsys):
     graph, cluster = setup
     path = calibration_path(tmp_path, graph, cluster)
