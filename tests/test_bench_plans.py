@@ -22,7 +22,8 @@ def test_bench_plans_cpu_smoke(tmp_path):
     assert out["links"]["collective_bandwidth"] > 0 and out["links"]["bandwidth"][0][1] > 0
     (sc,) = out["scenarios"]
     assert {"auto_vs_best_manual", "auto_vs_lower_bound", "sim_error_median",
-            "kendall_tau", "wall_s"} <= sc.keys()
+            "kendall_tau", "kendall_tau_beyond_spread", "pairs_beyond_spread",
+            "wall_s"} <= sc.keys()
     rows = {r["planner"]: r for r in sc["plans"]}
     # every hand-written option and every planner has a row; one- and multi-process
     # plans were executed (DDP and the pipelines run in the pool's job)
@@ -34,3 +35,25 @@ def test_bench_plans_cpu_smoke(tmp_path):
     assert all(len(r["rep_medians_s"]) == 2 for r in rows.values() if not r["error"])
     assert sc["auto_vs_best_manual"] > 0 and sc["auto_vs_lower_bound"] > 0
     assert "tiny" in (tmp_path / next(tmp_path.glob("*.md")).name).read_text()
+
+
+def test_tau_beyond_spread_counts_only_pairs_the_measurement_separates():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_plans", ROOT / "scripts" / "bench_plans.py")
+    bp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bp)
+
+    def row(parallel, m, lo, hi, sim):
+        return {"parallel": parallel, "measured_step_time_s": m, "spread_s": [lo, hi],
+                "sim_step_time_s": sim, "oom_measured": False}
+
+    rows = [row("a", 1.0, 0.95, 1.05, 1.0),
+            row("b", 1.02, 1.0, 1.04, 0.9),   # overlaps a: its flipped order is not counted
+            row("c", 2.0, 1.9, 2.1, 2.5),     # above both: concordant twice
+            row("d", 3.0, 2.9, 3.1, 1.5),     # above all, simulated below c: discordant with c
+            row("c", 2.0, 1.9, 2.1, 2.5)]     # the same plan credited to another planner
+    tau, pairs = bp.tau_beyond_spread(rows)
+    # separated pairs: a-c, a-d, b-c, b-d, c-d; concordant a-c, a-d, b-c, b-d; discordant c-d
+    assert pairs == 5 and tau == (4 - 1) / 5
+    assert bp.tau_beyond_spread(rows[:2]) == (None, 0)
