@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU benchmarking, as the session-15 results were made.
+#   scripts/device_bench.sh suite OUT [GPUS] [DEADLINE_S]   # bench_plans, every scenario
+#   scripts/device_bench.sh flow OUT                       # bench_flow (+ copy streams) and
+#                                                          # the GPU tests of the executor
+# Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
+# have torch, torch-geometric and networkx but no gymnasium), then autoplace itself
+# (editable, no dependencies). Keeps NCCL's NVLink multicast off. Writes the results, the
+# log, the GPUs' names and the profile cache (with auto's calibration) under OUT.
+set -u -o pipefail
+mode=${1:?usage: scripts/device_bench.sh suite|flow OUT [GPUS] [DEADLINE_S]}
+out=${2:?usage: scripts/device_bench.sh suite|flow OUT [GPUS] [DEADLINE_S]}
+gpus=${3:-}
+deadline=${4:-470}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+if ! python3 -c "import gymnasium" 2>/dev/null; then
+    ls .whl/*.whl >/dev/null 2>&1 || { echo "no gymnasium and no wheels in .whl/"; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 2
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
+    || { echo "installing autoplace failed"; exit 2; }
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+if [ -n "$gpus" ]; then
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((gpus - 1)))
+    export CUDA_VISIBLE_DEVICES
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpus.txt"
+case "$mode" in
+suite)
+    timeout $((deadline + 100)) python3 scripts/bench_plans.py --out "$out" \
+        --deadline-s "$deadline" 2>&1 | tee "$out/log.txt"
+    rc=$?
+    tar czf "$out/cache.tgz" -C /tmp autoplace-profile 2>/dev/null
+    ;;
+flow)
+    python3 -m pytest -q -m gpu tests/test_executor_gpu.py -k "streamed or local" 2>&1 \
+        | tee "$out/gpu-tests.txt"
+    timeout 400 python3 scripts/bench_flow.py --copy-streams --cap-gib 16 \
+        --out "$out/flow-cap16.json" 2>&1 | tee "$out/log.txt"
+    rc=$?
+    ;;
+*)
+    echo "unknown mode $mode: suite or flow"; exit 2 ;;
+esac
+exit "$rc"
