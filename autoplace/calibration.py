@@ -65,6 +65,15 @@ def searched(plan: Plan) -> bool:
     return name == "anneal" or name.startswith("policy:") or "trainer" in info
 
 
+def _sample_searched(sample: dict[str, Any]) -> bool:
+    """A sample's ``searched`` flag; files written before it existed name the planner
+    (auto's candidate names: ``anneal``, ``policy:<name>``)."""
+    if "searched" in sample:
+        return bool(sample["searched"])
+    name = str(sample.get("planner", ""))
+    return name == "anneal" or name.startswith("policy:")
+
+
 @dataclass
 class Calibration:
     """Measured/simulated samples of one graph on one kind of cluster."""
@@ -85,7 +94,7 @@ class Calibration:
                 searched_: bool | None = None) -> list[float]:
         return [s[key] / s[sim_key] for s in self.samples
                 if (fam is None or s["family"] == fam) and s.get(key) and s.get(sim_key)
-                and (searched_ is None or bool(s.get("searched")) == searched_)]
+                and (searched_ is None or _sample_searched(s) == searched_)]
 
     def time_factor(self, fam: str, searched_: bool = False) -> float:
         """Measured/simulated step time for plans of family ``fam``: from the samples of
@@ -110,7 +119,7 @@ class Calibration:
         found by searching the simulator where such samples exist."""
         out = {f: self.time_factor(f) for f in sorted({s["family"] for s in self.samples})
                if self._ratios("measured_step_time_s", "sim_step_time_s", f, False)}
-        for f in sorted({s["family"] for s in self.samples if s.get("searched")}):
+        for f in sorted({s["family"] for s in self.samples if _sample_searched(s)}):
             out[f"{f} (searched)"] = self.time_factor(f, True)
         return out
 

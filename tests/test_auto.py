@@ -150,6 +150,11 @@ def test_a_searched_plan_does_not_correct_the_planners_plans(setup):
     cal2 = Calibration.empty(graph, cluster)
     cal2.record(heuristic, "m-sct", 1.0, 0.0, 1.2)
     assert cal2.step_time(annealed, 1.0) == pytest.approx(1.2)
+    # samples saved before the flag existed: the planner's name tells
+    for sample in cal.samples:
+        del sample["searched"]
+    assert cal.step_time(heuristic, 1.0) == pytest.approx(1.2)
+    assert cal.step_time(annealed, 1.0) == pytest.approx(2.25)
 
 
 def test_corrupt_or_foreign_calibration_is_ignored(setup, tmp_path, capsys):
