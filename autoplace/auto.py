@@ -178,6 +178,11 @@ NEAR_CAP_TOLERANCE = 1.10
 NEAR_TIE = 1.05
 
 
+def _step_of(rep: Any) -> float | None:
+    """The step time of a measurement: a RunReport's, or a bare number of seconds."""
+    return rep if isinstance(rep, (int, float)) else getattr(rep, "step_time_s", None)
+
+
 def _peak(m: dict[str, Any]) -> float:
     """A measured candidate's peak memory on its fullest device."""
     return max(getattr(m["report"], "peak_memory_bytes", None) or [0])
@@ -292,7 +297,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
 
             say(f"  failed: {short_error(str(e))}")
             continue
-        step = getattr(rep, "step_time_s", None) if not isinstance(rep, (int, float)) else rep
+        step = _step_of(rep)
         err = getattr(rep, "error", None)
         if err or not step:
             say(f"  failed: {err}")
@@ -323,8 +328,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
                 again = measure(c["plan"])
             except AutoplaceError:
                 continue
-            step = getattr(again, "step_time_s", None) \
-                if not isinstance(again, (int, float)) else again
+            step = _step_of(again)
             if step and not getattr(again, "error", None):
                 remember(c, again)
                 c["measured"] = (c["measured"] + float(step)) / 2
@@ -341,7 +345,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             err = getattr(again, "error", None)
         except AutoplaceError as e:
             again, err = None, str(e).splitlines()[0]
-        if again is not None and not err and getattr(again, "step_time_s", again):
+        if again is not None and not err and _step_of(again):
             win["confirmed"] = True
             break
         say(f"  failed the second time ({err}): not chosen")

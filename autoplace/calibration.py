@@ -57,12 +57,16 @@ def _family(plan: Plan) -> str:
     return family(plan)
 
 
+def _search_name(name: Any) -> bool:
+    """Whether a planner name is that of a search of the simulator."""
+    return str(name) == "anneal" or str(name).startswith("policy:")
+
+
 def searched(plan: Plan) -> bool:
     """Whether ``plan`` came from a search of the simulator (simulated annealing, or a
     policy trained on it) rather than from a planner's own rules."""
     info = plan.planner or {}
-    name = str(info.get("name", ""))
-    return name == "anneal" or name.startswith("policy:") or "trainer" in info
+    return _search_name(info.get("name", "")) or "trainer" in info
 
 
 def _sample_searched(sample: dict[str, Any]) -> bool:
@@ -70,8 +74,7 @@ def _sample_searched(sample: dict[str, Any]) -> bool:
     (auto's candidate names: ``anneal``, ``policy:<name>``)."""
     if "searched" in sample:
         return bool(sample["searched"])
-    name = str(sample.get("planner", ""))
-    return name == "anneal" or name.startswith("policy:")
+    return _search_name(sample.get("planner", ""))
 
 
 @dataclass
