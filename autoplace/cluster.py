@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.errors import AutoplaceError
+from autoplace.plan import strict_json
 
 __all__ = ["Device", "Cluster", "PRESETS", "preset", "resolve", "parse_bytes", "format_bytes"]
 
@@ -217,7 +218,7 @@ class Cluster:
         d["devices"] = [asdict(x) for x in self.devices]
         d["alpha_s"] = [list(r) for r in self.alpha_s]
         # a device's link to itself is infinitely fast: null in the file (JSON has no inf)
-        d["bandwidth"] = [[x if math.isfinite(x) else None for x in r] for r in self.bandwidth]
+        d["bandwidth"] = strict_json(self.bandwidth)
         return d
 
     @classmethod
