@@ -235,3 +235,87 @@ def test_streamed_copy_is_differentiable():
     assert y is not x
     (3 * y).sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+
+
+@pytest.mark.parametrize("name,m,recompute", [("gpt-tiny", 2, False), ("gpt-tiny", 1, False),
+                                              ("branchy-mlp", 2, False), ("gpt-tiny", 2, True)])
+def test_threaded_program_gives_the_same_losses_and_gradients(name, m, recompute):
+    """threads=True issues each device's segments from a thread of its own; the loss and
+    every gradient equal the one-thread program's, under autocast too."""
+    wl = workloads.get(name, batch_size=4) if name == "branchy-mlp" else workloads.get(name)
+    graph = capture_graph(wl)
+    plan = Plan.from_groups(graph, interleaved(graph).groups, [0, 1],
+                            parallel=ParallelConfig(microbatches=m),
+                            recompute={1} if recompute else frozenset())
+    x, y = wl.make_batch(2 * wl.batch_size, "cpu")
+    results = []
+    for threads in (False, True):
+        g = capture_graph(workloads.get(name, batch_size=4) if name == "branchy-mlp"
+                          else workloads.get(name))  # same initial weights each time
+        prog = build_local(g.module, plan, [torch.device("cpu")] * 2, wl.loss_fn,
+                           threads=threads)
+        assert (prog.threaded is not None) == threads
+        out = []
+        for step in range(2):  # the threads are reused by the next call
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=step == 1):
+                loss = prog(x, y)
+            loss.backward()
+            out.append((loss.detach(), [p.grad.clone() for p in prog.parameters()]))
+            for p in prog.parameters():
+                p.grad = None
+        results.append(out)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a[0], b[0])
+        for ga, gb in zip(a[1], b[1]):
+            torch.testing.assert_close(ga, gb)
+
+
+def test_segments_alternate_devices_and_end_with_the_result():
+    from autoplace.executor.local import segments
+
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    plan = Plan.from_groups(graph, interleaved(graph).groups, [0, 1],
+                            parallel=ParallelConfig(microbatches=2))
+    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn, threads=True)
+    segs = segments(prog.program)
+    devs = [s.device for s in segs]
+    assert devs[-1] is None and None not in devs[:-1]
+    assert all(a != b for a, b in zip(devs, devs[1:]))  # maximal runs
+    assert {0, 1} <= set(devs)
+    ops = sum(1 for s in segs for n in s.module.graph.nodes
+              if n.op not in ("placeholder", "get_attr", "output"))
+    assert ops == sum(1 for n in prog.program.graph.nodes
+                      if n.op not in ("placeholder", "get_attr", "output"))
+    produced = {o for s in segs[:-1] for o in s.outputs}
+    placeholders = {n.name for n in prog.program.graph.nodes if n.op == "placeholder"}
+    for i, s in enumerate(segs):  # a segment reads only inputs and earlier segments' values
+        earlier = {o for t in segs[:i] for o in t.outputs}
+        assert set(s.inputs) <= earlier | placeholders
+        assert set(s.inputs) <= produced | placeholders
+
+
+def test_threaded_program_raises_a_thread_error_in_the_caller(monkeypatch):
+    """An exception on one device's thread (out of memory, say) stops the step and is
+    raised by the call; the next call works again."""
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    plan = Plan.from_groups(graph, two_halves(graph).groups, [0, 1],
+                            parallel=ParallelConfig(microbatches=2))
+    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn, threads=True)
+    x, y = wl.make_batch(wl.batch_size, "cpu")
+    seg = next(s for s in prog.threaded.segments if s.device == 1)
+    real = seg.module.forward
+
+    def boom(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(seg.module, "forward", boom)
+    with pytest.raises(torch.OutOfMemoryError, match="simulated"):
+        prog(x, y)
+    monkeypatch.setattr(seg.module, "forward", real)
+    prog(x, y).backward()
+    monkeypatch.setenv("AUTOPLACE_THREADS", "1")
+    assert build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn).threaded
+    one = Plan.from_groups(graph, {op: 0 for op in graph.order}, [0])
+    assert build_local(graph.module, one, [torch.device("cpu")], wl.loss_fn).threaded is None
