@@ -14,10 +14,7 @@ any difference is the executor's:
   order the executor uses;
 * ``streams-mbM`` (with ``--copy-streams``): the same program whose GPU-to-GPU edges skip
   PyTorch's two-way stream barrier (``build_local(copy_streams=True)``,
-  ``AUTOPLACE_COPY_STREAMS=1`` in the executor);
-* ``threads-mbM`` (with ``--threads``): the same program issued by one host thread per
-  GPU (``build_local(threads=True)``, ``AUTOPLACE_THREADS=1``); with both flags also
-  ``threads-streams-mbM``.
+  ``AUTOPLACE_COPY_STREAMS=1`` in the executor).
 
 Both use one fused AdamW over all parameters and bf16 autocast; step time covers
 forward, backward and the optimizer step, from synchronised devices to
@@ -86,9 +83,6 @@ def main() -> None:
                     help="first block on the second GPU (default: half the blocks)")
     ap.add_argument("--copy-streams", action="store_true",
                     help="also run autoplace's program with stream-aware copies (streams-mbM)")
-    ap.add_argument("--threads", action="store_true",
-                    help="also run autoplace's program with one host thread per GPU "
-                    "(threads-mbM; with --copy-streams also threads-streams-mbM)")
     ap.add_argument("--trace", default=None, help="directory for Chrome traces")
     ap.add_argument("--out", default=None, help="result JSON")
     a = ap.parse_args()
@@ -112,22 +106,15 @@ def main() -> None:
     cut = a.cut if a.cut is not None else wl.model.config.n_layers // 2
     first = next(i for i, op in enumerate(graph) if op.module_path.startswith(f"blocks.{cut}"))
     groups = {op: int(i >= first) for i, op in enumerate(graph.order)}
-    names = ["native", "autoplace"]
-    if a.copy_streams:
-        names.append("streams")
-    if a.threads:
-        names.append("threads")
-    if a.copy_streams and a.threads:
-        names.append("threads-streams")
-    programs: dict[str, dict[int, torch.nn.Module]] = {n: {} for n in names[1:]}
+    names = ("native", "autoplace") + (("streams",) if a.copy_streams else ())
+    programs: dict[str, dict[int, torch.nn.Module]] = {"autoplace": {}, "streams": {}}
     for m in MB:
         plan = Plan.from_groups(graph, groups, [0, 1], planner="bench-flow",
                                 parallel=ParallelConfig(microbatches=m))
         for name in names[1:]:
             programs[name][m] = build_local(graph.module, plan, devices, wl.loss_fn,
                                             order=_issue_order(graph, plan),
-                                            copy_streams="streams" in name,
-                                            threads="threads" in name)
+                                            copy_streams=name == "streams")
     native = _halves(wl.model, cut, devices)  # parameters: where build_local put them
     opt = _optimizer([p for p in wl.model.parameters() if p.requires_grad], wl, devices[0])
 

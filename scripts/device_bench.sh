@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU benchmarking, as the session-15 results were made.
 #   scripts/device_bench.sh suite OUT [GPUS] [DEADLINE_S]   # bench_plans, every scenario
-#   scripts/device_bench.sh flow OUT                       # bench_flow (+ copy streams,
-#                                                          # + threads) and
+#   scripts/device_bench.sh flow OUT                       # bench_flow (+ copy streams) and
 #                                                          # the GPU tests of the executor
 # Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
 # have torch, torch-geometric and networkx but no gymnasium), then autoplace itself
@@ -37,9 +36,9 @@ suite)
     tar czf "$out/cache.tgz" -C /tmp autoplace-profile 2>/dev/null
     ;;
 flow)
-    python3 -m pytest -q -m gpu tests/test_executor_gpu.py -k "streamed or local or threaded" \
-        2>&1 | tee "$out/gpu-tests.txt"
-    timeout 400 python3 scripts/bench_flow.py --copy-streams --threads --cap-gib 16 \
+    python3 -m pytest -q -m gpu tests/test_executor_gpu.py -k "streamed or local" 2>&1 \
+        | tee "$out/gpu-tests.txt"
+    timeout 400 python3 scripts/bench_flow.py --copy-streams --cap-gib 16 \
         --out "$out/flow-cap16.json" 2>&1 | tee "$out/log.txt"
     rc=$?
     ;;

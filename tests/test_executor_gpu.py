@@ -109,37 +109,6 @@ def test_streamed_copies_between_gpus_match(gpus, monkeypatch):
     check(execute(wl, plan, cluster=gpus, steps=3, warmup=1))
 
 
-def test_threaded_issue_on_gpus_matches(gpus, monkeypatch):
-    """One host thread per GPU (AUTOPLACE_THREADS=1), alone and with streamed copies,
-    under bf16 autocast: the losses and gradients of the one-thread program, and
-    training like the reference."""
-    from autoplace.executor.local import build_local
-
-    wl = workloads.get("gpt-small", autocast_dtype="bfloat16")
-    graph = capture_graph(wl)
-    plan = Plan.from_groups(graph, {op: i % 2 for i, op in enumerate(graph.order)}, [0, 1],
-                            parallel=ParallelConfig(microbatches=2))
-    devices = [torch.device("cuda:0"), torch.device("cuda:1")]
-    x, y = wl.make_batch(wl.batch_size, "cuda:0")
-    out = []
-    for threads, streams in ((False, False), (True, False), (True, True)):
-        g = capture_graph(workloads.get("gpt-small", autocast_dtype="bfloat16"))
-        prog = build_local(g.module, plan, devices, wl.loss_fn, copy_streams=streams,
-                           threads=threads)
-        assert (prog.threaded is not None) == threads
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = prog(x, y)
-        loss.backward()
-        torch.cuda.synchronize()
-        out.append((loss.detach().cpu(), [p.grad.cpu() for p in prog.parameters()]))
-    for other in out[1:]:
-        torch.testing.assert_close(out[0][0], other[0], rtol=1e-3, atol=1e-5)
-        for a, b in zip(out[0][1], other[1]):
-            torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-4)
-    monkeypatch.setenv("AUTOPLACE_THREADS", "1")
-    check(execute(wl, plan, cluster=gpus, steps=3, warmup=1), tol=2e-2)
-
-
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("name", ["gpt-tiny", "rnnlm"])
 def test_pipeline_on_two_gpus(gpus, name, schedule):

@@ -13,23 +13,15 @@ group in the issue order).
 
 Parameters live on the device of the first op that uses them; an op on another
 device gets them moved there (``.to`` keeps the autograd link, so gradients sum).
-
-With ``threads`` (:func:`build_local`), the program's consecutive runs of ops on one
-device become segments, and each device's segments are issued by a host thread of its
-own (:class:`_ThreadedRunner`), so that a host-bound forward issues the devices' work
-at once instead of one op at a time on one thread.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import operator
 import os
-import queue
-import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -40,8 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from autoplace.capture import fetch_attr
 from autoplace.plan import Plan
 
-__all__ = ["LocalProgram", "build_local", "issue_order", "move_to", "move_to_streamed",
-           "segments"]
+__all__ = ["LocalProgram", "build_local", "issue_order", "move_to", "move_to_streamed"]
 
 _META_METHODS = {"size", "dim", "numel", "ndimension", "get_device", "element_size"}
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
@@ -59,11 +50,6 @@ def move_to(value: Any, device: torch.device) -> Any:
 #: not yet measured on GPUs; read by :func:`build_local` when ``copy_streams`` is None)
 COPY_STREAMS_ENV = "AUTOPLACE_COPY_STREAMS"
 _side_streams: dict[tuple[int, int], torch.cuda.Stream] = {}
-#: ``AUTOPLACE_THREADS=1``: one host thread per device issues its ops (read by
-#: :func:`build_local` when ``threads`` is None)
-THREADS_ENV = "AUTOPLACE_THREADS"
-#: ``node.meta`` key of the local device an op of the placed program runs on
-DEVICE_META = "autoplace_device"
 
 
 def _copy_streamed(x: torch.Tensor, dst: torch.device) -> torch.Tensor:
@@ -210,220 +196,6 @@ def issue_order(
     return order
 
 
-class Segment(NamedTuple):
-    """A run of consecutive ops of the placed program on one device."""
-
-    device: int | None  #: local device index; None: the main thread, after every segment
-    module: fx.GraphModule  #: ``module(*inputs) -> tuple(outputs)``
-    inputs: list[str]  #: names of the values it reads (program inputs, earlier segments)
-    outputs: list[str]  #: names of its values read later (the last segment: the result)
-
-
-def segments(program: fx.GraphModule) -> list[Segment]:
-    """``program`` cut into maximal runs of consecutive ops on one device, in order.
-
-    An op's device is ``node.meta[DEVICE_META]`` (set by :func:`build_local`); an op
-    without one joins the run before it. The ops after the last op with a device (the
-    sum of the microbatch losses; possibly none) form the last segment, with device
-    None, which returns the program's result; every other segment returns the tuple of
-    its ``outputs``. get_attr nodes are copied into every segment that reads them.
-    """
-    nodes = list(program.graph.nodes)
-    work = [n for n in nodes if n.op not in ("placeholder", "get_attr", "output")]
-    last = max((i for i, n in enumerate(work) if DEVICE_META in n.meta), default=-1)
-    runs: list[tuple[int | None, list[fx.Node]]] = []
-    for i, n in enumerate(work):
-        dev = n.meta.get(DEVICE_META, runs[-1][0] if runs else 0) if i <= last else None
-        if runs and runs[-1][0] == dev:
-            runs[-1][1].append(n)
-        else:
-            runs.append((dev, [n]))
-    if not runs or runs[-1][0] is not None:
-        runs.append((None, []))  # the last segment only returns the result
-    output = next(n for n in nodes if n.op == "output")
-    return [_segment(program, dev, run, output) for dev, run in runs]
-
-
-def _segment(program: fx.GraphModule, dev: int | None, run: list[fx.Node],
-             output: fx.Node) -> Segment:
-    inside = {n.name for n in run}
-    sub = fx.Graph()
-    local: dict[str, fx.Node] = {}
-    inputs: list[str] = []
-
-    def read(a: fx.Node) -> fx.Node:
-        if a.name not in inside and a.name not in local:
-            if a.op == "get_attr":
-                local[a.name] = sub.get_attr(a.target)
-            else:
-                local[a.name] = sub.placeholder(a.name)
-                inputs.append(a.name)
-        return local[a.name]
-
-    for n in run:
-        local[n.name] = sub.node_copy(n, read)
-    if dev is None:
-        outputs = [a.name for a in output.all_input_nodes]
-        sub.output(fx.map_arg(output.args[0], read))
-    else:
-        outputs = [n.name for n in run if any(u.name not in inside for u in n.users)]
-        sub.output(tuple(local[o] for o in outputs))
-    return Segment(dev, fx.GraphModule(program, sub), inputs, outputs)
-
-
-class _Worker:
-    """A host thread that runs the jobs given to it, in order, on one device."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name=f"autoplace-{device}",
-                                       daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            job()
-
-
-class _Aborted(Exception):
-    """Another device's thread failed; this one stops."""
-
-
-class _Step:
-    """One call of a :class:`_ThreadedRunner`: the values between segments, and who failed."""
-
-    def __init__(self, names: list[str], reads: dict[str, int]) -> None:
-        self.values: dict[str, Any] = {}
-        self.ready = {n: threading.Event() for n in names}
-        self.reads = dict(reads)  # segments still to read each value
-        self.lock = threading.Lock()
-        self.error: BaseException | None = None
-        self.left = 0
-        self.done = threading.Event()
-
-    def get(self, name: str) -> Any:
-        ev = self.ready.get(name)
-        if ev is not None:
-            ev.wait()
-        if self.error is not None:
-            raise _Aborted
-        return self.values[name]
-
-    def put(self, names: list[str], values: Any) -> None:
-        for n, v in zip(names, values):
-            self.values[n] = v
-            self.ready[n].set()
-
-    def consumed(self, names: list[str]) -> None:
-        with self.lock:
-            for n in names:
-                self.reads[n] -= 1
-                if self.reads[n] == 0:
-                    self.values.pop(n, None)  # free an activation no one reads any more
-
-    def fail(self, e: BaseException) -> None:
-        with self.lock:
-            if self.error is None:
-                self.error = e
-        for ev in self.ready.values():
-            ev.set()
-
-    def finished(self) -> None:
-        with self.lock:
-            self.left -= 1
-            if self.left == 0:
-                self.done.set()
-
-
-def _thread_context() -> Callable[[], contextlib.ExitStack]:
-    """The calling thread's grad mode and autocast state, to enter in another thread."""
-    grad = torch.is_grad_enabled()
-    cache = torch.is_autocast_cache_enabled()
-    casts = [(dt, torch.get_autocast_dtype(dt)) for dt in ("cuda", "cpu")
-             if torch.is_autocast_enabled(dt)]
-
-    def enter() -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.set_grad_enabled(grad))
-        for dt, dtype in casts:
-            stack.enter_context(torch.autocast(dt, dtype=dtype, cache_enabled=cache))
-        return stack
-
-    return enter
-
-
-class _ThreadedRunner:
-    """Runs a placed program with one host thread per device.
-
-    The program's :func:`segments` on each device are issued in program order by that
-    device's thread (started on first use, kept for later calls); a segment waits until
-    the values it reads exist. Every segment waits only for earlier ones and each thread
-    runs its segments in program order, so the threads cannot deadlock. The calling
-    thread's grad mode and autocast state hold in the threads; an exception in any
-    thread (out of memory, say) stops the others and is raised in the caller.
-    """
-
-    def __init__(self, program: fx.GraphModule, devices: list[torch.device]) -> None:
-        self.segments = segments(program)
-        self.devices = devices
-        self.placeholders = [n.name for n in program.graph.nodes if n.op == "placeholder"]
-        self.produced = [o for seg in self.segments[:-1] for o in seg.outputs]
-        self.reads: dict[str, int] = {}
-        for seg in self.segments:
-            for name in seg.inputs:
-                self.reads[name] = self.reads.get(name, 0) + 1
-        self.workers: dict[int, _Worker] = {}
-
-    def _worker(self, dev: int) -> _Worker:
-        if dev not in self.workers:
-            self.workers[dev] = _Worker(self.devices[dev])
-        return self.workers[dev]
-
-    def __call__(self, *flat: Any) -> Any:
-        *body, tail = self.segments
-        step = _Step(self.produced, self.reads)
-        step.values.update(zip(self.placeholders, flat))
-        enter = _thread_context()
-        by_device: dict[int, list[Segment]] = {}
-        for seg in body:
-            by_device.setdefault(seg.device, []).append(seg)
-        step.left = len(by_device)
-
-        def job(segs: list[Segment]) -> None:
-            try:
-                with enter():
-                    for seg in segs:
-                        args = [step.get(n) for n in seg.inputs]
-                        outs = seg.module(*args)
-                        del args
-                        step.put(seg.outputs, outs)
-                        step.consumed(seg.inputs)
-            except _Aborted:
-                pass
-            except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
-                step.fail(e)
-            finally:
-                step.finished()
-
-        for dev, segs in by_device.items():
-            self._worker(dev).jobs.put(lambda segs=segs: job(segs))
-        if by_device:
-            step.done.wait()
-        if step.error is not None:
-            raise step.error
-        return tail.module(*[step.values[n] for n in tail.inputs])
-
-    def __del__(self) -> None:
-        for w in self.workers.values():
-            w.jobs.put(None)
-
-
 class LocalProgram(nn.Module):
     """A placed, microbatched training forward: ``program(inputs, targets) -> loss``.
 
@@ -444,7 +216,6 @@ class LocalProgram(nn.Module):
         self.input_devices = input_devices
         self.target_device = target_device
         self.devices = devices
-        self.threaded: _ThreadedRunner | None = None  # set by build_local(threads=True)
 
     def forward(self, inputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         m = self.microbatches
@@ -456,7 +227,7 @@ class LocalProgram(nn.Module):
             flat.extend(move_to(x, dev).chunk(m) if m > 1 else [move_to(x, dev)])
         flat.extend(targets.to(self.target_device).chunk(m) if m > 1
                     else [targets.to(self.target_device)])
-        return (self.threaded or self.program)(*flat)
+        return self.program(*flat)
 
 
 class _Builder:
@@ -485,7 +256,6 @@ class _Builder:
         mk = (*k, dev)
         if mk not in self.moved:
             self.moved[mk] = self.graph.call_function(self.mover, (v, self.devices[dev]))
-            self.moved[mk].meta[DEVICE_META] = dev
         return self.moved[mk]
 
     def copy(self, graph: fx.Graph, node: fx.Node, arg: Callable[[fx.Node], fx.Node],
@@ -506,8 +276,6 @@ class _Builder:
         new = graph.node_copy(node, arg)
         if "device" in new.kwargs and node.op in ("call_function", "call_method"):
             new.kwargs = {**new.kwargs, "device": self.devices[dev]}
-        if node.op != "get_attr":
-            new.meta[DEVICE_META] = dev
         return new
 
     homes: dict[int, int]
@@ -573,7 +341,6 @@ def build_local(
     microbatches: int | None = None,
     order: list[tuple[int, str]] | None = None,
     copy_streams: bool | None = None,
-    threads: bool | None = None,
 ) -> LocalProgram:
     """The placed program for ``gm`` under ``plan`` on ``devices`` (index = local device).
 
@@ -582,14 +349,9 @@ def build_local(
     issued once, before everything else, and shared by all microbatches.
     ``copy_streams``: edges between GPUs use :func:`move_to_streamed` (default: whether
     the environment sets ``AUTOPLACE_COPY_STREAMS=1``; off otherwise).
-    ``threads``: each device's segments are issued by a host thread of its own
-    (:class:`_ThreadedRunner`; default: whether the environment sets
-    ``AUTOPLACE_THREADS=1``; off otherwise, and always off for a program on one device).
     """
     if copy_streams is None:
         copy_streams = os.environ.get(COPY_STREAMS_ENV, "0") == "1"
-    if threads is None:
-        threads = os.environ.get(THREADS_ENV, "0") == "1"
     m = microbatches or plan.parallel.microbatches
     plan_dev = {n.name: plan.device_of(n.name) for n in gm.graph.nodes}
     homes = _param_homes(gm, plan_dev)
@@ -657,7 +419,6 @@ def build_local(
             if mb not in losses and all(b.key(nodes[a], mb) in b.env for a in out_nodes):
                 out = fx.map_arg(output.args[0], lambda a, mb=mb: b.value(a, mb, out_dev))
                 losses[mb] = g.call_module("_loss", (out, targets[mb]))
-                losses[mb].meta[DEVICE_META] = out_dev
 
     n_rc = 0
     for unit in units:
@@ -691,10 +452,8 @@ def build_local(
         n_rc += 1
         b.attrs[target] = _Checkpointed(sub_gm)
         call = g.call_module(target, tuple(b.value(a, mb, dev) for a in ext))
-        call.meta[DEVICE_META] = dev
         for i, u in enumerate(users):
             b.env[(u.name, mb)] = g.call_function(operator.getitem, (call, i))
-            b.env[(u.name, mb)].meta[DEVICE_META] = dev
 
     emit_losses()
     total = losses[0] if m == 1 else g.call_function(operator.truediv, (losses[0], m))
@@ -704,8 +463,4 @@ def build_local(
     program = fx.GraphModule(dict(b.attrs), g)
     input_devices = [devices[dev_of[p.name]] for p in placeholders]
     used = sorted(set(plan_dev.values()))
-    local = LocalProgram(program, m, input_devices, devices[out_dev],
-                         [devices[i] for i in used])
-    if threads and len(used) > 1:
-        local.threaded = _ThreadedRunner(program, devices)
-    return local
+    return LocalProgram(program, m, input_devices, devices[out_dev], [devices[i] for i in used])
