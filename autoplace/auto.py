@@ -14,6 +14,9 @@
    whose simulated peak memory, corrected by its family's measured memory factor,
    exceeds a device's usable memory is measured last (not at all once another plan
    ran). A family not measured yet is measured even when predicted slow.
+   Each time a plan spread over several devices measures fastest so far, the same plan
+   with twice and half its microbatches is measured next (budget permitting): the
+   simulator ranks microbatch counts least reliably.
 5. If the runner-up measured within 5% of the fastest, both run once more and each is
    judged by the mean of its two runs (pipelines vary by up to 20% from run to run).
    Return the plan that was fastest measured, with ``measured`` and the per-family
@@ -205,6 +208,40 @@ def _choose(measured: list[dict[str, Any]], usable: float, say: Callable[[str], 
     return best
 
 
+def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[dict[str, Any]]:
+    """Candidates that differ from ``c`` only by twice or half its microbatch count.
+
+    Only for replicas over several devices (a one-process placement or a pipeline): on
+    one device microbatches only accumulate gradients. The simulator decides this count
+    least reliably (it hinges on host time per op): on 2x H200 under a 16 GiB cap,
+    gpt-1b's two halves with 4 microbatches measured 84.7 ms against 88.8 ms with 2,
+    while the simulator ranked 2 first (bench/results/raw/2026-11-27-h200x2-s16-flow-*).
+    """
+    from autoplace.sim import simulate
+
+    plan = c["plan"]
+    par = plan.parallel
+    if plan.devices_per_replica < 2:
+        return []
+    out = []
+    for m in (2 * par.microbatches, par.microbatches // 2):
+        if m < 1 or (graph.batch_size and graph.batch_size % (par.data * m)):
+            continue
+        variant = plan.with_parallel(microbatches=m)
+        try:
+            variant.validate(graph, cluster)
+            r = simulate(graph, variant, cluster)
+        except AutoplaceError:  # a pipeline needs at least as many microbatches as stages
+            continue
+        if r.oom:
+            continue
+        name = re.sub(r" mb=\d+$", "", c["planner"])
+        out.append({"planner": f"{name} mb={m}", "plan": variant,
+                    "sim": r.step_time_s, "family": family(variant),
+                    "sim_peak": max(r.peak_memory_bytes or [0.0])})
+    return out
+
+
 def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, progress,
             cache_dir, extra_plans, t_start, say) -> Plan:
     from autoplace.calibration import Calibration, calibration_path
@@ -255,6 +292,9 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     if single is not None and single not in queue:
         queue.append(single)
     pinned = [single] if single is not None else []
+    # measured next, before the queue: the microbatch variants of each new fastest plan
+    front: list[dict[str, Any]] = []
+    by_sig = {signature(c["plan"]): c for c in cands}
     tried = 0
     measured: list[dict[str, Any]] = []
     usable = min(d.usable_memory_bytes for d in cluster.devices)
@@ -277,14 +317,15 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             break
         queue.sort(key=corrected)
         best_so_far = min((m["measured"] for m in measured), default=None)
-        c = pinned[0] if pinned and tried else queue[0]
-        queue.remove(c)
-        if c in pinned:
-            pinned.remove(c)
+        c = pinned[0] if pinned and tried else front[0] if front else queue[0]
+        for waiting in (queue, front, pinned):
+            if c in waiting:
+                waiting.remove(c)
+        c["tried"] = True
         tried += 1
         if best_so_far is not None and corrected(c) >= 1e3:
             continue  # predicted out of memory (measured so), and something else ran
-        if best_so_far is not None and len(measured) >= top_k \
+        if best_so_far is not None and len(measured) >= top_k and not c.get("variant") \
                 and corrected(c) > 1.3 * best_so_far \
                 and any(m["family"] == c["family"] for m in measured):
             continue  # its family was measured and it is predicted far slower
@@ -309,10 +350,17 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         measured.append(c)
         remember(c, rep)
         say(f"  measured {step * 1e3:.2f} ms (sim x{c['measured'] / c['sim']:.2f})")
+        if best_so_far is None or c["measured"] < best_so_far:  # a new fastest plan
+            for v in _microbatch_variants(c, graph, cluster):
+                v = by_sig.setdefault(signature(v["plan"]), v)
+                if not v.get("tried") and not v.get("variant"):
+                    v["variant"] = True
+                    front.append(v)
+                    say(f"  then its microbatch variant {v['plan'].split()}")
         # a family whose best member was measured may hold others worth trying
         if len(measured) < 2 * top_k + 3:
             for other in cands:
-                if other not in queue and "measured" not in other and other is not c \
+                if other not in queue and "measured" not in other and not other.get("tried") \
                         and corrected(other) < 0.9 * min(m["measured"] for m in measured):
                     queue.append(other)
     if not measured:
