@@ -14,9 +14,9 @@
    whose simulated peak memory, corrected by its family's measured memory factor,
    exceeds a device's usable memory is measured last (not at all once another plan
    ran). A family not measured yet is measured even when predicted slow.
-   Each time a plan spread over several devices measures fastest so far, the same plan
-   with twice and half its microbatches is measured next (budget permitting): the
-   simulator ranks microbatch counts least reliably.
+   Each time a plan whose microbatches flow through several devices measures fastest
+   so far, the same plan with twice and half its microbatches is measured next (budget
+   permitting): the simulator ranks microbatch counts least reliably.
 5. If the runner-up measured within 5% of the fastest, both run once more and each is
    judged by the mean of its two runs (pipelines vary by up to 20% from run to run).
    Return the plan that was fastest measured, with ``measured`` and the per-family
@@ -211,17 +211,19 @@ def _choose(measured: list[dict[str, Any]], usable: float, say: Callable[[str], 
 def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[dict[str, Any]]:
     """Candidates that differ from ``c`` only by twice or half its microbatch count.
 
-    Only for replicas over several devices (a one-process placement or a pipeline): on
-    one device microbatches only accumulate gradients. The simulator decides this count
-    least reliably (it hinges on host time per op): on 2x H200 under a 16 GiB cap,
-    gpt-1b's two halves with 4 microbatches measured 84.7 ms against 88.8 ms with 2,
-    while the simulator ranked 2 first (bench/results/raw/2026-11-27-h200x2-s16-flow-*).
+    Only for plans whose microbatches flow through several devices (a one-process
+    placement with microbatches, or a pipeline): on one device microbatches only
+    accumulate gradients, and a placement without them is no guess about their count.
+    The simulator decides this count least reliably (it hinges on host time per op, which
+    varies between machines): on one 2x H200 machine under a 16 GiB cap gpt-1b's two
+    halves measured 84.7 ms with 4 microbatches against 88.8 ms with 2, on another 129
+    against 94 (bench/results/raw/2026-11-27-h200x2-s16-*).
     """
     from autoplace.sim import simulate
 
     plan = c["plan"]
     par = plan.parallel
-    if plan.devices_per_replica < 2:
+    if plan.devices_per_replica < 2 or (par.microbatches == 1 and par.pipeline == 1):
         return []
     out = []
     for m in (2 * par.microbatches, par.microbatches // 2):
