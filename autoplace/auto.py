@@ -229,8 +229,8 @@ def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[di
     for m in (2 * par.microbatches, par.microbatches // 2):
         if m < 1 or (graph.batch_size and graph.batch_size % (par.data * m)):
             continue
-        variant = plan.with_parallel(microbatches=m)
         try:
+            variant = plan.with_parallel(microbatches=m)
             variant.validate(graph, cluster)
             r = simulate(graph, variant, cluster)
         except AutoplaceError:  # a pipeline needs at least as many microbatches as stages

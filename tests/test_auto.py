@@ -296,3 +296,22 @@ def test_the_fastest_plan_is_measured_with_twice_and_half_its_microbatches(setup
     assert not any(p.groups == expert.groups and p.parallel.microbatches > 1 for p in log)
     sigs = [signature(p) for p in log]
     assert all(sigs.count(s) == 1 for s in sigs)  # nothing measured twice (no near-tie)
+
+
+def test_microbatch_variants_skip_counts_a_pipeline_cannot_take(setup):
+    """A 2-stage pipeline with 2 microbatches has no variant with 1 (a pipeline needs at
+    least one microbatch per stage): only the one with 4 (on 4x H200 auto stopped with
+    "a 2-stage pipeline needs at least 2 microbatches, got 1")."""
+    from autoplace.auto import _microbatch_variants
+
+    graph, cluster = setup
+    plan = baselines.get("pipeline")(graph, cluster).with_parallel(microbatches=2)
+    c = {"planner": "pipeline", "plan": plan}
+    variants = _microbatch_variants(c, graph, cluster)
+    assert [v["plan"].parallel.microbatches for v in variants] == [4]
+    assert variants[0]["planner"] == "pipeline mb=4" and variants[0]["family"] == "pipeline"
+    assert variants[0]["plan"].parallel.pipeline == 2
+    # a placement without microbatches, and a one-device plan: no variants
+    for name in ("expert", "single"):
+        assert _microbatch_variants({"planner": name, "plan": baselines.get(name)(graph, cluster)},
+                                    graph, cluster) == []
