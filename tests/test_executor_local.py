@@ -235,3 +235,38 @@ def test_streamed_copy_is_differentiable():
     assert y is not x
     (3 * y).sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+
+
+def test_a_second_capture_of_a_workload_is_bound_to_its_own_model():
+    """The executor captures each workload spec once per process and batch size: a new
+    model of the same workload gets the earlier graph bound to its own parameters, and
+    the cache keeps no model alive."""
+    import gc
+    import weakref
+
+    from autoplace.executor import runner
+
+    runner._CAPTURES.clear()
+    first = workloads.get("gpt-tiny")
+    g1 = capture_graph(first)
+    gone = weakref.ref(first.model)
+    second = workloads.get("gpt-tiny", seed=1)
+    g2 = capture_graph(second)
+    assert g2.module is not g1.module and g2.fingerprint == g1.fingerprint
+    assert g2.order == g1.order and len(runner._CAPTURES) == 1
+    assert {id(p) for p in g2.module.parameters()} == {id(p) for p in second.model.parameters()}
+    x, y = second.make_batch(second.batch_size, "cpu")
+    torch.testing.assert_close(g2.module(*x), second.model(*x))
+    # another batch size is another capture; so is another architecture under the same spec
+    assert capture_graph(second, 2).batch_size == 2 and len(runner._CAPTURES) == 2
+    wider = workloads.get("gpt-tiny", d_model=32)
+    wider.spec = dict(second.spec)
+    g3 = capture_graph(wider)
+    assert g3.fingerprint != g1.fingerprint
+    del first, g1
+    gc.collect()
+    assert gone() is None
+    # a plan made on the first capture runs on the second model
+    plan = Plan.from_groups(g2, two_halves(g2).groups, [0, 1])
+    r = execute(second, plan, cluster=preset("cpu-x2"), steps=2, warmup=0)
+    assert r.ok and r.max_loss_rel_diff < 1e-5
