@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU benchmarking, as the session-15 results were made.
-#   scripts/device_bench.sh suite OUT [GPUS] [DEADLINE_S]   # bench_plans, every scenario
+#   scripts/device_bench.sh suite OUT [GPUS] [DEADLINE_S] [SCENARIOS]
+#                                                          # bench_plans: every scenario, or
+#                                                          # the comma-separated SCENARIOS
 #   scripts/device_bench.sh flow OUT                       # bench_flow (+ copy streams) and
 #                                                          # the GPU tests of the executor
 # Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
@@ -8,10 +10,11 @@
 # (editable, no dependencies). Keeps NCCL's NVLink multicast off. Writes the results, the
 # log, the GPUs' names and the profile cache (with auto's calibration) under OUT.
 set -u -o pipefail
-mode=${1:?usage: scripts/device_bench.sh suite|flow OUT [GPUS] [DEADLINE_S]}
-out=${2:?usage: scripts/device_bench.sh suite|flow OUT [GPUS] [DEADLINE_S]}
+mode=${1:?usage: scripts/device_bench.sh suite|flow OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+out=${2:?usage: scripts/device_bench.sh suite|flow OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
 gpus=${3:-}
 deadline=${4:-470}
+scenarios=${5:-}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 if ! python3 -c "import gymnasium" 2>/dev/null; then
@@ -31,7 +34,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu
 case "$mode" in
 suite)
     timeout $((deadline + 100)) python3 scripts/bench_plans.py --out "$out" \
-        --deadline-s "$deadline" 2>&1 | tee "$out/log.txt"
+        --deadline-s "$deadline" ${scenarios:+--scenarios "$scenarios"} 2>&1 \
+        | tee "$out/log.txt"
     rc=$?
     tar czf "$out/cache.tgz" -C /tmp autoplace-profile 2>/dev/null
     ;;
