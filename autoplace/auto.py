@@ -79,6 +79,12 @@ def _sim_row(graph: Any, cluster: Any, name: str, plan: Plan) -> dict[str, Any]:
             "error": None, "peak_memory_bytes": r.peak_memory_bytes}
 
 
+def _candidate(row: dict[str, Any]) -> dict[str, Any]:
+    """A search candidate from a simulated row (:func:`_sim_row`, or compare's)."""
+    return {"planner": row["planner"], "plan": row["plan"], "sim": row["sim_step_time_s"],
+            "family": family(row["plan"]), "sim_peak": max(row.get("peak_memory_bytes") or [0.0])}
+
+
 def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
     """The best simulated plan of every ``hybrid-dp`` family (data degree, replica kind,
     stages, shard, schedule) as extra candidates: the search itself returns only its
@@ -219,28 +225,21 @@ def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[di
     halves measured 84.7 ms with 4 microbatches against 88.8 ms with 2, on another 129
     against 94 (bench/results/raw/2026-11-27-h200x2-s16-*).
     """
-    from autoplace.sim import simulate
-
     plan = c["plan"]
     par = plan.parallel
     if plan.devices_per_replica < 2 or (par.microbatches == 1 and par.pipeline == 1):
         return []
+    name = re.sub(r" mb=\d+$", "", c["planner"])
     out = []
     for m in (2 * par.microbatches, par.microbatches // 2):
         if m < 1 or (graph.batch_size and graph.batch_size % (par.data * m)):
             continue
-        try:
-            variant = plan.with_parallel(microbatches=m)
-            variant.validate(graph, cluster)
-            r = simulate(graph, variant, cluster)
+        try:  # simulate validates the plan against the graph and the cluster
+            row = _sim_row(graph, cluster, f"{name} mb={m}", plan.with_parallel(microbatches=m))
         except AutoplaceError:  # a pipeline needs at least as many microbatches as stages
             continue
-        if r.oom:
-            continue
-        name = re.sub(r" mb=\d+$", "", c["planner"])
-        out.append({"planner": f"{name} mb={m}", "plan": variant,
-                    "sim": r.step_time_s, "family": family(variant),
-                    "sim_peak": max(r.peak_memory_bytes or [0.0])})
+        if not row["oom"]:
+            out.append(_candidate(row))
     return out
 
 
@@ -270,9 +269,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         sig = signature(r["plan"])
         if sig not in seen:
             seen.add(sig)
-            cands.append({"planner": r["planner"], "plan": r["plan"],
-                          "sim": r["sim_step_time_s"], "family": family(r["plan"]),
-                          "sim_peak": max(r.get("peak_memory_bytes") or [0.0])})
+            cands.append(_candidate(r))
     if not cands:
         raise AutoplaceError(
             f"no planner found a plan that fits in memory on {cluster.name}; "
