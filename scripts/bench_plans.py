@@ -163,6 +163,7 @@ class Driver:
             rep = self.pool.run(plan, spec, RunOptions(
                 steps=steps + warmup, warmup=warmup, reference=False,
                 weights_file=self.weights_file(spec)), cluster=cluster)
+            rep.extra["wall_s"] = round(time.perf_counter() - t0, 3)
             if rep.extra.get("pool_run") == 1:
                 say(f"    first run of a fresh job: {time.perf_counter() - t0:.1f} s (weights "
                     f"{rep.extra.get('init_s', '?')} s, build {rep.extra.get('build_s', '?')} s)")
@@ -222,6 +223,16 @@ def hybrid_plans(graph, cluster) -> dict[str, Any]:
         if key in wanted and wanted[key] not in out and not oom:
             out[wanted[key]] = plan
     return out
+
+
+def run_phases(rep) -> str:
+    """Where a run's wall time went, as the job reported it: `` [4.1 s: load 0.1, ...]``."""
+    x = rep.extra
+    if "wall_s" not in x or "run_s" not in x:
+        return ""
+    parts = [(k, x.get(k + "_s")) for k in ("init", "build", "steps", "teardown", "post")]
+    return (f" [{x['wall_s']:.1f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in parts
+                                                   if v is not None) + "]")
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -424,7 +435,8 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                           "error": rep_.error})
         say(f"  rep {rep}{source} {'/'.join(d['planners'])}: "
             + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
-               if not rep_.error else f"error: {short_error(rep_.error)}"))
+               if not rep_.error else f"error: {short_error(rep_.error)}")
+            + run_phases(rep_))
 
     # ---- measure, interleaved; auto's measurement of a plan is that plan's first
     for sig, d in distinct.items():

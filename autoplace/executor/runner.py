@@ -299,6 +299,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
     report.devices = [str(d) for d in all_devices]
     report.device_names = [_device_name(d) for d in all_devices]
 
+    t_run = time.perf_counter()
     graph = capture_graph(workload)
     plan.validate(graph, cluster)
     micro = build.micro_batch_size(workload.batch_size, plan)
@@ -334,6 +335,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         losses: list[torch.Tensor] = []
         times: list[float] = []
         report.extra["build_s"] = round(time.perf_counter() - t_build, 3)
+        t_steps = time.perf_counter()
         tracer = _Tracer(opts, built.devices, rank, start)
         for step in range(start, opts.steps):
             tracer.step(step)
@@ -352,6 +354,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
                 save_checkpoint(opts.checkpoint_dir, built.state_module, opt, step + 1)
             if opts.progress and rank == 0:
                 print(f"step {step}: {times[-1] * 1e3:.1f} ms", flush=True)
+        report.extra["steps_s"] = round(time.perf_counter() - t_steps, 3)
         if tracer.close():
             report.extra["trace"] = tracer.path
         report.loss, step_times, report.peak_memory_bytes = build.gather_results(
@@ -378,8 +381,11 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         built = None
         tracer = None
         opt = None
+        t_free = time.perf_counter()
         _free()
         build.reset_memory_caps(all_devices)
+        report.extra["teardown_s"] = round(time.perf_counter() - t_free, 3)
+        report.extra["run_s"] = round(time.perf_counter() - t_run, 3)
     if start:
         report.extra["start_step"] = start
         report.reference_loss = report.reference_loss[start:]

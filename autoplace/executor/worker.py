@@ -132,6 +132,10 @@ def serve(config: Path) -> int:
     if cfg.get("preload"):  # build it (and import what it needs) before the first run
         pre = cfg["preload"]
         workload(pre["workload"], pre.get("weights_file"))
+    # what lives now (torch, the modules imported, the preloaded workload) lives as long as
+    # the job: keep it out of the collections after every run, which would scan it all
+    gc.collect()
+    gc.freeze()
     if rank == 0:  # the driver may now send commands without waiting for a start
         write_atomic(folder / "ready", "")
     k = 0
@@ -157,11 +161,13 @@ def serve(config: Path) -> int:
             del wl
             report.extra["init_s"] = round(load_s, 3)
             report.extra["pool_run"] = k
+            t_post = time.perf_counter()
             gc.collect()  # the run's reference cycles (autograd, pipelining stages)
             if device.type == "cuda":  # what this process still holds after the run
                 torch.cuda.empty_cache()
                 report.extra["leftover_allocated_bytes"] = torch.cuda.memory_allocated(device)
                 report.extra["leftover_reserved_bytes"] = torch.cuda.memory_reserved(device)
+            report.extra["post_s"] = round(time.perf_counter() - t_post, 3)
         except Exception:  # as a one-shot run: the log names the rank and the error
             traceback.print_exc()
             sys.stderr.flush()
