@@ -7,11 +7,13 @@ This process drives: it profiles and plans, and hands every plan to torchrun job
 keeps alive between runs (:class:`autoplace.executor.pool.PlanPool`: a one-process job
 for one-process plans, one rank per device for DDP, FSDP2 and
 torch.distributed.pipelining), so plans run in interleaved order without a process start
-per plan. Each scenario starts fresh jobs, which load the model while this process
-profiles and plans; every run reads the workload's initial weights from a file in
-/dev/shm written once per scenario (``RunOptions.weights_file``). A multi-process run
-that fails on a rank (out of memory under a cap) ends its job, and a run past 60 s is
-stopped; the replacement job starts at once.
+per plan. The first scenario starts the jobs, which load its model while this process
+profiles and plans, and they serve every scenario after it; every run reads the
+workload's initial weights from a file in /dev/shm written once per workload
+(``RunOptions.weights_file``). A multi-process run that fails on a rank (out of memory
+under a cap) ends its job, and a run past 60 s is stopped; on GPUs an idle spare job
+per multi-process layout takes its place (``PlanPool(spares=True)``) and the next
+spare starts at once.
 
 First (on GPUs, or with ``--links``) it measures copy speeds between every device pair
 and all-reduce / all-gather / reduce-scatter speed, and simulates with them.
@@ -79,7 +81,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--scenarios", default="gpt1b-16GB,gnmt4-capped,gpt1b,branchy-mlp,inception")
+    p.add_argument("--scenarios", default="gpt1b-16GB,gpt1b,gnmt4-capped,branchy-mlp,inception")
     p.add_argument("--steps", type=int, default=10,
                    help="timed steps per repetition (a plan's median pools its repetitions)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per repetition")
@@ -115,9 +117,11 @@ class Driver:
 
         self.cluster = cluster
         # a run (23 steps) takes seconds; one that takes minutes is stopped, not waited for
-        self.pool = PlanPool(cluster, timeout_s=60, log_dir=log_dir)
+        self.pool = PlanPool(cluster, timeout_s=60, log_dir=log_dir,
+                             spares=torch.cuda.is_available())
         self.workloads: dict[str, Any] = {}
         self._weights: tuple[str, str] | None = None  # (workload key, weights file)
+        self.warmed = False  # the pool's jobs are started (by the first scenario)
         self.runs = 0
 
     def workload(self, spec: dict[str, Any]):
@@ -159,15 +163,18 @@ class Driver:
         self.runs += 1
         t0 = time.perf_counter()
         try:
-            starts = self.pool.starts
+            replaced = self.pool.replaced
             rep = self.pool.run(plan, spec, RunOptions(
                 steps=steps + warmup, warmup=warmup, reference=False,
                 weights_file=self.weights_file(spec)), cluster=cluster)
             rep.extra["wall_s"] = round(time.perf_counter() - t0, 3)
             if rep.extra.get("pool_run") == 1:
-                say(f"    first run of a fresh job: {time.perf_counter() - t0:.1f} s (weights "
-                    f"{rep.extra.get('init_s', '?')} s, build {rep.extra.get('build_s', '?')} s)")
-            if self.pool.starts != starts:
+                js = rep.extra.get("job_start_s") or {}
+                say(f"    first run of a fresh job: {time.perf_counter() - t0:.1f} s (its start: "
+                    + ", ".join(f"{k} {v:.1f} s" for k, v in js.items())
+                    + f"; weights {rep.extra.get('init_s', '?')} s, "
+                    f"build {rep.extra.get('build_s', '?')} s)")
+            if self.pool.replaced != replaced:
                 say("    its job ended; a replacement is starting")
             return rep
         except Exception as e:  # noqa: BLE001 - a plan that fails is a result
@@ -231,8 +238,12 @@ def run_phases(rep) -> str:
     if "wall_s" not in x or "run_s" not in x:
         return ""
     parts = [(k, x.get(k + "_s")) for k in ("init", "build", "steps", "teardown", "post")]
+    warm = "/".join(f"{t:.2f}" for t in x.get("warmup_step_s", []))
+    left = x.get("leftover_allocated_bytes") or 0
     return (f" [{x['wall_s']:.1f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in parts
-                                                   if v is not None) + "]")
+                                                   if v is not None)
+            + (f"; warm-up steps {warm}" if warm else "")
+            + (f"; {left / 2**20:.0f} MiB still allocated after it" if left else "") + "]")
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -284,10 +295,17 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     spec = {"spec": sc["model"], "options": dict(sc["options"]), "seed": 0}
     meta = workloads.get(spec["spec"], device="meta", **spec["options"])
     graph = analytic = capture_workload(meta)
-    # fresh pool processes for this scenario (one-process plans, and one rank per device)
-    # load the model while we profile and plan
-    h.pool.warm([baselines.get("single")(graph, cluster), baselines.get("ddp")(graph, cluster)],
-                spec, h.weights_file(spec))
+    # pool processes (one-process plans, and one rank per device) start with the first
+    # scenario, loading its model while we profile and plan, and serve every scenario
+    # after it: each run loads its workload's weights file afresh, and a job that ends
+    # (a failed run) is replaced; a start costs 10-20 s on a GPU host
+    first = [baselines.get("single")(graph, cluster), baselines.get("ddp")(graph, cluster)]
+    weights = h.weights_file(spec)
+    if not h.warmed:
+        h.pool.warm(first, spec, weights)
+        h.warmed = True
+    else:
+        h.pool.ensure(first, cluster=cluster)
     t0 = time.perf_counter()
     if args.profile and not args.cpu:
         from autoplace.profile import profile

@@ -136,3 +136,30 @@ def test_ensure_starts_missing_layouts_and_ready_tells_when_a_job_is_up(tiny):
         assert rep.error is None and rep.extra["pool_run"] == 1  # it found the job up
         pool.warm(one, wl)  # stops both (the ready ones politely) and starts one afresh
         assert not pool.ready(ddp)
+
+
+def test_spares_replace_a_failed_job_with_one_started_before_the_failure(tiny, tmp_path):
+    """With ``spares=True`` a multi-process layout has an idle spare job from its first
+    start on; a job that ends in a run is replaced by that spare, and a new spare starts.
+    One-process layouts get no spare (their jobs survive their own failed runs)."""
+    from autoplace.errors import AutoplaceError
+
+    wl, g = tiny
+    ddp = _plan(g, data=2)
+    layout = rank_devices(ddp, CPU2)
+    bad = tmp_path / "not-weights.pt"
+    bad.write_text("not a weights file")
+    with PlanPool(CPU2, timeout_s=240, spares=True) as pool:
+        pool.ensure([ddp, _plan(g)])
+        assert pool.starts == 3  # the ddp job, its spare, the one-process job
+        spare = pool._spares[layout]
+        with pytest.raises(AutoplaceError, match="cannot read weights file"):
+            pool.run(ddp, wl, RunOptions(steps=2, warmup=1, reference=False,
+                                         weights_file=str(bad)))
+        assert pool.replaced == 1 and pool._jobs[layout] is spare
+        assert pool.starts == 4 and pool._spares[layout] is not spare  # the next spare
+        ok = pool.run(ddp, wl, RunOptions(steps=2, warmup=1, reference=False))
+        assert ok.error is None and len(ok.loss) == 2 and ok.extra["pool_run"] == 1
+        assert set(ok.extra["job_start_s"]) == {"imports", "groups", "preload"}
+        new_spare = pool._spares[layout]
+    assert not spare.alive() and not new_spare.alive()  # close stops spares too

@@ -18,7 +18,10 @@ A one-process job survives its own out-of-memory runs.
 
 Every plan runs in a job, one-process plans too (in a one-process job); a job serves
 one layout (number of processes and the first device of each), and the pool keeps one
-job per layout it has seen.
+job per layout it has seen. With ``spares=True`` it also keeps an idle spare job for
+each multi-process layout, started with the first: a failed run's replacement is then
+the spare, often already up (a start costs 10-20 s on a GPU host: torchrun, imports,
+NCCL), and the next spare starts in the background.
 """
 
 from __future__ import annotations
@@ -101,10 +104,14 @@ class PlanPool:
         timeout_s: wall-clock limit of one run (its job is stopped past it).
         start_timeout_s: limit for a fresh job to join up, on top of ``timeout_s``.
         log_dir: keep each job's log there (default: a temporary folder, removed on close).
+        spares: keep an idle spare job per multi-process layout (its processes hold a
+            CUDA context and NCCL buffers on each device of the layout, outside any run's
+            memory cap), so the job that replaces a failed one is usually up already.
     """
 
     def __init__(self, cluster: Cluster, *, timeout_s: float = 300.0,
-                 start_timeout_s: float = 120.0, log_dir: str | Path | None = None) -> None:
+                 start_timeout_s: float = 120.0, log_dir: str | Path | None = None,
+                 spares: bool = False) -> None:
         self.cluster = cluster
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
@@ -113,10 +120,14 @@ class PlanPool:
         self.log_dir = Path(log_dir) if log_dir else self.dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._jobs: dict[tuple[str, ...], _Job] = {}
+        self.spares = spares
+        self._spares: dict[tuple[str, ...], _Job] = {}
         self._n = 0
         self._preload: dict[str, Any] | None = None
         self.starts = 0
-        """Jobs started so far (a failed run costs one)."""
+        """Jobs started so far, spares included."""
+        self.replaced = 0
+        """Jobs that ended in a run (failed or stopped) and were replaced."""
 
     # ------------------------------------------------------------------ public
     def warm(self, plans: Plan | list[Plan], workload: Workload | str | dict[str, Any],
@@ -194,12 +205,26 @@ class PlanPool:
 
     # ---------------------------------------------------------------- the jobs
     def _start(self, layout: tuple[str, ...]) -> _Job:
+        """Make a job serve ``layout``: its spare if it has a live one, else a new job;
+        then (``spares``) start the layout's next spare."""
+        job = self._spares.pop(layout, None)
+        if job is not None and not job.alive():
+            self._end(job)
+            job = None
+        if job is None:
+            job = self._launch(layout)
+        self._jobs[layout] = job
+        if self.spares and len(layout) > 1 and layout not in self._spares:
+            self._spares[layout] = self._launch(layout)
+        return job
+
+    def _launch(self, layout: tuple[str, ...]) -> _Job:
         self._n += 1
         folder = self.dir / f"job{self._n}"
         folder.mkdir()
         cfg = folder / "serve.json"
         _write_json(cfg, {"devices": list(layout), "parent_pid": os.getpid(),
-                          "preload": self._preload})
+                          "preload": self._preload, "launched_at": time.time()})
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                    PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -210,12 +235,13 @@ class PlanPool:
                "--serve", str(cfg)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-        self._jobs[layout] = job = _Job(proc, folder, log_path, log)
         self.starts += 1
-        return job
+        return _Job(proc, folder, log_path, log)
 
     def _close(self, layout: tuple[str, ...], *, polite: bool = True) -> None:
-        job = self._jobs.pop(layout)
+        self._end(self._jobs.pop(layout), polite=polite)
+
+    def _end(self, job: _Job, *, polite: bool = True) -> None:
         if job.alive():
             # a job still starting reads no command until it is up: kill it, don't wait
             if polite and job.ready():
@@ -231,6 +257,8 @@ class PlanPool:
     def _stop_all(self) -> None:
         for layout in list(self._jobs):
             self._close(layout)
+        while self._spares:
+            self._end(self._spares.popitem()[1])
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
@@ -258,6 +286,7 @@ class PlanPool:
         rc = job.proc.poll()
         self._close(layout, polite=False)
         self._start(layout)
+        self.replaced += 1
         for path in sorted(job.dir.glob(f"rep-{k}.json.rank*")):  # a failing rank's
             return RunReport.from_json(json.loads(path.read_text()))
         text = job.log_path.read_text(errors="replace")

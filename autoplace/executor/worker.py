@@ -24,6 +24,8 @@ from autoplace.executor.runner import RunOptions, run_here
 from autoplace.executor.weights import load_workload
 from autoplace.plan import Plan
 
+_T_IMPORTED = time.time()  # a pool job's start-up is reported in phases (serve)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Read the config, join the process group, run this rank, write the report."""
@@ -114,6 +116,7 @@ def serve(config: Path) -> int:
     else:
         dist.init_process_group("gloo", timeout=timedelta(days=1))
         cmd_group = dist.group.WORLD
+    t_group = time.time()
     cache: dict[str, workloads.Workload] = {}
 
     def workload(spec: dict, weights_file: str | None) -> tuple[workloads.Workload, bool]:
@@ -136,6 +139,12 @@ def serve(config: Path) -> int:
     # the job: keep it out of the collections after every run, which would scan it all
     gc.collect()
     gc.freeze()
+    t_ready = time.time()
+    # where the start-up went, reported with the first run: process start and imports
+    # (torchrun's too), joining the process groups, building the preloaded workload
+    start_s = {k: round(b - a, 2) for k, a, b in (
+        ("imports", cfg.get("launched_at", _T_IMPORTED), _T_IMPORTED),
+        ("groups", _T_IMPORTED, t_group), ("preload", t_group, t_ready))}
     if rank == 0:  # the driver may now send commands without waiting for a start
         write_atomic(folder / "ready", "")
     k = 0
@@ -161,6 +170,8 @@ def serve(config: Path) -> int:
             del wl
             report.extra["init_s"] = round(load_s, 3)
             report.extra["pool_run"] = k
+            if k == 1:
+                report.extra["job_start_s"] = start_s
             t_post = time.perf_counter()
             gc.collect()  # the run's reference cycles (autograd, pipelining stages)
             if device.type == "cuda":  # what this process still holds after the run
