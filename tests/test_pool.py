@@ -163,3 +163,18 @@ def test_spares_replace_a_failed_job_with_one_started_before_the_failure(tiny, t
         assert set(ok.extra["job_start_s"]) == {"imports", "groups", "preload"}
         new_spare = pool._spares[layout]
     assert not spare.alive() and not new_spare.alive()  # close stops spares too
+
+
+def test_a_preload_that_fails_does_not_end_the_job(tiny, tmp_path):
+    """The preload is a head start only: a job whose preload fails (here a weights file
+    that now holds another model's weights) still serves runs, which load their own."""
+    from autoplace.executor.weights import save_weights
+
+    wl, g = tiny
+    other = workloads.get("branchy-mlp", batch_size=8)
+    stale = str(save_weights(other.model, tmp_path / "w.pt"))
+    ddp = _plan(g, data=2)
+    with PlanPool(CPU2, timeout_s=240) as pool:
+        pool.warm(ddp, wl, stale)
+        rep = pool.run(ddp, wl, RunOptions(steps=2, warmup=1, reference=False))
+        assert rep.error is None and rep.extra["pool_run"] == 1 and pool.replaced == 0

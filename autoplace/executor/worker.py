@@ -134,7 +134,11 @@ def serve(config: Path) -> int:
 
     if cfg.get("preload"):  # build it (and import what it needs) before the first run
         pre = cfg["preload"]
-        workload(pre["workload"], pre.get("weights_file"))
+        try:
+            workload(pre["workload"], pre.get("weights_file"))
+        except Exception as e:  # noqa: BLE001 - a head start only: each run loads its own
+            print(f"rank {rank}: preloading failed, runs will load their workload: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
     # what lives now (torch, the modules imported, the preloaded workload) lives as long as
     # the job: keep it out of the collections after every run, which would scan it all
     gc.collect()
