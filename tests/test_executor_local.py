@@ -270,3 +270,39 @@ def test_a_second_capture_of_a_workload_is_bound_to_its_own_model():
     plan = Plan.from_groups(g2, two_halves(g2).groups, [0, 1])
     r = execute(second, plan, cluster=preset("cpu-x2"), steps=2, warmup=0)
     assert r.ok and r.max_loss_rel_diff < 1e-5
+
+
+def test_global_batch_is_kept_per_workload_step_and_size(monkeypatch):
+    """A pool job trains plan after plan on the same steps: each step's batch is drawn
+    once (the same tensors come back), other steps, sizes and workloads get their own,
+    and the oldest batches go when the cache passes its byte limit."""
+    from autoplace.executor import runner
+
+    monkeypatch.setattr(runner, "_BATCHES", {})
+    wl = workloads.get("gpt-tiny", batch_size=4)
+    a = runner.global_batch(wl, 0, 0)
+    assert runner.global_batch(wl, 0, 0) is a
+    b = runner.global_batch(wl, 1, 0)
+    assert b is not a and not torch.equal(a[0][0], b[0][0])
+    assert runner.global_batch(wl, 0, 0, batch_size=2)[1].shape[0] == 2
+    other = workloads.get("gpt-tiny", batch_size=4, seq_len=16)
+    assert runner.global_batch(other, 0, 0)[0][0].shape[1] == 16
+    torch.manual_seed(0)  # the batch is what a fresh draw after the step's seed gives
+    fresh = wl.make_batch(4, "cpu")
+    assert torch.equal(fresh[0][0], a[0][0]) and torch.equal(fresh[1], a[1])
+    one = sum(t.numel() * t.element_size() for t in (*a[0], a[1]))
+    monkeypatch.setattr(runner, "_BATCH_CACHE_BYTES", 2 * one)
+    for s in range(2, 6):
+        runner.global_batch(wl, s, 0)
+    assert len(runner._BATCHES) <= 3 and runner.global_batch(wl, 5, 0) is not None
+    assert all(json.loads(k)[2] != 0 for k in runner._BATCHES)  # step 0 went first
+
+
+def test_a_run_reports_where_its_time_went():
+    wl = workloads.get("gpt-tiny")
+    r = execute(wl, two_halves(capture_graph(wl)), cluster=CPU2, steps=3, warmup=2,
+                reference=False)
+    assert r.ok, r.error
+    x = r.extra
+    assert len(x["warmup_step_s"]) == 2 and len(r.step_times_s) == 1
+    assert 0 < x["steps_s"] <= x["run_s"] and x["build_s"] >= 0 and x["teardown_s"] >= 0
