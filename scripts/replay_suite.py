@@ -1,0 +1,180 @@
+"""Replay a stored benchmark suite on today's simulator: fidelity work without GPUs.
+
+    python scripts/replay_suite.py bench/results/2026-11-27-h200x2-s17-suite.json \\
+        --profiles bench/results/raw --tag s17
+
+A suite's JSON (``scripts/bench_plans.py``) holds every plan's measured step time and
+the links measured on its machine; ``bench/results/raw/<fingerprint>-<kind>-<tag>.profile.json``
+holds the per-op profiles it simulated with. This script captures each scenario's
+workload on the meta device, applies the stored profile, rebuilds the cluster (the
+card's preset, the measured links, the scenario's memory cap), rebuilds every plan a
+deterministic planner made (the hand-written options, expert, hash, critical-path,
+m-etf, m-sct, hybrid-dp and the named hybrids; a stochastic planner's plan only where
+the results say it was the same plan as one of those), simulates it, and prints per
+scenario: the simulated time stored in the JSON, the one simulated now, the measured
+one, and the median simulator error and Kendall tau of both against the measurements.
+
+With the simulator unchanged the two columns agree (the check that the plans were
+rebuilt right); after a change to the simulator they show what the change does to
+every stored measurement. ``--json FILE`` writes the same as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+DETERMINISTIC = ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp")
+
+
+def base_cluster(result: dict[str, Any]):
+    """The preset of the result's card with the links measured in that run."""
+    from autoplace.cluster import preset
+
+    n = int(result["num_devices"])
+    card = str(result.get("card", "cpu")).lower()
+    kind = next((k for k in ("h200", "h100", "a100") if k in card), "cpu")
+    cl = preset(f"{kind}x{n}" if kind != "cpu" else f"cpu-x{n}")
+    links = result.get("links")
+    if links:
+        def tab(x):
+            return tuple(tuple(math.inf if v is None else float(v) for v in row) for row in x)
+
+        cl = replace(cl, alpha_s=tab(links["alpha_s"]), bandwidth=tab(links["bandwidth"]),
+                     collective_alpha_s=links["collective_alpha_s"],
+                     collective_bandwidth=links["collective_bandwidth"])
+    return cl
+
+
+def _profile_dir(profiles: str | None, tag: str | None) -> str | None:
+    """A folder in the profile cache's layout (``<fingerprint>-<kind>.json``): ``profiles``
+    itself, or with ``tag`` a temporary copy of its ``*-<tag>.profile.json`` files."""
+    if profiles is None or tag is None:
+        return profiles
+    tmp = tempfile.mkdtemp(prefix="autoplace-replay-")
+    for f in Path(profiles).glob(f"*-{tag}.profile.json"):
+        shutil.copy(f, Path(tmp) / f.name.replace(f"-{tag}.profile.json", ".json"))
+    return tmp
+
+
+def replay(result: dict[str, Any], profiles: str | None) -> list[dict[str, Any]]:
+    """Every rebuilt plan of every scenario with its stored, current and measured times."""
+    import bench_plans as bp
+
+    from autoplace import baselines, workloads
+    from autoplace.capture import capture_workload
+    from autoplace.profile import apply_cached
+    from autoplace.sim import simulate
+
+    base = base_cluster(result)
+    kind = base.devices[0].kind
+    out = []
+    for rec in result["scenarios"]:
+        sc = bp.SCENARIOS.get(rec["name"])
+        if sc is None:
+            print(f"{rec['name']}: not a scenario of bench_plans.py, skipped")
+            continue
+        meta = workloads.get(sc["model"], device="meta", **sc["options"])
+        analytic = capture_workload(meta)
+        graph = capture_workload(meta)
+        profiled = bool(profiles) and bool(apply_cached(graph, profiles, [kind]))
+        cap = rec.get("memory_cap_bytes")
+        cl = base.with_memory_cap(int(cap)) if cap else base
+        plans = dict(bp.hand_written(analytic, cl))
+        for k in DETERMINISTIC:
+            plans[k] = baselines.get(k)(graph, cl)
+        plans.update(bp.hybrid_plans(graph, cl))
+        rows = []
+        for r in rec["plans"]:
+            src = r["planner"] if r["planner"] in plans else next(
+                (x for x in r.get("same_plan_as", []) if x in plans), None)
+            if src is None:
+                continue
+            plan = plans[src]
+            rows.append({"planner": r["planner"], "split": plan.split(),
+                         "sim_stored_s": r["sim_step_time_s"],
+                         "sim_now_s": simulate(graph, plan, cl).step_time_s,
+                         "measured_s": r["measured_step_time_s"]
+                         if not r.get("oom_measured") else None,
+                         "same_split": plan.split() == r["parallel"]})
+        out.append({"name": rec["name"], "profiled": profiled, "plans": rows,
+                    **fidelity(rows)})
+    return out
+
+
+def fidelity(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median |sim - real| / real and Kendall tau, stored and now, over distinct measured
+    plans (a plan credited to several planners counts once)."""
+    from scipy.stats import kendalltau
+
+    seen, pts = set(), []
+    for r in rows:
+        if r["measured_s"] and (r["split"], r["measured_s"]) not in seen:
+            seen.add((r["split"], r["measured_s"]))
+            pts.append(r)
+    res: dict[str, Any] = {"measured_plans": len(pts)}
+    for k in ("stored", "now"):
+        xs = [p[f"sim_{k}_s"] for p in pts]
+        ys = [p["measured_s"] for p in pts]
+        res[f"error_{k}"] = (statistics.median(abs(x - y) / y for x, y in zip(xs, ys))
+                             if pts else None)
+        res[f"tau_{k}"] = float(kendalltau(xs, ys).statistic) if len(pts) >= 3 else None
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", help="a suite's JSON from scripts/bench_plans.py")
+    ap.add_argument("--profiles", default=None,
+                    help="folder of per-op profiles (profile cache layout, or with --tag "
+                         "bench/results/raw's *-TAG.profile.json); default: analytic costs")
+    ap.add_argument("--tag", default=None, help="the profiles' tag in bench/results/raw")
+    ap.add_argument("--json", default=None, help="also write the replay here")
+    args = ap.parse_args(argv)
+    try:
+        result = json.loads(Path(args.results).read_text())
+        if "scenarios" not in result or "num_devices" not in result:
+            raise ValueError("no 'scenarios' / 'num_devices': not a bench_plans.py result")
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read {args.results}: {e}", file=sys.stderr)
+        return 2
+    folder = _profile_dir(args.profiles, args.tag)
+    try:
+        out = replay(result, folder)
+    finally:
+        if folder is not None and folder != args.profiles:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def ms(x):
+        return f"{x * 1e3:8.2f}" if x else "       -"
+
+    def f2(x):
+        return f"{x:.2f}" if x is not None else "-"
+
+    for sc in out:
+        print(f"{sc['name']} ({'profiled' if sc['profiled'] else 'analytic costs'})")
+        print(f"  {'planner':>16} {'stored':>8} {'now':>8} {'measured':>8}")
+        for r in sc["plans"]:
+            flag = "" if r["same_split"] else "  (rebuilt split differs)"
+            print(f"  {r['planner']:>16} {ms(r['sim_stored_s'])} {ms(r['sim_now_s'])} "
+                  f"{ms(r['measured_s'])}{flag}")
+        print(f"  {sc['measured_plans']} measured plans: median error "
+              f"{f2(sc['error_stored'])} stored, {f2(sc['error_now'])} now; Kendall tau "
+              f"{f2(sc['tau_stored'])} stored, {f2(sc['tau_now'])} now")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
