@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,22 +36,16 @@ DETERMINISTIC = ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp
 
 
 def base_cluster(result: dict[str, Any]):
-    """The preset of the result's card with the links measured in that run."""
-    from autoplace.cluster import preset
+    """The preset of the result's card with the links measured in that run (stored under
+    the cluster's own field names, read back as a cluster file is)."""
+    from autoplace.cluster import Cluster, preset
 
     n = int(result["num_devices"])
     card = str(result.get("card", "cpu")).lower()
     kind = next((k for k in ("h200", "h100", "a100") if k in card), "cpu")
     cl = preset(f"{kind}x{n}" if kind != "cpu" else f"cpu-x{n}")
     links = result.get("links")
-    if links:
-        def tab(x):
-            return tuple(tuple(math.inf if v is None else float(v) for v in row) for row in x)
-
-        cl = replace(cl, alpha_s=tab(links["alpha_s"]), bandwidth=tab(links["bandwidth"]),
-                     collective_alpha_s=links["collective_alpha_s"],
-                     collective_bandwidth=links["collective_bandwidth"])
-    return cl
+    return Cluster.from_json({**cl.to_json(), **links}) if links else cl
 
 
 def _profile_dir(profiles: str | None, tag: str | None) -> str | None:
