@@ -170,7 +170,7 @@ class Driver:
             rep.extra["wall_s"] = round(time.perf_counter() - t0, 3)
             if rep.extra.get("pool_run") == 1:
                 js = rep.extra.get("job_start_s") or {}
-                say(f"    first run of a fresh job: {time.perf_counter() - t0:.1f} s (its start: "
+                say(f"    first run of a fresh job: {rep.extra['wall_s']:.1f} s (its start: "
                     + ", ".join(f"{k} {v:.1f} s" for k, v in js.items())
                     + f"; weights {rep.extra.get('init_s', '?')} s, "
                     f"build {rep.extra.get('build_s', '?')} s)")
@@ -302,9 +302,10 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     # until its next run, which a smaller workload's memory cap would count
     first = [baselines.get("single")(graph, cluster), baselines.get("ddp")(graph, cluster)]
     weights = h.weights_file(spec)
-    if h.warm_for != (json.dumps(spec, sort_keys=True), weights):
+    preload = (json.dumps(spec, sort_keys=True), weights)
+    if h.warm_for != preload:
         h.pool.warm(first, spec, weights)
-        h.warm_for = (json.dumps(spec, sort_keys=True), weights)
+        h.warm_for = preload
     else:
         h.pool.ensure(first, cluster=cluster)
     t0 = time.perf_counter()
