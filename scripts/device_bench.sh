@@ -5,14 +5,17 @@
 #                                                          # the comma-separated SCENARIOS
 #   scripts/device_bench.sh flow OUT                       # bench_flow (+ copy streams) and
 #                                                          # the GPU tests of the executor
+#   scripts/device_bench.sh copies OUT [SUITE] [TAG]       # bench_copies on the placements of
+#                                                          # a stored suite, then every GPU test
 # Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
 # have torch, torch-geometric and networkx but no gymnasium), then autoplace itself
 # (editable, no dependencies). Keeps NCCL's NVLink multicast off. Writes the results, the
 # log, the GPUs' names and the profile cache (with auto's calibration) under OUT.
 set -u -o pipefail
-mode=${1:?usage: scripts/device_bench.sh suite|flow OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
-out=${2:?usage: scripts/device_bench.sh suite|flow OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+mode=${1:?usage: scripts/device_bench.sh suite|flow|copies OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+out=${2:?usage: scripts/device_bench.sh suite|flow|copies OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
 gpus=${3:-}
+[ "$mode" = suite ] || gpus=""  # copies: $3 is the suite
 deadline=${4:-470}
 scenarios=${5:-}
 cd "$(dirname "$0")/.."
@@ -46,7 +49,19 @@ flow)
         --out "$out/flow-cap16.json" 2>&1 | tee "$out/log.txt"
     rc=$?
     ;;
+copies)
+    suite=${3:-bench/results/2026-11-27-h200x2-s17-suite.json}
+    tag=${4:-s17}
+    common=("$suite" --profiles bench/results/raw --tag "$tag")
+    timeout 200 python3 scripts/bench_copies.py "${common[@]}" --scenarios branchy-mlp \
+        --trace "$out/traces" --out "$out/copies-branchy.json" 2>&1 | tee "$out/log.txt"
+    rc=$?
+    timeout 300 python3 scripts/bench_copies.py "${common[@]}" \
+        --scenarios inception,gnmt4-capped --out "$out/copies.json" 2>&1 | tee -a "$out/log.txt"
+    rc=$((rc || $?))
+    timeout 240 python3 -m pytest -q -m gpu tests 2>&1 | tail -40 > "$out/gpu-tests.txt"
+    ;;
 *)
-    echo "unknown mode $mode: suite or flow"; exit 2 ;;
+    echo "unknown mode $mode: suite, flow or copies"; exit 2 ;;
 esac
 exit "$rc"

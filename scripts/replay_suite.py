@@ -59,33 +59,49 @@ def _profile_dir(profiles: str | None, tag: str | None) -> str | None:
     return tmp
 
 
-def replay(result: dict[str, Any], profiles: str | None) -> list[dict[str, Any]]:
-    """Every rebuilt plan of every scenario with its stored, current and measured times."""
+def rebuild_plans(name: str, cluster, profiles: str | None, kind: str):
+    """Scenario ``name``'s workload captured on the meta device with the stored profile
+    applied, and every plan the suite's deterministic planners made for it on ``cluster``
+    (the scenario's memory cap already applied): ``(graph, profiled, {planner: plan})``."""
     import bench_plans as bp
 
     from autoplace import baselines, workloads
     from autoplace.capture import capture_workload
     from autoplace.profile import apply_cached
+
+    sc = bp.SCENARIOS[name]
+    meta = workloads.get(sc["model"], device="meta", **sc["options"])
+    analytic = capture_workload(meta)
+    graph = capture_workload(meta)
+    profiled = bool(profiles) and bool(apply_cached(graph, profiles, [kind]))
+    plans = dict(bp.hand_written(analytic, cluster))
+    for k in DETERMINISTIC:
+        plans[k] = baselines.get(k)(graph, cluster)
+    plans.update(bp.hybrid_plans(graph, cluster))
+    return graph, profiled, plans
+
+
+def scenario_cluster(result: dict[str, Any], rec: dict[str, Any]):
+    """The cluster a stored scenario ran on: :func:`base_cluster` with its memory cap."""
+    base = base_cluster(result)
+    cap = rec.get("memory_cap_bytes")
+    return base.with_memory_cap(int(cap)) if cap else base
+
+
+def replay(result: dict[str, Any], profiles: str | None) -> list[dict[str, Any]]:
+    """Every rebuilt plan of every scenario with its stored, current and measured times."""
+    import bench_plans as bp
+
     from autoplace.sim import simulate
 
-    base = base_cluster(result)
-    kind = base.devices[0].kind
+    kind = base_cluster(result).devices[0].kind
     out = []
     for rec in result["scenarios"]:
-        sc = bp.SCENARIOS.get(rec["name"])
-        if sc is None:
+        if rec["name"] not in bp.SCENARIOS:
             print(f"{rec['name']}: not a scenario of bench_plans.py, skipped")
             continue
-        meta = workloads.get(sc["model"], device="meta", **sc["options"])
-        analytic = capture_workload(meta)
-        graph = capture_workload(meta)
-        profiled = bool(profiles) and bool(apply_cached(graph, profiles, [kind]))
-        cap = rec.get("memory_cap_bytes")
-        cl = base.with_memory_cap(int(cap)) if cap else base
-        plans = dict(bp.hand_written(analytic, cl))
-        for k in DETERMINISTIC:
-            plans[k] = baselines.get(k)(graph, cl)
-        plans.update(bp.hybrid_plans(graph, cl))
+        cl = scenario_cluster(result, rec)
+        graph, profiled, plans = rebuild_plans(rec["name"], cl, profiles, kind)
         rows = []
         for r in rec["plans"]:
             src = r["planner"] if r["planner"] in plans else next(
