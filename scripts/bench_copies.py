@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                 par = plan.parallel
                 if par.pipeline > 1 or par.data > 1 or plan.devices_per_replica < 2:
                     continue  # not a one-process placement over both GPUs
-                key = json.dumps(plan.to_json()["groups"], sort_keys=True) + str(par)
+                key = json.dumps([plan.to_json()["groups"], list(plan.placement)],
+                                 sort_keys=True) + str(par)
                 if key in seen:
                     rows.append({"planner": planner, "same_plan_as": seen[key]})
                     continue

@@ -7,13 +7,15 @@
 #                                                          # the GPU tests of the executor
 #   scripts/device_bench.sh copies OUT [SUITE] [TAG]       # bench_copies on the placements of
 #                                                          # a stored suite, then every GPU test
+#   scripts/device_bench.sh traces OUT [SUITE] [TAG] [SCENARIOS] [PLANNERS]
+#                                                          # traces of such placements (a tarball)
 # Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
 # have torch, torch-geometric and networkx but no gymnasium), then autoplace itself
 # (editable, no dependencies). Keeps NCCL's NVLink multicast off. Writes the results, the
 # log, the GPUs' names and the profile cache (with auto's calibration) under OUT.
 set -u -o pipefail
-mode=${1:?usage: scripts/device_bench.sh suite|flow|copies OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
-out=${2:?usage: scripts/device_bench.sh suite|flow|copies OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+mode=${1:?usage: scripts/device_bench.sh suite|flow|copies|traces OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+out=${2:?usage: scripts/device_bench.sh suite|flow|copies|traces OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
 gpus=${3:-}
 [ "$mode" = suite ] || gpus=""  # copies: $3 is the suite
 deadline=${4:-470}
@@ -61,7 +63,18 @@ copies)
     rc=$((rc || $?))
     timeout 240 python3 -m pytest -q -m gpu tests 2>&1 | tail -40 > "$out/gpu-tests.txt"
     ;;
+traces)  # Chrome traces of one-process placements (both copy ways), one tarball
+    suite=${3:-bench/results/2026-11-27-h200x2-s17-suite.json}
+    tag=${4:-s17}
+    scenarios=${5:-inception}
+    planners=${6:-two-halves,critical-path,m-sct}
+    timeout 400 python3 scripts/bench_copies.py "$suite" --profiles bench/results/raw \
+        --tag "$tag" --scenarios "$scenarios" --planners "$planners" --rounds 1 --steps 5 \
+        --trace /tmp/traces --out "$out/traces.json" 2>&1 | tee "$out/log.txt"
+    rc=$?
+    tar czf "$out/traces.tgz" -C /tmp traces
+    ;;
 *)
-    echo "unknown mode $mode: suite, flow or copies"; exit 2 ;;
+    echo "unknown mode $mode: suite, flow, copies or traces"; exit 2 ;;
 esac
 exit "$rc"
