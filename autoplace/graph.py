@@ -64,6 +64,10 @@ class OpNode:
             from a second run at a smaller batch); absent kinds are unknown and the
             simulator falls back to the device's launch overhead.
         bwd_fixed_s: the same for ``bwd_time_s``.
+        fwd_host_s: host seconds to issue the op's forward (Python, dispatcher, autocast
+            and kernel launches, not the device's work), per device kind, where profiled
+            on a GPU; absent kinds fall back to the device's ``host_dispatch_s``.
+        bwd_host_s: the same for the op's backward, issued by the autograd engine.
         workspace_bytes: memory the op holds only while it runs, beyond its outputs;
             on the ``output`` op, the peak of the loss's forward and backward
             (:func:`autoplace.capture.loss_workspace_bytes`), which the simulator
@@ -85,6 +89,8 @@ class OpNode:
     bwd_time_s: dict[str, float] = field(default_factory=dict)
     fwd_fixed_s: dict[str, float] = field(default_factory=dict)
     bwd_fixed_s: dict[str, float] = field(default_factory=dict)
+    fwd_host_s: dict[str, float] = field(default_factory=dict)
+    bwd_host_s: dict[str, float] = field(default_factory=dict)
     workspace_bytes: int = 0
 
     @property
@@ -229,6 +235,16 @@ class OpGraph:
         """Batch-independent part of each op's backward seconds on ``device_kind`` (NaN
         where unknown)."""
         return np.array([op.bwd_fixed_s.get(device_kind, np.nan) for op in self],
+                        dtype=np.float64)
+
+    def fwd_host_times(self, device_kind: str) -> np.ndarray:
+        """Host seconds to issue each op's forward on ``device_kind`` (NaN where unknown)."""
+        return np.array([op.fwd_host_s.get(device_kind, np.nan) for op in self],
+                        dtype=np.float64)
+
+    def bwd_host_times(self, device_kind: str) -> np.ndarray:
+        """Host seconds to issue each op's backward on ``device_kind`` (NaN where unknown)."""
+        return np.array([op.bwd_host_s.get(device_kind, np.nan) for op in self],
                         dtype=np.float64)
 
     # ------------------------------------------------------------ fingerprint

@@ -177,8 +177,15 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _time_call(fn: Callable[[], Any], dev: torch.device, repeats: int) -> float:
-    """Median seconds per call of ``fn`` over ``repeats`` looped samples."""
+def _time_call(fn: Callable[[], Any], dev: torch.device, repeats: int,
+               host: list[float] | None = None) -> float:
+    """Median seconds per call of ``fn`` over ``repeats`` looped samples.
+
+    With a list ``host``, also appends the median host seconds per call: on a GPU the
+    time the loop took to *issue* its calls (CUDA launches are asynchronous), which is
+    what the calling thread spends per call whatever the device does; on a CPU the
+    whole time.
+    """
     fn()
     _sync(dev)
     t0 = time.perf_counter()
@@ -187,7 +194,7 @@ def _time_call(fn: Callable[[], Any], dev: torch.device, repeats: int) -> float:
     once = time.perf_counter() - t0
     sample_s = _SAMPLE_S_GPU if dev.type == "cuda" else _SAMPLE_S
     inner = max(1, min(_MAX_INNER, int(sample_s / max(once, 1e-7))))
-    samples = []
+    samples, issue = [], []
     for _ in range(repeats):
         if dev.type == "cuda":
             # record on dev's stream, not the current device's: a copy between two other
@@ -195,9 +202,12 @@ def _time_call(fn: Callable[[], Any], dev: torch.device, repeats: int) -> float:
             # nothing (13-23 TB/s "measured" between GPUs 1-3 of a 4x H200 machine)
             stream = torch.cuda.current_stream(dev)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            _sync(dev)
             start.record(stream)
+            h0 = time.perf_counter()
             for _ in range(inner):
                 fn()
+            issue.append((time.perf_counter() - h0) / inner)
             end.record(stream)
             end.synchronize()
             samples.append(start.elapsed_time(end) / 1e3 / inner)
@@ -206,14 +216,19 @@ def _time_call(fn: Callable[[], Any], dev: torch.device, repeats: int) -> float:
             for _ in range(inner):
                 fn()
             samples.append((time.perf_counter() - t0) / inner)
+            issue.append(samples[-1])  # a CPU op runs on the thread that calls it
+    if host is not None and issue:
+        host.append(statistics.median(issue))
     return statistics.median(samples)
 
 
-def _grad_overhead(dev: torch.device, repeats: int) -> float:
+def _grad_overhead(dev: torch.device, repeats: int, host: list[float] | None = None
+                   ) -> float:
     leaf = torch.ones(1, device=dev, requires_grad=True)
     out = leaf * 2.0
     go = torch.ones_like(out)
-    return _time_call(lambda: torch.autograd.grad(out, leaf, go, retain_graph=True), dev, repeats)
+    return _time_call(lambda: torch.autograd.grad(out, leaf, go, retain_graph=True), dev,
+                      repeats, host)
 
 
 class _Timer(fx.Interpreter):
@@ -225,11 +240,18 @@ class _Timer(fx.Interpreter):
         self.dev, self.repeats, self.subtract = dev, repeats, subtract
         self.fwd: dict[str, float] = {}
         self.bwd: dict[str, float] = {}
-        self.grad_overhead = _grad_overhead(dev, repeats)
+        # host seconds to issue each op (a placeholder's are 0)
+        self.fwd_host: dict[str, float] = {}
+        self.bwd_host: dict[str, float] = {}
+        grad_host: list[float] = []
+        self.grad_overhead = _grad_overhead(dev, repeats, grad_host)
+        # one backward call's own setup; a real backward pays it once per step
+        self.grad_overhead_host = grad_host[0] if grad_host else 0.0
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op in ("placeholder", "get_attr", "output"):
             self.fwd[n.name] = self.bwd[n.name] = 0.0
+            self.fwd_host[n.name] = self.bwd_host[n.name] = 0.0
             return super().run_node(n)
         try:
             return self._run_timed(n)
@@ -257,14 +279,19 @@ class _Timer(fx.Interpreter):
 
         args, kwargs = pytree.tree_map(detach, (args, kwargs))
         fn = self._callable(n)
+        host: list[float] = []
         if inplace:  # the timed loop works on its own clone, the real call on another
             loop_args, loop_kwargs = pytree.tree_map(
                 lambda t: t.clone() if isinstance(t, torch.Tensor) and t.requires_grad else t,
                 (args, kwargs))
             self.fwd[n.name] = _time_call(lambda: fn(*loop_args, **loop_kwargs), self.dev,
-                                          self.repeats)
+                                          self.repeats, host)
         else:
-            self.fwd[n.name] = _time_call(lambda: fn(*args, **kwargs), self.dev, self.repeats)
+            self.fwd[n.name] = _time_call(lambda: fn(*args, **kwargs), self.dev, self.repeats,
+                                          host)
+        if host:
+            self.fwd_host[n.name] = host[0]
+            self.bwd_host[n.name] = 0.0
         out = fn(*args, **kwargs)
         params = list(self.module.get_submodule(n.target).parameters()) \
             if n.op == "call_module" else []
@@ -278,8 +305,11 @@ class _Timer(fx.Interpreter):
             def backward() -> Any:
                 return torch.autograd.grad(outs, wrt, gos, retain_graph=True, allow_unused=True)
 
-            t = _time_call(backward, self.dev, self.repeats)
+            host = []
+            t = _time_call(backward, self.dev, self.repeats, host)
             self.bwd[n.name] = max(t - self.grad_overhead, 0.0) if self.subtract else t
+            if host:
+                self.bwd_host[n.name] = max(host[0] - self.grad_overhead_host, 0.0)
         return out
 
     def _callable(self, n: fx.Node) -> Callable[..., Any]:
@@ -328,8 +358,9 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
                 f"a whole training step of {graph.name!r} failed before profiling: "
                 f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
             ) from e
+        host: dict[str, dict[str, float]] | None = {} if dev.type == "cuda" else None
         fwd, bwd, calib = _timed_pass(gm, flat, dev, repeats, calibrate,
-                                      f"the profile of {graph.name!r}")
+                                      f"the profile of {graph.name!r}", host)
         scale_f, scale_b = calib["fwd_scale"], calib["bwd_scale"]
         fwd = {k: v * scale_f for k, v in fwd.items()}
         bwd = {k: v * scale_b for k, v in bwd.items()}
@@ -344,18 +375,25 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
         "calibration": calib,
         "fwd_time_s": fwd,
         "bwd_time_s": bwd,
+        **({"fwd_host_s": host["fwd"], "bwd_host_s": host["bwd"]} if host else {}),
         **scaling,
     }
 
 
 def _timed_pass(gm: fx.GraphModule, flat: tuple, dev: torch.device, repeats: int,
-                calibrate: bool, what: str
+                calibrate: bool, what: str, host: dict[str, dict[str, float]] | None = None
                 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """Raw per-op forward / backward seconds on ``flat`` and the calibration factors."""
+    """Raw per-op forward / backward seconds on ``flat`` and the calibration factors.
+
+    With a dict ``host`` (GPUs): also each op's host seconds to issue its forward and its
+    backward, under ``host["fwd"]`` / ``host["bwd"]``, scaled so that their sums equal
+    the host time of issuing a whole forward and a whole backward (the factors and the
+    whole times are recorded in the calibration).
+    """
     timer = _Timer(gm, dev, repeats, subtract=not calibrate)
     timer.run(*flat)
     fwd, bwd = timer.fwd, timer.bwd
-    calib = {"fwd_scale": 1.0, "bwd_scale": 1.0}
+    calib: dict[str, float] = {"fwd_scale": 1.0, "bwd_scale": 1.0}
     if calibrate:
         try:
             calib = _calibrate(gm, flat, dev, repeats, fwd, bwd)
@@ -363,7 +401,49 @@ def _timed_pass(gm: fx.GraphModule, flat: tuple, dev: torch.device, repeats: int
             raise AutoplaceError(
                 f"calibrating {what} failed: {type(e).__name__}: {_first_line(e)}"
             ) from e
+    if host is not None and timer.fwd_host and len(timer.fwd_host) == len(fwd):
+        try:
+            whole_f, whole_b = _whole_host(gm, flat, dev, repeats)
+        except Exception as e:
+            raise AutoplaceError(
+                f"timing the host side of {what} failed: {type(e).__name__}: {_first_line(e)}"
+            ) from e
+        sum_f, sum_b = sum(timer.fwd_host.values()), sum(timer.bwd_host.values())
+        sf = _clamp(whole_f / sum_f) if sum_f > 0 else 1.0
+        sb = _clamp(whole_b / sum_b) if sum_b > 0 else 1.0
+        host["fwd"] = {k: v * sf for k, v in timer.fwd_host.items()}
+        host["bwd"] = {k: v * sb for k, v in timer.bwd_host.items()}
+        calib.update(whole_fwd_host_s=whole_f, whole_bwd_host_s=whole_b, sum_fwd_host_s=sum_f,
+                     sum_bwd_host_s=sum_b, fwd_host_scale=sf, bwd_host_scale=sb)
     return fwd, bwd, calib
+
+
+def _clamp(x: float) -> float:
+    return min(4.0, max(0.25, x)) if math.isfinite(x) else 1.0
+
+
+def _whole_host(gm: nn.Module, flat: tuple, dev: torch.device, repeats: int
+                ) -> tuple[float, float]:
+    """Median host seconds to issue a whole forward and a whole backward of ``gm``, each
+    started on an idle device (the launches return before the device works)."""
+    fs, bs = [], []
+    for _ in range(repeats):
+        _sync(dev)
+        t0 = time.perf_counter()
+        outs = [t for t in pytree.tree_leaves(gm(*flat))
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        fs.append(time.perf_counter() - t0)
+        if not outs:
+            bs.append(0.0)
+            continue
+        grads = [torch.ones_like(t) for t in outs]
+        _sync(dev)
+        t0 = time.perf_counter()
+        torch.autograd.backward(outs, grads)
+        bs.append(time.perf_counter() - t0)
+        _sync(dev)
+    gm.zero_grad(set_to_none=True)
+    return statistics.median(fs), statistics.median(bs)
 
 
 # ------------------------------------------------------- batch-size scaling
@@ -501,13 +581,9 @@ def _calibrate(gm: nn.Module, flat: tuple, dev: torch.device, repeats: int,
     whole_step = _time_call(step, dev, repeats)
     gm.zero_grad(set_to_none=True)
     sum_f, sum_b = sum(fwd.values()), sum(bwd.values())
-
-    def clamp(x: float) -> float:
-        return min(4.0, max(0.25, x)) if math.isfinite(x) else 1.0
-
     return {
-        "fwd_scale": clamp(whole_fwd / sum_f) if sum_f > 0 else 1.0,
-        "bwd_scale": clamp(max(whole_step - whole_fwd, 0.0) / sum_b) if sum_b > 0 else 1.0,
+        "fwd_scale": _clamp(whole_fwd / sum_f) if sum_f > 0 else 1.0,
+        "bwd_scale": _clamp(max(whole_step - whole_fwd, 0.0) / sum_b) if sum_b > 0 else 1.0,
         "whole_fwd_s": whole_fwd,
         "whole_step_s": whole_step,
         "sum_fwd_s": sum_f,
@@ -534,6 +610,7 @@ def _synth_inputs(graph: OpGraph) -> tuple:
 def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
     """Set every op's ``kind`` times from a profile record and note where they came from."""
     ff, bf = cached.get("fwd_fixed_s") or {}, cached.get("bwd_fixed_s") or {}
+    hf, hb = cached.get("fwd_host_s") or {}, cached.get("bwd_host_s") or {}
     for op in graph:
         op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
         op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
@@ -545,6 +622,12 @@ def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
         else:
             op.fwd_fixed_s.pop(kind, None)
             op.bwd_fixed_s.pop(kind, None)
+        if op.name in hf and op.name in hb:  # host times: GPU records of this format on
+            op.fwd_host_s[kind] = float(hf[op.name])
+            op.bwd_host_s[kind] = float(hb[op.name])
+        else:
+            op.fwd_host_s.pop(kind, None)
+            op.bwd_host_s.pop(kind, None)
     info = dict(getattr(graph, "profile_info", None) or {})
     info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version",
                                          "fixed_parts", "batch_size", "small_batch", "share",

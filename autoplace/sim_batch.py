@@ -26,6 +26,7 @@ from autoplace.sim_model import (
     GraphArrays,
     affine_collective,
     graph_arrays,
+    host_times,
     replicas_identical,
     scaled,
 )
@@ -192,12 +193,15 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     flat = op_t * num + pidx
     dev_s = np.take(dev_t, flat)
     tf_s, tb_s = np.take(tf, flat), np.take(tb, flat)
-    host_on = bool(tables.host[:kk].any() or tables.ddp_host[:kk].any())
-    host_s = tables.host[dev_s] if host_on else None  # [mn, P] host issue time per step
+    host_on = bool(tables.host.any() or tables.ddp_host.any()
+                   or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any())
+    host_s = hostb_s = None
+    if host_on:  # [mn, P] host issue time per step, forward and backward
+        hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape))
+        host_s, hostb_s = np.take(hf_t, flat), np.take(hb_t, flat)
     ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
-    hostb_s = host_s
     if host_on and ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
-        hostb_s = host_s + ga.param_count[op_t] * tables.ddp_host[dev_s] * ddp[None, :]
+        hostb_s = hostb_s + ga.param_count[op_t] * tables.ddp_host[dev_s] * ddp[None, :]
     if kk > 1:
         durf_s = np.stack([np.take(x, flat) for x in durs_f], -1)  # [mn, P, K]
         durb_s = np.stack([np.take(x, flat) for x in durs_b], -1)

@@ -118,6 +118,8 @@ class CostTables:
     bwd: np.ndarray
     fwd_fixed: np.ndarray  # [num_kinds, n] batch-independent part of fwd, NaN = unknown
     bwd_fixed: np.ndarray
+    host_fwd: np.ndarray  # [num_kinds, n] host seconds to issue each op's forward, NaN = unknown
+    host_bwd: np.ndarray  # [num_kinds, n] the same for its backward
     kind_of_device: np.ndarray  # [N] index into kinds
     overhead: np.ndarray  # [N] launch overhead, seconds
     host: np.ndarray  # [N] host seconds to issue one op (``host_dispatch_s``)
@@ -143,6 +145,8 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         bwd=np.stack([graph.bwd_times(k) for k in kinds]),
         fwd_fixed=np.stack([graph.fwd_fixed_times(k) for k in kinds]),
         bwd_fixed=np.stack([graph.bwd_fixed_times(k) for k in kinds]),
+        host_fwd=np.stack([graph.fwd_host_times(k) for k in kinds]),
+        host_bwd=np.stack([graph.bwd_host_times(k) for k in kinds]),
         kind_of_device=np.array([kinds.index(d.kind) for d in cluster.devices], dtype=np.int64),
         overhead=np.array([d.launch_overhead_s for d in cluster.devices], dtype=np.float64),
         host=np.array([d.host_dispatch_s for d in cluster.devices], dtype=np.float64),
@@ -152,6 +156,18 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         alpha=alpha,
         inv_bw=inv,
     )
+
+
+def host_times(tables: CostTables, cdev: np.ndarray, ops: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Host seconds to issue the forward and the backward of op ``ops[i]`` on cluster
+    device ``cdev[i]`` (arrays of one shape): the profiled per-op times where the graph
+    has them for the device's kind, else the device's ``host_dispatch_s`` per op."""
+    kind = tables.kind_of_device[cdev]
+    base = tables.host[cdev]
+    hf = tables.host_fwd[kind, ops]
+    hb = tables.host_bwd[kind, ops]
+    return np.where(np.isnan(hf), base, hf), np.where(np.isnan(hb), base, hb)
 
 
 def fixed_part(t: np.ndarray, fixed: np.ndarray | None, overhead: np.ndarray | float

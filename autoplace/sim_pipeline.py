@@ -11,8 +11,8 @@ the same way. Stages follow their schedule's action order:
   remaining backwards; stage ``s`` holds at most ``min(m, p - s)`` microbatches.
 
 A stage's forward or backward of one microbatch takes at least the host time its
-process needs to issue the stage's ops (``host_dispatch_s`` per op, see
-:mod:`autoplace.sim_local`).
+process needs to issue the stage's ops (their profiled host times, else
+``host_dispatch_s`` per op, see :mod:`autoplace.sim_local`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from autoplace.sim_model import (
     coll_resource,
     collective_time,
     fsdp_units,
+    host_times,
     replica_group,
     replicas_identical,
 )
@@ -99,11 +100,13 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
         bwd[s] += tb[i]
     # each stage's process issues its ops one by one from Python (forward, then the
     # backward it waits for): a microbatch takes at least that host time
-    count = np.bincount(np.asarray(lp.dev, dtype=np.int64), minlength=p)
+    stage_of = np.asarray(lp.dev, dtype=np.int64)
+    hf, hb = host_times(tables, stage_of + base, np.arange(ga.n))
+    issue_f = np.bincount(stage_of, weights=hf, minlength=p)
+    issue_b = np.bincount(stage_of, weights=hb, minlength=p)
     for s in range(p):
-        issue = float(count[s] * tables.host[base + s])
-        fwd[s] = max(fwd[s], issue)
-        bwd[s] = max(bwd[s], issue)
+        fwd[s] = max(fwd[s], float(issue_f[s]))
+        bwd[s] = max(bwd[s], float(issue_b[s]))
     cut = [b / (m * lp.d) for b in cut_bytes(ga, lp.dev, p)]
 
     def link(a: int, b: int, nbytes: float) -> float:

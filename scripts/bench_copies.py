@@ -150,11 +150,17 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
                       "peak_memory_bytes": peaks.get(v)}
     if "to" in res and "streams" in res:
         res["streams_vs_to"] = res["streams"]["step_time_s"] / res["to"]["step_time_s"]
-    del progs, opt
+    progs.clear()  # the optimizer and the programs go with this frame
     gc.collect()
     if devices[0].type == "cuda":
         torch.cuda.empty_cache()
     return res
+
+
+def _ms(res: dict[str, Any], way: str) -> str:
+    r = res.get(way)
+    return (f"{r['step_time_s'] * 1e3:.1f} ms ({r['spread_s'][0] * 1e3:.1f}-"
+            f"{r['spread_s'][1] * 1e3:.1f})") if r else "failed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,12 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                        "sim_step_time_s": simulate(meta_graph, plan, cl).step_time_s,
                        "suite_measured_step_time_s": m.get("measured_step_time_s"), **res}
                 rows.append(row)
-
-                def ms(v: str) -> str:
-                    r = res.get(v)
-                    return (f"{r['step_time_s'] * 1e3:.1f} ms ({r['spread_s'][0] * 1e3:.1f}-"
-                            f"{r['spread_s'][1] * 1e3:.1f})") if r else "failed"
-                print(f"    to {ms('to')}, streams {ms('streams')}; simulated "
+                print(f"    to {_ms(res, 'to')}, streams {_ms(res, 'streams')}; simulated "
                       f"{row['sim_step_time_s'] * 1e3:.1f} ms"
                       + (f", suite measured {m['measured_step_time_s'] * 1e3:.1f} ms"
                          if m.get("measured_step_time_s") else "")

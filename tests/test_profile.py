@@ -114,3 +114,32 @@ def test_measure_links_cpu_pair():
     assert alpha[0][0] == 0.0 and bw[1][1] == float("inf")
     assert alpha[0][1] >= 0.0 and alpha[0][1] < 1e-3
     assert 1e8 < bw[0][1] < 1e13 and 1e8 < bw[1][0] < 1e13
+
+
+def test_host_times_are_measured_and_scaled_to_a_whole_pass(tmp_path):
+    """The profile's host side: per-op seconds to issue forward and backward, scaled to
+    the host time of a whole forward and backward, recorded, cached and applied (on a GPU
+    ``profile`` records them; here the pass is asked for them on the CPU)."""
+    import numpy as np
+
+    from autoplace import profile as pr
+    from autoplace import workloads
+    from autoplace.capture import capture_workload
+
+    wl = workloads.get("gpt-tiny")
+    g = capture_workload(wl)
+    flat = wl.example_inputs(g.batch_size, "cpu")
+    host: dict = {}
+    fwd, _, calib = pr._timed_pass(g.module, flat, torch.device("cpu"), 3, True, "t", host)
+    assert set(host["fwd"]) == set(host["bwd"]) == set(fwd)
+    assert sum(host["fwd"].values()) == pytest.approx(
+        calib["whole_fwd_host_s"], rel=1e-6) or calib["fwd_host_scale"] in (0.25, 4.0)
+    assert calib["whole_fwd_host_s"] > 0 and calib["whole_bwd_host_s"] > 0
+    assert all(v >= 0 for v in (*host["fwd"].values(), *host["bwd"].values()))
+    # a record with host times applies them; one without clears them
+    rec = {"fwd_time_s": fwd, "bwd_time_s": {k: 0.0 for k in fwd}, "calibration": calib,
+           "fwd_host_s": host["fwd"], "bwd_host_s": host["bwd"]}
+    pr._apply(g, "h200", rec)
+    assert np.isfinite(g.fwd_host_times("h200")).all()
+    pr._apply(g, "h200", {k: v for k, v in rec.items() if "host" not in k})
+    assert np.isnan(g.fwd_host_times("h200")).all()

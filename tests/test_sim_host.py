@@ -250,3 +250,81 @@ def test_sharded_plans_add_their_per_parameter_work_to_the_step():
         assert simulate_batch(graph, [plan], cluster).step_time_s[0] == pytest.approx(
             res.step_time_s, rel=1e-12)
         assert any(e.resource == "host" for e in res.timeline) == (phases > 0)
+
+
+# ------------------------------------------------------- profiled per-op host times
+def with_op_host(graph: OpGraph, kind: str, fwd: float, bwd: float) -> OpGraph:
+    """``graph`` with every op's profiled host times on ``kind`` set (``OpNode.fwd_host_s``)."""
+    for op in graph:
+        op.fwd_host_s[kind] = fwd
+        op.bwd_host_s[kind] = bwd
+    return graph
+
+
+def test_op_host_times_replace_the_device_constant():
+    """Profiled per-op host times take the place of ``host_dispatch_s``: with them equal
+    to the constant the step is the same; a graph whose kind has none keeps the constant."""
+    cluster = with_host(preset("cpu-x2"), 50e-6)
+    plans = lambda g: [split(g, 2), split(g, 2, microbatches=4), Plan.single(g),  # noqa: E731
+                       split(g, 2, pipeline=2, microbatches=4)]
+    ref = [simulate(chain(24, 2e-5), p, cluster).step_time_s for p in plans(chain(24, 2e-5))]
+    g = with_op_host(chain(24, 2e-5), "cpu", 50e-6, 50e-6)
+    now = [simulate(g, p, with_host(cluster, 0.0)).step_time_s for p in plans(g)]
+    np.testing.assert_allclose(now, ref, rtol=1e-12)
+    other = with_op_host(chain(24, 2e-5), "h200", 1.0, 1.0)  # another kind's: unused
+    np.testing.assert_allclose([simulate(other, p, cluster).step_time_s for p in plans(other)],
+                               ref, rtol=1e-12)
+
+
+def test_host_bound_placement_is_no_faster_than_one_device():
+    """Ops whose host time matches their device time (small ops issued from Python) gain
+    nothing from microbatches flowing through two devices in one process: the forward's
+    one host thread issues every op of every microbatch; with the constant 30 us the
+    flow seemed to overlap the two devices."""
+    g = chain(40, 100e-6)
+    cluster = preset("h200x2")
+    kind = cluster.devices[0].kind
+    for op in g:
+        op.fwd_time_s[kind], op.bwd_time_s[kind] = 100e-6, 200e-6
+    flow, one = split(g, 2, microbatches=2), Plan.single(g)
+    fast = simulate(g, flow, cluster).step_time_s
+    assert fast < 0.9 * simulate(g, one, cluster).step_time_s
+    with_op_host(g, kind, 100e-6, 100e-6)
+    assert simulate(g, one, cluster).step_time_s == pytest.approx(
+        40 * 100e-6 + 40 * 200e-6, rel=0.05)
+    slow = simulate(g, flow, cluster).step_time_s
+    assert slow > 1.2 * fast
+    assert slow >= 2 * 40 * 100e-6  # every op of both microbatches issued by one thread
+
+
+@pytest.mark.parametrize("cluster_name", ["h200x2", "h200x4"])
+def test_batch_equals_scalar_with_op_host_times(cluster_name):
+    rng = random.Random(5)
+    cluster = preset(cluster_name)
+    kind = cluster.devices[0].kind
+    graph = zoo_graph("gpt-tiny")
+    r = np.random.default_rng(0)
+    for op in graph:
+        op.fwd_host_s[kind], op.bwd_host_s[kind] = r.uniform(5e-6, 80e-6, size=2)
+    n_dev = cluster.num_devices
+    plans = [random_local_plan(graph, rng, k, m)
+             for k in sorted({2, n_dev}) for m in (1, 2, 4) for _ in range(3)]
+    plans += [p.with_parallel(data=2) for p in plans if p.devices_per_replica * 2 <= n_dev]
+    plans.append(Plan.single(graph).with_parallel(microbatches=4))
+    batch = simulate_batch(graph, plans, cluster)
+    scalar = [simulate(graph, p, cluster) for p in plans]
+    np.testing.assert_allclose(batch.step_time_s, [x.step_time_s for x in scalar], rtol=1e-12)
+
+
+def test_pipeline_stage_pays_the_sum_of_its_ops_host_times():
+    g = chain(16, 1e-6)
+    cluster = with_host(preset("h200x2"), 0.0)
+    kind = cluster.devices[0].kind
+    for op in g:
+        op.fwd_time_s[kind], op.bwd_time_s[kind] = 1e-6, 2e-6
+    plan = split(g, 2, pipeline=2, microbatches=4)
+    base = simulate(g, plan, cluster).step_time_s
+    for i, op in enumerate(g):  # the second stage's ops are slow to issue
+        op.fwd_host_s[kind], op.bwd_host_s[kind] = (1e-3, 2e-3) if i >= 8 else (0.0, 0.0)
+    slow = simulate(g, plan, cluster).step_time_s
+    assert slow >= 4 * 8 * (1e-3 + 2e-3) * 0.95 > 10 * base
