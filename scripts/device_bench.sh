@@ -9,15 +9,16 @@
 #                                                          # a stored suite, then every GPU test
 #   scripts/device_bench.sh traces OUT [SUITE] [TAG] [SCENARIOS] [PLANNERS]
 #                                                          # traces of such placements (a tarball)
+#   scripts/device_bench.sh profiles OUT [SCENARIOS]       # the scenarios' per-op profiles alone
 # Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
 # have torch, torch-geometric and networkx but no gymnasium), then autoplace itself
 # (editable, no dependencies). Keeps NCCL's NVLink multicast off. Writes the results, the
 # log, the GPUs' names and the profile cache (with auto's calibration) under OUT.
 set -u -o pipefail
-mode=${1:?usage: scripts/device_bench.sh suite|flow|copies|traces OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
-out=${2:?usage: scripts/device_bench.sh suite|flow|copies|traces OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+mode=${1:?usage: scripts/device_bench.sh suite|flow|copies|traces|profiles OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+out=${2:?usage: scripts/device_bench.sh suite|flow|copies|traces|profiles OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
 gpus=${3:-}
-[ "$mode" = suite ] || gpus=""  # copies: $3 is the suite
+[ "$mode" = suite ] || gpus=""  # other modes: $3 is something else
 deadline=${4:-470}
 scenarios=${5:-}
 cd "$(dirname "$0")/.."
@@ -74,7 +75,26 @@ traces)  # Chrome traces of one-process placements (both copy ways), one tarball
     rc=$?
     tar czf "$out/traces.tgz" -C /tmp traces
     ;;
+profiles)  # the suite's per-op profiles alone (for scripts/replay_suite.py)
+    timeout 300 python3 - "$out" "${3:-gpt1b,gnmt4-capped,branchy-mlp,inception}" <<'PY' 2>&1 \
+        | tee "$out/log.txt"
+import sys, time
+sys.path.insert(0, "scripts")
+import bench_plans as bp
+from autoplace import workloads
+from autoplace.profile import profile
+for name in sys.argv[2].split(","):
+    sc = bp.SCENARIOS[name]
+    t0 = time.perf_counter()
+    g = profile(workloads.get(sc["model"], **sc["options"]), ["cuda:0"], repeats=3,
+                cache_dir=sys.argv[1] + "/profiles")
+    cal = g.profile_info[next(iter(g.profile_info))]["calibration"]
+    print(name, f"{time.perf_counter() - t0:.1f} s", {k: round(v, 5) for k, v in cal.items()},
+          flush=True)
+PY
+    rc=$?
+    ;;
 *)
-    echo "unknown mode $mode: suite, flow, copies or traces"; exit 2 ;;
+    echo "unknown mode $mode: suite, flow, copies, traces or profiles"; exit 2 ;;
 esac
 exit "$rc"
