@@ -17,8 +17,10 @@ deterministic planners' plans, from the profiles and links that run stored, exac
 ``scripts/replay_suite.py`` does), and runs each plan both ways in one process on the
 same parameters, in interleaved rounds: ``to`` (the executor's default) and
 ``streams``. It checks that both compute the same loss, and writes per plan the median
-step time of each way with its spread, the simulated time and the time the suite
-measured. ``--trace DIR`` also writes a Chrome trace of 2 steps of each (gzipped).
+step time of each way with its spread and the median time of its phases (the forward,
+backward and optimizer calls, which return once their work is issued unless they wait
+for a device, then the wait for the devices), the simulated time and the time the suite
+measured. The one-device plan runs too (its two ways are the same program). ``--trace DIR`` also writes a Chrome trace of 2 steps of each (gzipped).
 
 Without 2 GPUs it runs the CPU smoke scenario ``tiny-mlp`` (no suite needed).
 """
@@ -43,7 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 VARIANTS = ("to", "streams")
-PLANNERS = "two-halves,expert,critical-path,m-etf,m-sct,hash,local-x2-mb"
+#: a step's wall time by phase: the forward call, the backward call, the optimizer (all
+#: return once their work is issued, unless something waits for a device), then the wait
+#: for the devices to finish
+PHASES = ("forward", "backward", "optimizer", "device_tail")
+PLANNERS = "single,two-halves,expert,critical-path,m-etf,m-sct,hash,local-x2-mb"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -95,7 +101,9 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
 
     step_no = 1
 
-    def steps(v: str, n: int) -> list[float]:
+    phases: dict[str, dict[str, list[float]]] = {v: {k: [] for k in PHASES} for v in VARIANTS}
+
+    def steps(v: str, n: int, timed: bool = False) -> list[float]:
         nonlocal step_no
         out = []
         for _ in range(n):
@@ -103,11 +111,19 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
             step_no += 1
             _sync(devices)
             t0 = time.perf_counter()
-            fwd(v, inputs, targets).backward()
+            loss = fwd(v, inputs, targets)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            t3 = time.perf_counter()
             _sync(devices)
-            out.append(time.perf_counter() - t0)
+            t4 = time.perf_counter()
+            out.append(t4 - t0)
+            if timed:  # where the host's time went: issuing, or waiting for the devices
+                for k, x in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                    phases[v][k].append(x)
         return out
 
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -121,7 +137,7 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
                     if d.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(d)
                 steps(v, args.warmup)
-                t = steps(v, args.steps)
+                t = steps(v, args.steps, timed=True)
                 times[v] += t
                 medians[v].append(statistics.median(t))
                 peaks[v] = [torch.cuda.max_memory_allocated(d) if d.type == "cuda" else 0
@@ -145,6 +161,7 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
     for v in VARIANTS:
         if times[v]:
             res[v] = {"step_time_s": statistics.median(times[v]),
+                      **{f"{k}_s": statistics.median(x) for k, x in phases[v].items() if x},
                       "round_medians_s": medians[v],
                       "spread_s": [min(medians[v]), max(medians[v])],
                       "peak_memory_bytes": peaks.get(v)}
@@ -159,8 +176,11 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
 
 def _ms(res: dict[str, Any], way: str) -> str:
     r = res.get(way)
+    if not r:
+        return "failed"
     return (f"{r['step_time_s'] * 1e3:.1f} ms ({r['spread_s'][0] * 1e3:.1f}-"
-            f"{r['spread_s'][1] * 1e3:.1f})") if r else "failed"
+            f"{r['spread_s'][1] * 1e3:.1f}; " + "/".join(
+                f"{r[f'{k}_s'] * 1e3:.1f}" for k in PHASES if f"{k}_s" in r) + ")")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                 if plan is None:
                     continue
                 par = plan.parallel
-                if par.pipeline > 1 or par.data > 1 or plan.devices_per_replica < 2:
-                    continue  # not a one-process placement over both GPUs
+                if par.pipeline > 1 or par.data > 1:
+                    continue  # not a one-process plan
                 key = json.dumps([plan.to_json()["groups"], list(plan.placement)],
                                  sort_keys=True) + str(par)
                 if key in seen:
@@ -245,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                 m = measured.get(planner, {})
                 print(f"[{time.time() - t_start:6.1f}s] {name} {planner} ({plan.split()})",
                       flush=True)
-                res = run_plan(wl, graph, plan, devices, args, trace_dir,
-                               f"{name}-{planner}")
+                res = run_plan(wl, graph, plan, devices[:plan.devices_per_replica], args,
+                               trace_dir, f"{name}-{planner}")
                 row = {"planner": planner, "split": plan.split(),
                        "sim_step_time_s": simulate(meta_graph, plan, cl).step_time_s,
                        "suite_measured_step_time_s": m.get("measured_step_time_s"), **res}

@@ -10,13 +10,14 @@
 #   scripts/device_bench.sh traces OUT [SUITE] [TAG] [SCENARIOS] [PLANNERS]
 #                                                          # traces of such placements (a tarball)
 #   scripts/device_bench.sh profiles OUT [SCENARIOS]       # the scenarios' per-op profiles alone
+#   scripts/device_bench.sh script OUT FILE [ARGS...]      # python3 FILE ARGS, logged
 # Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
 # have torch, torch-geometric and networkx but no gymnasium), then autoplace itself
 # (editable, no dependencies). Keeps NCCL's NVLink multicast off. Writes the results, the
 # log, the GPUs' names and the profile cache (with auto's calibration) under OUT.
 set -u -o pipefail
-mode=${1:?usage: scripts/device_bench.sh suite|flow|copies|traces|profiles OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
-out=${2:?usage: scripts/device_bench.sh suite|flow|copies|traces|profiles OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+mode=${1:?usage: scripts/device_bench.sh suite|flow|copies|traces|profiles|script OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
+out=${2:?usage: scripts/device_bench.sh suite|flow|copies|traces|profiles|script OUT [GPUS] [DEADLINE_S] [SCENARIOS]}
 gpus=${3:-}
 [ "$mode" = suite ] || gpus=""  # other modes: $3 is something else
 deadline=${4:-470}
@@ -94,7 +95,12 @@ for name in sys.argv[2].split(","):
 PY
     rc=$?
     ;;
+script)  # any Python script of the repo, after the set-up above: script OUT FILE ARGS...
+    shift 2
+    timeout 540 python3 "$@" 2>&1 | tee "$out/log.txt"
+    rc=$?
+    ;;
 *)
-    echo "unknown mode $mode: suite, flow, copies, traces or profiles"; exit 2 ;;
+    echo "unknown mode $mode: suite, flow, copies, traces, profiles or script"; exit 2 ;;
 esac
 exit "$rc"
