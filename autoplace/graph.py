@@ -68,6 +68,10 @@ class OpNode:
             and kernel launches, not the device's work), per device kind, where profiled
             on a GPU; absent kinds fall back to the device's ``host_dispatch_s``.
         bwd_host_s: the same for the op's backward, issued by the autograd engine.
+        fwd_host_fixed_s: the part of ``fwd_host_s`` that does not shrink with the batch
+            (fitted like ``fwd_fixed_s``: a cuDNN LSTM launches fewer kernels on a small
+            batch); absent: all of it.
+        bwd_host_fixed_s: the same for ``bwd_host_s``.
         workspace_bytes: memory the op holds only while it runs, beyond its outputs;
             on the ``output`` op, the peak of the loss's forward and backward
             (:func:`autoplace.capture.loss_workspace_bytes`), which the simulator
@@ -91,6 +95,8 @@ class OpNode:
     bwd_fixed_s: dict[str, float] = field(default_factory=dict)
     fwd_host_s: dict[str, float] = field(default_factory=dict)
     bwd_host_s: dict[str, float] = field(default_factory=dict)
+    fwd_host_fixed_s: dict[str, float] = field(default_factory=dict)
+    bwd_host_fixed_s: dict[str, float] = field(default_factory=dict)
     workspace_bytes: int = 0
 
     @property
@@ -246,6 +252,12 @@ class OpGraph:
         """Host seconds to issue each op's backward on ``device_kind`` (NaN where unknown)."""
         return np.array([op.bwd_host_s.get(device_kind, np.nan) for op in self],
                         dtype=np.float64)
+
+    def host_fixed_times(self, device_kind: str, backward: bool = False) -> np.ndarray:
+        """Batch-independent part of each op's host seconds (forward, or backward) on
+        ``device_kind`` (NaN where unknown: then all of it)."""
+        return np.array([(op.bwd_host_fixed_s if backward else op.fwd_host_fixed_s).get(
+            device_kind, np.nan) for op in self], dtype=np.float64)
 
     # ------------------------------------------------------------ fingerprint
     @property

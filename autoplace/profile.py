@@ -364,7 +364,8 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
         scale_f, scale_b = calib["fwd_scale"], calib["bwd_scale"]
         fwd = {k: v * scale_f for k, v in fwd.items()}
         bwd = {k: v * scale_b for k, v in bwd.items()}
-        scaling = _small_batch_pass(graph, gm, inputs, flat, dev, repeats, calibrate, fwd, bwd)
+        scaling = _small_batch_pass(graph, gm, inputs, flat, dev, repeats, calibrate, fwd, bwd,
+                                    host)
     return {
         "format": PROFILE_FORMAT,
         "fingerprint": graph.fingerprint,
@@ -505,11 +506,14 @@ def _fit_fixed(full: dict[str, float], small: dict[str, float], share: float
 
 def _small_batch_pass(graph: OpGraph, gm: fx.GraphModule, inputs: tuple, flat: tuple,
                       dev: torch.device, repeats: int, calibrate: bool,
-                      fwd: dict[str, float], bwd: dict[str, float]) -> dict[str, Any]:
+                      fwd: dict[str, float], bwd: dict[str, float],
+                      host: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """Profile again at batch ``b = max(1, B // 8)`` and fit each op's fixed part.
 
     Returns the record's batch-scaling keys; ``"fixed_parts"`` says whether they were
-    measured or why not (then there are no ``fwd_fixed_s`` / ``bwd_fixed_s``).
+    measured or why not (then there are no ``fwd_fixed_s`` / ``bwd_fixed_s``). With the
+    full batch's host times ``host``, the host times' fixed parts too
+    (``fwd_host_fixed_s`` / ``bwd_host_fixed_s``).
     """
     cut = _cut_batch(graph, inputs)
     if isinstance(cut, str):
@@ -520,8 +524,9 @@ def _small_batch_pass(graph: OpGraph, gm: fx.GraphModule, inputs: tuple, flat: t
     try:
         _check_outputs_follow_batch(gm, flat, small, big, b)
         _warm_up(gm, small, dev)
+        small_host: dict[str, dict[str, float]] | None = {} if host else None
         fwd_s, bwd_s, calib = _timed_pass(gm, small, dev, repeats, calibrate,
-                                          f"the profile at batch {b}")
+                                          f"the profile at batch {b}", small_host)
     except Exception as e:
         gm.zero_grad(set_to_none=True)
         out["fixed_parts"] = (f"skipped: running at batch {b} failed: "
@@ -542,6 +547,13 @@ def _small_batch_pass(graph: OpGraph, gm: fx.GraphModule, inputs: tuple, flat: t
         "fwd_fixed_s": ff,
         "bwd_fixed_s": bf,
     })
+    if host and small_host:
+        hff = _fit_fixed(host["fwd"], small_host["fwd"], share)
+        hbf = _fit_fixed(host["bwd"], small_host["bwd"], share)
+        if not any(math.isnan(v) for v in (*hff.values(), *hbf.values())):
+            out.update({"fwd_host_small_s": small_host["fwd"],
+                        "bwd_host_small_s": small_host["bwd"],
+                        "fwd_host_fixed_s": hff, "bwd_host_fixed_s": hbf})
     return out
 
 
@@ -611,6 +623,7 @@ def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
     """Set every op's ``kind`` times from a profile record and note where they came from."""
     ff, bf = cached.get("fwd_fixed_s") or {}, cached.get("bwd_fixed_s") or {}
     hf, hb = cached.get("fwd_host_s") or {}, cached.get("bwd_host_s") or {}
+    hff, hbf = cached.get("fwd_host_fixed_s") or {}, cached.get("bwd_host_fixed_s") or {}
     for op in graph:
         op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
         op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
@@ -622,12 +635,17 @@ def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
         else:
             op.fwd_fixed_s.pop(kind, None)
             op.bwd_fixed_s.pop(kind, None)
-        if op.name in hf and op.name in hb:  # host times: GPU records of this format on
-            op.fwd_host_s[kind] = float(hf[op.name])
-            op.bwd_host_s[kind] = float(hb[op.name])
-        else:
-            op.fwd_host_s.pop(kind, None)
-            op.bwd_host_s.pop(kind, None)
+        for full, fixed, whole, part in ((hf, hff, op.fwd_host_s, op.fwd_host_fixed_s),
+                                         (hb, hbf, op.bwd_host_s, op.bwd_host_fixed_s)):
+            # host times: GPU records of this format on (older ones: host_dispatch_s)
+            if op.name in hf and op.name in hb:
+                whole[kind] = float(full[op.name])
+            else:
+                whole.pop(kind, None)
+            if kind in whole and op.name in fixed:
+                part[kind] = min(float(fixed[op.name]), whole[kind])
+            else:
+                part.pop(kind, None)
     info = dict(getattr(graph, "profile_info", None) or {})
     info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version",
                                          "fixed_parts", "batch_size", "small_batch", "share",

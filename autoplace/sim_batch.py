@@ -197,7 +197,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
                    or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any())
     host_s = hostb_s = None
     if host_on:  # [mn, P] host issue time per step, forward and backward
-        hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape))
+        hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape), share)
         host_s, hostb_s = np.take(hf_t, flat), np.take(hb_t, flat)
     ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
     if host_on and ddp.any():  # DDP's backward hook per parameter tensor (sim_local)

@@ -148,7 +148,8 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     dev = lp.dev
     tf, tb = op_times(ga, lp, tables, base)
     ids = [base + j for j in range(k)]
-    hf_op, hb_op = host_times(tables, np.asarray(dev, dtype=np.int64) + base, np.arange(n))
+    hf_op, hb_op = host_times(tables, np.asarray(dev, dtype=np.int64) + base, np.arange(n),
+                              1.0 / (m * lp.d))
     hf_op, hb_op = hf_op.tolist(), hb_op.tolist()
     # DDP's backward hook per parameter tensor, on the autograd thread (not under ZeRO/FSDP:
     # their per-parameter work is added to the step, sim.sharded_host_s)

@@ -120,6 +120,8 @@ class CostTables:
     bwd_fixed: np.ndarray
     host_fwd: np.ndarray  # [num_kinds, n] host seconds to issue each op's forward, NaN = unknown
     host_bwd: np.ndarray  # [num_kinds, n] the same for its backward
+    host_fwd_fixed: np.ndarray  # [num_kinds, n] their batch-independent parts, NaN = all
+    host_bwd_fixed: np.ndarray
     kind_of_device: np.ndarray  # [N] index into kinds
     overhead: np.ndarray  # [N] launch overhead, seconds
     host: np.ndarray  # [N] host seconds to issue one op (``host_dispatch_s``)
@@ -147,6 +149,8 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         bwd_fixed=np.stack([graph.bwd_fixed_times(k) for k in kinds]),
         host_fwd=np.stack([graph.fwd_host_times(k) for k in kinds]),
         host_bwd=np.stack([graph.bwd_host_times(k) for k in kinds]),
+        host_fwd_fixed=np.stack([graph.host_fixed_times(k) for k in kinds]),
+        host_bwd_fixed=np.stack([graph.host_fixed_times(k, backward=True) for k in kinds]),
         kind_of_device=np.array([kinds.index(d.kind) for d in cluster.devices], dtype=np.int64),
         overhead=np.array([d.launch_overhead_s for d in cluster.devices], dtype=np.float64),
         host=np.array([d.host_dispatch_s for d in cluster.devices], dtype=np.float64),
@@ -158,16 +162,20 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
     )
 
 
-def host_times(tables: CostTables, cdev: np.ndarray, ops: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+def host_times(tables: CostTables, cdev: np.ndarray, ops: np.ndarray,
+               share: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Host seconds to issue the forward and the backward of op ``ops[i]`` on cluster
-    device ``cdev[i]`` (arrays of one shape): the profiled per-op times where the graph
-    has them for the device's kind, else the device's ``host_dispatch_s`` per op."""
+    device ``cdev[i]`` (arrays of one shape) for ``share`` of the batch: the profiled
+    per-op times where the graph has them for the device's kind (affine in the share
+    above their fixed parts, like device times), else the device's ``host_dispatch_s``."""
     kind = tables.kind_of_device[cdev]
     base = tables.host[cdev]
-    hf = tables.host_fwd[kind, ops]
-    hb = tables.host_bwd[kind, ops]
-    return np.where(np.isnan(hf), base, hf), np.where(np.isnan(hb), base, hb)
+    out = []
+    for full, fixed in ((tables.host_fwd, tables.host_fwd_fixed),
+                        (tables.host_bwd, tables.host_bwd_fixed)):
+        h = scaled(full[kind, ops], fixed[kind, ops], np.inf, share)
+        out.append(np.where(np.isnan(h), base, h))
+    return out[0], out[1]
 
 
 def fixed_part(t: np.ndarray, fixed: np.ndarray | None, overhead: np.ndarray | float

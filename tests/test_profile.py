@@ -143,3 +143,15 @@ def test_host_times_are_measured_and_scaled_to_a_whole_pass(tmp_path):
     assert np.isfinite(g.fwd_host_times("h200")).all()
     pr._apply(g, "h200", {k: v for k, v in rec.items() if "host" not in k})
     assert np.isnan(g.fwd_host_times("h200")).all()
+    # the second pass at an eighth of the batch fits the host times' fixed parts
+    bwd = {k: 0.0 for k in fwd}
+    scaling = pr._small_batch_pass(g, g.module, flat, flat, torch.device("cpu"), 3, True,
+                                   fwd, bwd, host)
+    assert scaling["fixed_parts"] == "measured"
+    for d in ("fwd", "bwd"):
+        fixed = scaling[f"{d}_host_fixed_s"]
+        assert set(fixed) == set(host[d])
+        assert all(0.0 <= fixed[k] <= host[d][k] for k in fixed)
+    pr._apply(g, "h200", {**rec, **scaling})
+    assert np.isfinite(g.host_fixed_times("h200")).all()
+    assert (g.host_fixed_times("h200", backward=True) <= g.bwd_host_times("h200")).all()

@@ -328,3 +328,23 @@ def test_pipeline_stage_pays_the_sum_of_its_ops_host_times():
         op.fwd_host_s[kind], op.bwd_host_s[kind] = (1e-3, 2e-3) if i >= 8 else (0.0, 0.0)
     slow = simulate(g, plan, cluster).step_time_s
     assert slow >= 4 * 8 * (1e-3 + 2e-3) * 0.95 > 10 * base
+
+
+def test_host_time_above_its_fixed_part_shrinks_with_the_microbatch():
+    """A host time with a profiled fixed part scales like a device time: with fixed part
+    0 each of 4 microbatches pays a quarter of it; with no fixed part known, all of it."""
+    g = chain(16, 1e-6)
+    cluster = with_host(preset("h200x2"), 0.0)
+    kind = cluster.devices[0].kind
+    for op in g:
+        op.fwd_time_s[kind], op.bwd_time_s[kind] = 1e-6, 2e-6
+    with_op_host(g, kind, 1e-3, 2e-3)
+    plan = split(g, 2, pipeline=2, microbatches=4)
+    flow = split(g, 2, microbatches=4)
+    whole = [simulate(g, p, cluster).step_time_s for p in (plan, flow)]
+    for op in g:
+        op.fwd_host_fixed_s[kind] = op.bwd_host_fixed_s[kind] = 0.0
+    part = [simulate(g, p, cluster).step_time_s for p in (plan, flow)]
+    np.testing.assert_allclose(part, [w / 4 for w in whole], rtol=0.05)
+    np.testing.assert_allclose(simulate_batch(g, [flow], cluster).step_time_s, part[1:],
+                               rtol=1e-12)
