@@ -16,7 +16,7 @@ This script rebuilds the one-process placements a stored suite measured (the
 deterministic planners' plans, from the profiles and links that run stored, exactly as
 ``scripts/replay_suite.py`` does), and runs each plan both ways in one process on the
 same parameters, in interleaved rounds: ``to`` (the executor's default) and
-``streams``. It checks that both compute the same loss, and writes per plan the median
+``streams``; ``--ways to,pinned`` instead compares page-locked batches with pageable ones. It checks that both compute the same loss, and writes per plan the median
 step time of each way with its spread and the median time of its phases (the forward,
 backward and optimizer calls, which return once their work is issued unless they wait
 for a device, then the wait for the devices), the simulated time and the time the suite
@@ -44,7 +44,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("to", "streams")
+#: ``to``: the executor's program; ``streams``: its edges copy on side streams;
+#: ``pinned``: the executor's program on page-locked batches (``global_batch(pin=True)``)
+WAYS = ("to", "streams", "pinned")
 #: a step's wall time by phase: the forward call, the backward call, the optimizer (all
 #: return once their work is issued, unless something waits for a device), then the wait
 #: for the devices to finish
@@ -63,6 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="comma-separated scenarios (default: inception,branchy-mlp,"
                          "gnmt4-capped on GPUs, tiny-mlp on CPU)")
     ap.add_argument("--planners", default=PLANNERS, help="comma-separated plans to run")
+    ap.add_argument("--ways", default="to,streams", help=f"comma-separated, of {WAYS}")
     ap.add_argument("--steps", type=int, default=15, help="timed steps per way and round")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
@@ -85,29 +88,30 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
     from autoplace.executor.runner import _autocast, _optimizer, global_batch
 
     order = _issue_order(graph, plan)
+    ways = args.ways.split(",")
     progs = {v: build_local(graph.module, plan, devices, wl.loss_fn, order=order,
-                            copy_streams=v == "streams") for v in VARIANTS}
+                            copy_streams=v == "streams") for v in ways}
     opt = _optimizer([p for p in wl.model.parameters() if p.requires_grad], wl, devices[0])
 
     def fwd(v: str, inputs, targets):
         with _autocast(wl, devices[0]):
             return progs[v](inputs, targets)
 
-    inputs, targets = global_batch(wl, 0, 0)
     with torch.no_grad():
-        losses = {v: float(fwd(v, inputs, targets)) for v in VARIANTS}
-    if abs(losses["streams"] - losses["to"]) > 1e-3 * max(1.0, abs(losses["to"])):
-        raise SystemExit(f"{label}: the two ways disagree on batch 0's loss: {losses}")
+        losses = {v: float(fwd(v, *global_batch(wl, 0, 0, pin=v == "pinned"))) for v in ways}
+    ref = losses[ways[0]]
+    if any(abs(x - ref) > 1e-3 * max(1.0, abs(ref)) for x in losses.values()):
+        raise SystemExit(f"{label}: the ways disagree on batch 0's loss: {losses}")
 
     step_no = 1
 
-    phases: dict[str, dict[str, list[float]]] = {v: {k: [] for k in PHASES} for v in VARIANTS}
+    phases: dict[str, dict[str, list[float]]] = {v: {k: [] for k in PHASES} for v in ways}
 
     def steps(v: str, n: int, timed: bool = False) -> list[float]:
         nonlocal step_no
         out = []
         for _ in range(n):
-            inputs, targets = global_batch(wl, step_no, 0)
+            inputs, targets = global_batch(wl, step_no, 0, pin=v == "pinned")
             step_no += 1
             _sync(devices)
             t0 = time.perf_counter()
@@ -126,13 +130,13 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
                     phases[v][k].append(x)
         return out
 
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    medians: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in ways}
+    medians: dict[str, list[float]] = {v: [] for v in ways}
     peaks: dict[str, list[int]] = {}
     res: dict[str, Any] = {"loss_batch0": losses}
     try:
         for _ in range(args.rounds):
-            for v in VARIANTS:
+            for v in ways:
                 for d in devices:
                     if d.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(d)
@@ -147,7 +151,7 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
 
             acts = [ProfilerActivity.CPU] + (
                 [ProfilerActivity.CUDA] if devices[0].type == "cuda" else [])
-            for v in VARIANTS:
+            for v in ways:
                 steps(v, 1)
                 with profile(activities=acts) as prof:
                     steps(v, 2)
@@ -158,15 +162,16 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
                 raw.unlink()
     except torch.OutOfMemoryError as e:
         res["oom"] = str(e).splitlines()[0][:200]
-    for v in VARIANTS:
+    for v in ways:
         if times[v]:
             res[v] = {"step_time_s": statistics.median(times[v]),
                       **{f"{k}_s": statistics.median(x) for k, x in phases[v].items() if x},
                       "round_medians_s": medians[v],
                       "spread_s": [min(medians[v]), max(medians[v])],
                       "peak_memory_bytes": peaks.get(v)}
-    if "to" in res and "streams" in res:
-        res["streams_vs_to"] = res["streams"]["step_time_s"] / res["to"]["step_time_s"]
+    for v in ways[1:]:
+        if ways[0] in res and v in res:
+            res[f"{v}_vs_{ways[0]}"] = res[v]["step_time_s"] / res[ways[0]]["step_time_s"]
     progs.clear()  # the optimizer and the programs go with this frame
     gc.collect()
     if devices[0].type == "cuda":
@@ -215,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     wanted = args.planners.split(",")
+    bad = [w for w in args.ways.split(",") if w not in WAYS]
+    if bad:
+        print(f"error: unknown way(s) {bad}; valid: {list(WAYS)}", file=sys.stderr)
+        return 2
     folder = rs._profile_dir(args.profiles, args.tag)
     trace_dir = Path(args.trace) if args.trace else None
     if trace_dir is not None:
@@ -271,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                        "sim_step_time_s": simulate(meta_graph, plan, cl).step_time_s,
                        "suite_measured_step_time_s": m.get("measured_step_time_s"), **res}
                 rows.append(row)
-                print(f"    to {_ms(res, 'to')}, streams {_ms(res, 'streams')}; simulated "
+                print("    " + ", ".join(f"{v} {_ms(res, v)}" for v in args.ways.split(","))
+                      + "; simulated "
                       f"{row['sim_step_time_s'] * 1e3:.1f} ms"
                       + (f", suite measured {m['measured_step_time_s'] * 1e3:.1f} ms"
                          if m.get("measured_step_time_s") else "")

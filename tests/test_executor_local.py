@@ -306,3 +306,23 @@ def test_a_run_reports_where_its_time_went():
     x = r.extra
     assert len(x["warmup_step_s"]) == 2 and len(r.step_times_s) == 1
     assert 0 < x["steps_s"] <= x["run_s"] and x["build_s"] >= 0 and x["teardown_s"] >= 0
+
+
+def test_global_batch_pins_only_with_cuda_and_keeps_pinned_apart(monkeypatch):
+    """``pin=True`` asks for page-locked tensors (asynchronous copies to a GPU): without
+    CUDA it is the pageable batch with the same values; cached apart from it."""
+    import torch
+
+    from autoplace import workloads
+    from autoplace.executor import runner
+
+    monkeypatch.setattr(runner, "_BATCHES", {})
+    wl = workloads.get("gpt-tiny")
+    a = runner.global_batch(wl, 0, 0)
+    b = runner.global_batch(wl, 0, 0, pin=True)
+    assert torch.equal(a[1], b[1]) and all(torch.equal(x, y) for x, y in zip(a[0], b[0]))
+    if torch.cuda.is_available():
+        assert b[1].is_pinned() and all(x.is_pinned() for x in b[0])
+        assert b is not a and len(runner._BATCHES) == 2
+    else:
+        assert not b[1].is_pinned()

@@ -135,23 +135,36 @@ _BATCHES: dict[str, tuple] = {}
 _BATCH_CACHE_BYTES = 2 << 30
 
 
-def global_batch(workload: Workload, step: int, seed: int, batch_size: int | None = None):
+def global_batch(workload: Workload, step: int, seed: int, batch_size: int | None = None,
+                 pin: bool = False):
     """The CPU batch of ``step``: ``(inputs_tuple, targets)``.
 
     Drawn after ``torch.manual_seed(seed + step)``; for a workload with a ``spec`` the
     batch is kept (up to 2 GiB of batches, oldest dropped first) and handed out again,
     so its tensors must not be changed in place (the executors copy them to devices).
+
+    ``pin`` (with CUDA present): the tensors are in page-locked memory, so that their
+    copies to a GPU are asynchronous. A copy from pageable memory first waits for every
+    kernel queued on the GPU's stream: in a one-process placement each microbatch's
+    inputs and targets, copied while the devices still work on the one before, stalled
+    the issuing thread until the GPU drained (a 34 MB Inception-v3 batch waited 29 ms
+    behind 25 ms of queued work on an H200, pinned 0.13 ms).
     """
     import json
 
     bs = int(batch_size or workload.batch_size)
-    key = json.dumps([workload.spec, bs, seed + step], sort_keys=True,
+    pin = pin and torch.cuda.is_available()
+    key = json.dumps([workload.spec, bs, seed + step, pin], sort_keys=True,
                      default=str) if workload.spec else None
     if key is not None and key in _BATCHES:
         _BATCHES[key] = _BATCHES.pop(key)  # most recently used last
         return _BATCHES[key]
     torch.manual_seed(seed + step)
     batch = workload.make_batch(bs, "cpu")
+    if pin:
+        inputs, targets = batch
+        batch = (tuple(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in inputs),
+                 targets.pin_memory())
     if key is not None:
         _BATCHES[key] = batch
         size = lambda b: sum(t.numel() * t.element_size() for t in (*b[0], b[1]))  # noqa: E731
@@ -363,10 +376,11 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         report.extra["build_s"] = round(time.perf_counter() - t_build, 3)
         t_steps = time.perf_counter()
         tracer = _Tracer(opts, built.devices, rank, start)
+        pin = any(d.type == "cuda" for d in built.devices)
         for step in range(start, opts.steps):
             tracer.step(step)
             _maybe_fail(step, rank)
-            inputs, targets = global_batch(workload, step, opts.seed)
+            inputs, targets = global_batch(workload, step, opts.seed, pin=pin)
             _sync(built.devices)
             t0 = time.perf_counter()
             with _autocast(workload, built.devices[0]):
