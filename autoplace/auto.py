@@ -296,6 +296,21 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     if single is not None and single not in queue:
         queue.append(single)
     pinned = [single] if single is not None else []
+    # and then the expert planner's contiguous split over every device, what a user writes
+    # first (on Inception-v3 over 2x H200 a searched placement that auto chose measured
+    # 3% behind the hand-written halves, which it had not tried: bench/results/
+    # 2026-11-27-h200x2-s18-suite.md)
+    plain_row = next((r for r in rows if r.get("planner") == "expert"
+                      and r.get("plan") is not None and not r.get("oom")), None)
+    if plain_row is not None:
+        sig = signature(plain_row["plan"])
+        plain = next((c for c in cands if signature(c["plan"]) == sig), None)
+        if plain is not None and plain not in pinned:
+            pinned.append(plain)
+            if plain not in queue:
+                queue.append(plain)
+    for c in pinned:
+        c["pinned"] = True
     # measured next, before the queue: the microbatch variants of each plan measured
     # fastest so far or within NEAR_BEST of it
     front: list[dict[str, Any]] = []
@@ -331,7 +346,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         if best_so_far is not None and corrected(c) >= 1e3:
             continue  # predicted out of memory (measured so), and something else ran
         if best_so_far is not None and len(measured) >= top_k and not c.get("variant") \
-                and corrected(c) > 1.3 * best_so_far \
+                and not c.get("pinned") and corrected(c) > 1.3 * best_so_far \
                 and any(m["family"] == c["family"] for m in measured):
             continue  # its family was measured and it is predicted far slower
         say(f"measuring {c['planner']} ({c['plan'].split()}), predicted "

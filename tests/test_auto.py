@@ -200,14 +200,23 @@ def test_choose_prefers_room_under_the_cap_when_nearly_as_fast():
     assert _choose([tight, roomy], 1e12, print) is tight
 
 
-def test_the_one_device_plan_is_measured_second_even_past_the_budget(setup, tmp_path):
+def test_the_one_device_plan_and_the_plain_split_are_measured_even_past_the_budget(
+        setup, tmp_path):
+    """What a user would write first is always measured: the one-device plan second,
+    then the expert planner's contiguous split, however slow they are predicted."""
+    from autoplace import baselines
+
     graph, cluster = setup
     log: list = []
     # a zero budget: only what is always measured runs
     plan = auto_plan("gpt-tiny", cluster, budget=0, graph=graph, planners=PLANNERS,
                      measure=fake_measure(graph, cluster, log), progress=False,
                      cache_dir=tmp_path)
-    assert len(log) == 2 and family(log[0]) != "single" and family(log[1]) == "single"
+    plain = signature(baselines.get("expert")(graph, cluster))
+    assert family(log[0]) != "single" and family(log[1]) == "single"
+    assert signature(log[2]) == plain
+    # then only the near-tie's second runs (two plans within 5%: both run again)
+    assert {signature(p) for p in log[3:]} <= {signature(p) for p in log[:3]}
     assert signature(plan) in {signature(p) for p in log}
 
 
