@@ -202,14 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.is_available() and torch.cuda.device_count() >= 2
     devices = ([torch.device("cuda", 0), torch.device("cuda", 1)] if gpu
                else [torch.device("cpu"), torch.device("cpu")])
-    result: dict[str, Any] = {"scenarios": [], "num_devices": 2}
+    result: dict[str, Any] | None = {"scenarios": [], "num_devices": 2}
     if args.results:
-        try:
-            result = json.loads(Path(args.results).read_text())
-            if "scenarios" not in result or "num_devices" not in result:
-                raise ValueError("no 'scenarios' / 'num_devices': not a bench_plans.py result")
-        except (OSError, ValueError) as e:
-            print(f"error: cannot read {args.results}: {e}", file=sys.stderr)
+        result = rs.read_suite(args.results)
+        if result is None:
             return 2
     stored = {r["name"]: r for r in result["scenarios"]}
     names = (args.scenarios or ("inception,branchy-mlp,gnmt4-capped" if gpu else "tiny-mlp")

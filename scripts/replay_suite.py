@@ -35,6 +35,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 DETERMINISTIC = ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp")
 
 
+def read_suite(path: str) -> dict[str, Any] | None:
+    """A suite's JSON from bench_plans.py, or None after printing why it cannot be read."""
+    try:
+        result = json.loads(Path(path).read_text())
+        if "scenarios" not in result or "num_devices" not in result:
+            raise ValueError("no 'scenarios' / 'num_devices': not a bench_plans.py result")
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read {path}: {e}", file=sys.stderr)
+        return None
+    return result
+
+
 def base_cluster(result: dict[str, Any]):
     """The preset of the result's card with the links measured in that run (stored under
     the cluster's own field names, read back as a cluster file is)."""
@@ -149,12 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default=None, help="the profiles' tag in bench/results/raw")
     ap.add_argument("--json", default=None, help="also write the replay here")
     args = ap.parse_args(argv)
-    try:
-        result = json.loads(Path(args.results).read_text())
-        if "scenarios" not in result or "num_devices" not in result:
-            raise ValueError("no 'scenarios' / 'num_devices': not a bench_plans.py result")
-    except (OSError, ValueError) as e:
-        print(f"error: cannot read {args.results}: {e}", file=sys.stderr)
+    result = read_suite(args.results)
+    if result is None:
         return 2
     folder = _profile_dir(args.profiles, args.tag)
     try:

@@ -56,6 +56,25 @@ def random_local_plan(graph: OpGraph, rng: random.Random, k: int, m: int) -> Pla
                             parallel=ParallelConfig(microbatches=m), recompute=rc)
 
 
+def mixed_plans(graph: OpGraph, rng: random.Random, n_dev: int, per: int) -> list[Plan]:
+    """Random one-process placements over 2 and ``n_dev`` devices with 1, 2 and 4
+    microbatches (``per`` of each), their data-parallel twins where they fit, and one
+    device with 4 microbatches."""
+    plans = [random_local_plan(graph, rng, k, m)
+             for k in sorted({2, n_dev}) for m in (1, 2, 4) for _ in range(per)]
+    plans += [p.with_parallel(data=2) for p in plans if p.devices_per_replica * 2 <= n_dev]
+    plans.append(Plan.single(graph).with_parallel(microbatches=4))
+    return plans
+
+
+def assert_batch_equals_scalar(graph: OpGraph, plans: list[Plan], cluster: Cluster):
+    """The batch simulator's step times equal the scalar one's; returns the batch result."""
+    batch = simulate_batch(graph, plans, cluster)
+    scalar = [simulate(graph, p, cluster) for p in plans]
+    np.testing.assert_allclose(batch.step_time_s, [r.step_time_s for r in scalar], rtol=1e-12)
+    return batch
+
+
 # ------------------------------------------------------------------- cluster
 def test_presets_and_defaults():
     assert Device(name="x", kind="cpu", memory_bytes=GiB).host_dispatch_s == 0.0
@@ -158,16 +177,9 @@ def test_batch_equals_scalar_with_host_time(cluster_name):
     else:
         cluster = preset(cluster_name)
         graphs = [random_dag(80, seed=1), zoo_graph("gpt-tiny")]
-    n_dev = cluster.num_devices
     for graph in graphs:
-        plans = [random_local_plan(graph, rng, k, m)
-                 for k in sorted({2, n_dev}) for m in (1, 2, 4) for _ in range(4)]
-        plans += [p.with_parallel(data=2) for p in plans if p.devices_per_replica * 2 <= n_dev]
-        plans.append(Plan.single(graph).with_parallel(microbatches=4))
-        batch = simulate_batch(graph, plans, cluster)
-        scalar = [simulate(graph, p, cluster) for p in plans]
-        np.testing.assert_allclose(batch.step_time_s, [r.step_time_s for r in scalar],
-                                   rtol=1e-12)
+        plans = mixed_plans(graph, rng, cluster.num_devices, 4)
+        batch = assert_batch_equals_scalar(graph, plans, cluster)
         no_host = simulate_batch(graph, plans, with_host(cluster, 0.0)).step_time_s
         assert (batch.step_time_s >= no_host).all()
         assert (batch.step_time_s > no_host).any()
@@ -306,14 +318,7 @@ def test_batch_equals_scalar_with_op_host_times(cluster_name):
     r = np.random.default_rng(0)
     for op in graph:
         op.fwd_host_s[kind], op.bwd_host_s[kind] = r.uniform(5e-6, 80e-6, size=2)
-    n_dev = cluster.num_devices
-    plans = [random_local_plan(graph, rng, k, m)
-             for k in sorted({2, n_dev}) for m in (1, 2, 4) for _ in range(3)]
-    plans += [p.with_parallel(data=2) for p in plans if p.devices_per_replica * 2 <= n_dev]
-    plans.append(Plan.single(graph).with_parallel(microbatches=4))
-    batch = simulate_batch(graph, plans, cluster)
-    scalar = [simulate(graph, p, cluster) for p in plans]
-    np.testing.assert_allclose(batch.step_time_s, [x.step_time_s for x in scalar], rtol=1e-12)
+    assert_batch_equals_scalar(graph, mixed_plans(graph, rng, cluster.num_devices, 3), cluster)
 
 
 def test_pipeline_stage_pays_the_sum_of_its_ops_host_times():
