@@ -307,8 +307,7 @@ class _Timer(fx.Interpreter):
         params = list(self.module.get_submodule(n.target).parameters()) \
             if n.op == "call_module" else []
         wrt = leaves + [p for p in params if p.requires_grad]
-        outs = [t for t in pytree.tree_leaves(out)
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        outs = _grad_outputs(out)
         self.bwd[n.name] = 0.0
         if outs and wrt:
             gos = [torch.ones_like(t) for t in outs]
@@ -447,8 +446,7 @@ def _whole_host(gm: nn.Module, flat: tuple, dev: torch.device, repeats: int
     for _ in range(repeats):
         _sync(dev)
         t0 = time.perf_counter()
-        outs = [t for t in pytree.tree_leaves(gm(*flat))
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        outs = _grad_outputs(gm(*flat))
         fs.append(time.perf_counter() - t0)
         if not outs:
             bs.append(0.0)
@@ -573,6 +571,12 @@ def _small_batch_pass(graph: OpGraph, gm: fx.GraphModule, inputs: tuple, flat: t
     return out
 
 
+def _grad_outputs(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value`` that autograd can differentiate (they have a grad_fn)."""
+    return [t for t in pytree.tree_leaves(value)
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+
+
 def _step_fns(gm: nn.Module, flat: tuple) -> tuple[Callable[[], Any], Callable[[], None]]:
     """A whole forward, and a whole forward + backward (ones as output gradients)."""
 
@@ -580,8 +584,7 @@ def _step_fns(gm: nn.Module, flat: tuple) -> tuple[Callable[[], Any], Callable[[
         return gm(*flat)
 
     def step() -> None:
-        outs = [t for t in pytree.tree_leaves(gm(*flat))
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        outs = _grad_outputs(gm(*flat))
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 

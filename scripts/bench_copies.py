@@ -74,18 +74,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _sync(devices) -> None:
-    for d in devices:
-        if d.type == "cuda":
-            torch.cuda.synchronize(d)
-
-
 def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
              ) -> dict[str, Any]:
     """Both ways of one plan, interleaved: per way the step times' median and spread."""
     from autoplace.executor.build import _issue_order
     from autoplace.executor.local import build_local
-    from autoplace.executor.runner import _autocast, _optimizer, global_batch
+    from autoplace.executor.runner import _autocast, _optimizer, _sync, global_batch
 
     order = _issue_order(graph, plan)
     ways = args.ways.split(",")
