@@ -183,6 +183,9 @@ def auto_plan(
 NEAR_CAP = 0.95
 #: how much slower a plan with room under the cap may be and still be preferred
 NEAR_CAP_TOLERANCE = 1.10
+#: a hand-written option predicted within this factor of the best prediction is always
+#: measured (the contiguous split in one process always is)
+MANUAL_WITHIN = 1.5
 #: a runner-up measured within this factor of the fastest: both run again before choosing
 NEAR_TIE = 1.05
 #: a plan measured within this factor of the fastest so far is measured with twice and
@@ -250,6 +253,7 @@ def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[di
 
 def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, progress,
             cache_dir, extra_plans, t_start, say) -> Plan:
+    from autoplace.baselines.manual import halves_name, hand_written
     from autoplace.calibration import Calibration, calibration_path
     from autoplace.compare import compare
 
@@ -267,6 +271,13 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
                     budget=f"{max(10.0, 0.2 * limit_s):.0f}s", out_dir=None, progress=progress)
         extra_plans[f"policy:{policy}"] = res.best_plan
     rows += [_sim_row(graph, cluster, name, p) for name, p in extra_plans.items()]
+    manual: list[tuple[str, tuple]] = []  # the hand-written options: (name, signature)
+    try:
+        for name, p in hand_written(graph, cluster).items():
+            rows.append(_sim_row(graph, cluster, name, p))
+            manual.append((name, signature(p)))
+    except AutoplaceError as e:  # e.g. a pipeline the model's batch cannot feed
+        say(f"hand-written options: {e}")
     cands: list[dict[str, Any]] = []
     seen: set[tuple] = set()
     for r in sorted((r for r in rows if r.get("plan") is not None and not r.get("oom")),
@@ -293,24 +304,9 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     # measured second, budget or not, after the predicted best: the one-device plan where
     # it fits (the plan every other must beat: the choice is never slower than one device)
     single = next((c for c in cands if c["family"] == "single"), None)
+    pinned = [single] if single is not None else []
     if single is not None and single not in queue:
         queue.append(single)
-    pinned = [single] if single is not None else []
-    # and then the expert planner's contiguous split over every device, what a user writes
-    # first (on Inception-v3 over 2x H200 a searched placement that auto chose measured
-    # 3% behind the hand-written halves, which it had not tried: bench/results/
-    # 2026-11-27-h200x2-s18-suite.md)
-    plain_row = next((r for r in rows if r.get("planner") == "expert"
-                      and r.get("plan") is not None and not r.get("oom")), None)
-    if plain_row is not None:
-        sig = signature(plain_row["plan"])
-        plain = next((c for c in cands if signature(c["plan"]) == sig), None)
-        if plain is not None and plain not in pinned:
-            pinned.append(plain)
-            if plain not in queue:
-                queue.append(plain)
-    for c in pinned:
-        c["pinned"] = True
     # measured next, before the queue: the microbatch variants of each plan measured
     # fastest so far or within NEAR_BEST of it
     front: list[dict[str, Any]] = []
@@ -324,6 +320,23 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         if c["sim_peak"] and cal.peak_bytes(c["plan"], c["sim_peak"]) > usable:
             t += 1e3  # predicted out of memory once corrected: try it last
         return t
+
+    # then the hand-written options (shared/MEASURED.md) that fit: the contiguous split in
+    # one process always (on Inception-v3 over 2x H200 it measured 39.9 ms, auto's choice
+    # 48.4 ms, with the profile-balanced split 50.4 ms: bench/results/
+    # 2026-11-27-h200x2-s19-suite.md), the others when predicted within MANUAL_WITHIN of
+    # the best prediction
+    fastest = min(corrected(c) for c in cands)
+    for name, sig in manual:
+        c = next((c for c in cands if signature(c["plan"]) == sig), None)
+        if c is None or c in pinned or corrected(c) >= 1e3:
+            continue
+        if name == halves_name(cluster.num_devices) or corrected(c) <= MANUAL_WITHIN * fastest:
+            pinned.append(c)
+            if c not in queue:
+                queue.append(c)
+    for c in pinned:
+        c["pinned"] = True
 
     def remember(c: dict[str, Any], rep: Any) -> None:
         cal.record(c["plan"], c["planner"], c["sim"], c["sim_peak"], rep, usable)

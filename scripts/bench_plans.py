@@ -52,6 +52,8 @@ from typing import Any
 
 import torch
 
+from autoplace.baselines.manual import hand_written
+
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
 MANUAL = ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b",
           *(f"{n}-parts" for n in (3, 4, 8)))
@@ -187,26 +189,6 @@ class Driver:
 
 
 # ------------------------------------------------------------------- planning
-def hand_written(graph, cluster) -> dict[str, Any]:
-    """The options of shared/MEASURED.md, as a user writes them (contiguous splits
-    balanced by ``graph``'s costs)."""
-    from autoplace import baselines
-
-    n = cluster.num_devices
-    out = {
-        "single": baselines.get("single")(graph, cluster),
-        ("two-halves" if n == 2 else f"{n}-parts"): baselines.get("expert")(
-            graph, cluster, per_layer=False).with_parallel(microbatches=1),
-        "ddp": baselines.get("ddp")(graph, cluster),
-        "fsdp": baselines.get("fsdp")(graph, cluster),
-    }
-    if n > 1:
-        for sched in ("gpipe", "1f1b"):
-            out[f"pipeline-{sched}"] = baselines.get("pipeline")(
-                graph, cluster, microbatches=max(8, n), schedule=sched)
-    return out
-
-
 def hybrid_plans(graph, cluster) -> dict[str, Any]:
     """Hybrid plans measured by name whatever auto picks: the best simulated plan with
     microbatches flowing through a one-process placement on every device, and on 4+
@@ -294,7 +276,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     cluster = base
     spec = {"spec": sc["model"], "options": dict(sc["options"]), "seed": 0}
     meta = workloads.get(spec["spec"], device="meta", **spec["options"])
-    graph = analytic = capture_workload(meta)
+    graph = capture_workload(meta)
     # fresh pool processes for this scenario's workload (one-process plans, and one rank
     # per device) load the model while we profile and plan; a scenario of the workload
     # before (another memory cap) keeps its jobs. Not kept across workloads: after a DDP
@@ -335,10 +317,8 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     # ---- plans
     plans: dict[str, Any] = {}
     search: dict[str, float] = {}
-    # hand-written options split by the analytic (FLOP) costs, not the profile: a plain
-    # split must not move between runs with the profile's noise (a one-op shift of
-    # gpt-1b's two halves put the head's 1.5 GiB logits over the 16 GiB cap)
-    for k, plan in hand_written(analytic, cluster).items():
+    # hand-written options, split by the analytic (FLOP) costs, not the profile
+    for k, plan in hand_written(graph, cluster).items():
         plans[k], search[k] = plan, float(plan.planner.get("search_time_s", 0.0))
     for k in ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp"):
         t = time.perf_counter()

@@ -1,0 +1,68 @@
+"""The options an engineer writes by hand (shared/MEASURED.md), as plans.
+
+One device; the model cut into one contiguous run per device in one process (the two
+halves); DDP; FSDP2; an even ``torch.distributed.pipelining`` split with GPipe and 1F1B.
+The splits are balanced by the graph's *analytic* costs (FLOPs and bytes, as
+:func:`autoplace.costs.estimate_costs` estimates them), never by a profile: a hand-made
+split does not move with a profile's noise, so the same options come out of every run
+(a one-op shift of gpt-1b's two halves put the head's 1.5 GiB logits over a 16 GiB
+cap). The benchmark suite measures these as the options to beat, and the ``auto``
+planner measures them among its candidates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoplace.cluster import Cluster
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
+
+__all__ = ["analytic_copy", "hand_written", "halves_name"]
+
+#: every cost a profile fills; an analytic copy has none of them until estimated
+_PROFILED = ("fwd_time_s", "bwd_time_s", "fwd_fixed_s", "bwd_fixed_s", "fwd_host_s",
+             "bwd_host_s", "fwd_host_fixed_s", "bwd_host_fixed_s")
+
+
+def analytic_copy(graph: OpGraph, cluster: Cluster) -> OpGraph:
+    """A copy of ``graph`` whose costs are all estimated from FLOPs and bytes for
+    ``cluster``'s device kinds (``graph`` itself is not changed)."""
+    from autoplace.costs import estimate_costs
+
+    data = graph.to_json()
+    for node in data["nodes"]:
+        for key in _PROFILED:
+            node[key] = {}
+    out = OpGraph.from_json(data)
+    for attr in ("batch_size", "spec"):
+        if hasattr(graph, attr):
+            setattr(out, attr, getattr(graph, attr))
+    return estimate_costs(out, cluster)
+
+
+def halves_name(num_devices: int) -> str:
+    """The hand-written contiguous split's name: ``two-halves``, ``4-parts``, ..."""
+    return "two-halves" if num_devices == 2 else f"{num_devices}-parts"
+
+
+def hand_written(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
+    """The hand-written options for ``graph`` on ``cluster``, by name: ``single``, the
+    contiguous split (:func:`halves_name`, two or more devices), ``ddp``, ``fsdp``,
+    ``pipeline-gpipe`` and ``pipeline-1f1b`` (two or more devices; ``max(8, devices)``
+    microbatches). Splits are balanced by analytic costs (:func:`analytic_copy`)."""
+    from autoplace import baselines
+
+    g = analytic_copy(graph, cluster)
+    n = cluster.num_devices
+    out: dict[str, Any] = {"single": baselines.get("single")(g, cluster)}
+    if n > 1:
+        out[halves_name(n)] = baselines.get("expert")(
+            g, cluster, per_layer=False).with_parallel(microbatches=1)
+    out["ddp"] = baselines.get("ddp")(g, cluster)
+    out["fsdp"] = baselines.get("fsdp")(g, cluster)
+    if n > 1:
+        for sched in ("gpipe", "1f1b"):
+            out[f"pipeline-{sched}"] = baselines.get("pipeline")(
+                g, cluster, microbatches=max(8, n), schedule=sched)
+    return out
