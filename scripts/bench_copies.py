@@ -46,7 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 #: ``to``: the executor's program; ``streams``: its edges copy on side streams;
 #: ``pinned``: the executor's program on page-locked batches (``global_batch(pin=True)``)
-WAYS = ("to", "streams", "pinned")
+#: ``graphs``: the executor's program with every run of ops on one device replayed as a
+#: CUDA graph (``build_local(graphs=True)``, autocast without its cache)
+WAYS = ("to", "streams", "pinned", "graphs")
 #: a step's wall time by phase: the forward call, the backward call, the optimizer (all
 #: return once their work is issued, unless something waits for a device), then the wait
 #: for the devices to finish
@@ -64,7 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--scenarios", default=None,
                     help="comma-separated scenarios (default: inception,branchy-mlp,"
                          "gnmt4-capped on GPUs, tiny-mlp on CPU)")
-    ap.add_argument("--planners", default=PLANNERS, help="comma-separated plans to run")
+    ap.add_argument("--planners", default=PLANNERS,
+                    help="comma-separated plans to run; NAME@mbK: that plan with K microbatches")
     ap.add_argument("--ways", default="to,streams", help=f"comma-separated, of {WAYS}")
     ap.add_argument("--steps", type=int, default=15, help="timed steps per way and round")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
@@ -84,11 +87,11 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
     order = _issue_order(graph, plan)
     ways = args.ways.split(",")
     progs = {v: build_local(graph.module, plan, devices, wl.loss_fn, order=order,
-                            copy_streams=v == "streams") for v in ways}
+                            copy_streams=v == "streams", graphs=v == "graphs") for v in ways}
     opt = _optimizer([p for p in wl.model.parameters() if p.requires_grad], wl, devices[0])
 
     def fwd(v: str, inputs, targets):
-        with _autocast(wl, devices[0]):
+        with _autocast(wl, devices[0], cache=v != "graphs"):
             return progs[v](inputs, targets)
 
     with torch.no_grad():
@@ -163,6 +166,29 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
                       "round_medians_s": medians[v],
                       "spread_s": [min(medians[v]), max(medians[v])],
                       "peak_memory_bytes": peaks.get(v)}
+    if "oom" not in res and len(ways) > 1:  # with autograd, after any capture (graphs
+        # replay now): every way computes the same loss and gradients on batch 0
+        agree: dict[str, list[float]] = {}
+        for v in ways:
+            opt.zero_grad(set_to_none=True)
+            loss = fwd(v, *global_batch(wl, 0, 0, pin=v == "pinned"))
+            loss.backward()
+            grads = [p.grad.float().norm() for p in wl.model.parameters() if p.grad is not None]
+            agree[v] = [float(loss), float(torch.stack(grads).norm())]
+        opt.zero_grad(set_to_none=True)
+        res["loss_and_grad_norm_batch0"] = agree
+        ref_l, ref_g = agree[ways[0]]
+        bad = {v: x for v, x in agree.items() if abs(x[0] - ref_l) > 1e-3 * max(1.0, abs(ref_l))
+               or abs(x[1] - ref_g) > 1e-2 * max(1e-6, ref_g)}
+        if bad:
+            raise SystemExit(f"{label}: the ways disagree with autograd: {agree}")
+    if "graphs" in progs:  # how many pieces replay as graphs, and why others do not
+        from autoplace.executor.local import _Graphed
+
+        pieces = [p for p in progs["graphs"].program.children() if isinstance(p, _Graphed)]
+        res["graphed_pieces"] = len(pieces)
+        res["graphed_replaying"] = sum(p._bound is not None for p in pieces)
+        res["graph_failures"] = sorted({p.failed for p in pieces if p.failed})
     for v in ways[1:]:
         if ways[0] in res and v in res:
             res[f"{v}_vs_{ways[0]}"] = res[v]["step_time_s"] / res[ways[0]]["step_time_s"]
@@ -249,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             seen: dict[str, str] = {}
             for planner in wanted:
-                plan = plans.get(planner)
+                base, _, mb = planner.partition("@mb")  # NAME@mbK: K microbatches
+                plan = plans.get(base)
                 if plan is None:
                     continue
+                if mb:
+                    plan = plan.with_parallel(microbatches=int(mb))
                 par = plan.parallel
                 if par.pipeline > 1 or par.data > 1:
                     continue  # not a one-process plan

@@ -326,3 +326,48 @@ def test_global_batch_pins_only_with_cuda_and_keeps_pinned_apart(monkeypatch):
         assert b is not a and len(runner._BATCHES) == 2
     else:
         assert not b[1].is_pinned()
+
+
+def _pieces(prog):
+    from autoplace.executor.local import _Graphed
+
+    return [m for m in prog.program.children() if isinstance(m, _Graphed)]
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "gnmt-2", "inception-v3"])
+@pytest.mark.parametrize("layout", ["halves", "interleaved"])
+def test_graphed_pieces_give_the_same_losses_and_gradients(name, layout, monkeypatch):
+    """graphs=True (or AUTOPLACE_CUDA_GRAPHS=1) cuts each microbatch into runs of ops on
+    one device, one module per run (on CPU they run eagerly; on GPUs each is replayed as
+    a CUDA graph: tests/test_executor_gpu.py); loss and gradients are unchanged."""
+    wl = workloads.get(name, **SMALL[name])
+    graph = capture_graph(wl)
+    base = two_halves(graph) if layout == "halves" else interleaved(graph)
+    plan = Plan.from_groups(graph, base.groups, [0, 1], parallel=ParallelConfig(microbatches=2))
+    x, y = wl.make_batch(wl.batch_size, "cpu")
+    results = []
+    for graphs in (False, True):
+        g = capture_graph(workloads.get(name, **SMALL[name]))  # same initial weights
+        prog = build_local(g.module, plan, [torch.device("cpu")] * 2, wl.loss_fn,
+                           graphs=graphs)
+        pieces = _pieces(prog)
+        if graphs:
+            # a piece per run of ops on one device and microbatch: 2 x 2 for the halves
+            # (an interleaved placement's runs are mostly single ops, which run eagerly)
+            assert len(pieces) == 4 if layout == "halves" else len(pieces) % 2 == 0
+        else:
+            assert not pieces
+        torch.manual_seed(0)
+        loss = prog(x, y)
+        loss.backward()
+        # the captured module's parameters, in its order (the programs own them in others)
+        results.append((loss.detach(), [p.grad.clone() for p in g.module.parameters()
+                                        if p.grad is not None]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    assert len(results[0][1]) == len(results[1][1]) > 0
+    for a, b in zip(results[0][1], results[1][1]):  # the order of the sums differs
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
+    if layout == "halves":
+        monkeypatch.setenv("AUTOPLACE_CUDA_GRAPHS", "1")
+        prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn)
+        assert len(_pieces(prog)) == 4

@@ -32,7 +32,8 @@ from torch.utils.checkpoint import checkpoint
 from autoplace.capture import fetch_attr
 from autoplace.plan import Plan
 
-__all__ = ["LocalProgram", "build_local", "issue_order", "move_to", "move_to_streamed"]
+__all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "issue_order", "move_to",
+           "move_to_streamed"]
 
 _META_METHODS = {"size", "dim", "numel", "ndimension", "get_device", "element_size"}
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
@@ -123,6 +124,99 @@ class _Checkpointed(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         return checkpoint(self.inner, *args, use_reentrant=False)
+
+
+#: ``AUTOPLACE_CUDA_GRAPHS=1``: one-process placements replay each run of ops on one
+#: device as a CUDA graph (read by :func:`build_local` when ``graphs`` is None)
+CUDA_GRAPHS_ENV = "AUTOPLACE_CUDA_GRAPHS"
+#: eager calls of a graphed piece before it is captured (cuDNN's algorithm search, lazy
+#: initialisation and the allocator settle first)
+GRAPH_WARMUP = 2
+_TENSOR = object()  # marks a tensor leaf among a piece's recorded non-tensor values
+
+
+class _Bound(nn.Module):
+    """``inner`` called with the tensors of ``args``' pytree leaves, its non-tensor leaves
+    fixed, returning the tensor leaves of its output only: the shape of callable
+    :func:`torch.cuda.make_graphed_callables` takes (tensors in, tensors out)."""
+
+    def __init__(self, inner: nn.Module, args: tuple[Any, ...]) -> None:
+        super().__init__()
+        self.inner = inner
+        leaves, self.spec = pytree.tree_flatten(args)
+        self.consts = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
+
+    def matches(self, args: tuple[Any, ...]) -> list[torch.Tensor] | None:
+        """The tensors of ``args``, or None if its structure or constants differ."""
+        leaves, spec = pytree.tree_flatten(args)
+        if spec != self.spec:
+            return None
+        tensors = []
+        for x, c in zip(leaves, self.consts):
+            if c is _TENSOR:
+                if not isinstance(x, torch.Tensor):
+                    return None
+                tensors.append(x)
+            elif isinstance(x, torch.Tensor) or x != c:
+                return None
+        return tensors
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        it = iter(tensors)
+        leaves = [next(it) if c is _TENSOR else c for c in self.consts]
+        out = self.inner(*pytree.tree_unflatten(leaves, self.spec))
+        return tuple(x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor))
+
+
+class _Graphed(nn.Module):
+    """A run of ops on one device for one microbatch, replayed as a CUDA graph.
+
+    The first ``GRAPH_WARMUP`` calls with autograd on run eagerly; the next one captures
+    the forward and the backward (:func:`torch.cuda.make_graphed_callables`, with this
+    call's tensors as the static inputs) and every later call copies its inputs into them
+    and replays: one launch where eager issues every op's kernels. Calls without autograd
+    (evaluation, the loss check) and calls whose non-tensor values differ from the
+    captured ones run eagerly; so does every call once a capture failed (``failed``
+    says why), e.g. for an op that synchronises with the host.
+    """
+
+    def __init__(self, inner: nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.inner = inner
+        self.device = device
+        self.calls = 0
+        self.failed: str | None = None
+        self._bound: _Bound | None = None
+        self._out: tuple[list[Any], Any] | None = None  # output leaves (_TENSOR) and spec
+
+    def forward(self, *args: Any) -> Any:
+        if self._bound is not None and torch.is_grad_enabled():
+            tensors = self._bound.matches(args)
+            if tensors is not None and self._out is not None:
+                leaves, spec = self._out
+                it = iter(self._bound(*tensors))
+                return pytree.tree_unflatten(
+                    [next(it) if c is _TENSOR else c for c in leaves], spec)
+        if self._bound is not None or self.failed is not None or not torch.is_grad_enabled() \
+                or self.device.type != "cuda":
+            return self.inner(*args)
+        self.calls += 1
+        if self.calls <= GRAPH_WARMUP:
+            out = self.inner(*args)
+            leaves, spec = pytree.tree_flatten(out)
+            self._out = ([_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+            return out
+        bound = _Bound(self.inner, args)
+        tensors = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor)]
+        try:
+            with torch.cuda.device(self.device):
+                torch.cuda.make_graphed_callables(bound, tuple(tensors), num_warmup_iters=2,
+                                                  allow_unused_input=True)
+        except Exception as e:  # noqa: BLE001 - an op that cannot be captured: stay eager
+            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return self.inner(*args)
+        self._bound = bound
+        return self.forward(*args)
 
 
 def _is_meta_op(node: fx.Node) -> bool:
@@ -332,6 +426,63 @@ def place_parameters(gm: fx.GraphModule, homes: dict[int, int],
                     setattr(owner, last, new)
 
 
+def _graph_units(gm: fx.GraphModule, b: _Builder, m: int
+                 ) -> list[tuple[list[tuple[int, str]], bool]]:
+    """The units of a graphed program, in issue order: ``(unit, graphed)`` pairs.
+
+    Pieces are maximal runs of ops on one device, consecutive in program order (a run of
+    consecutive ops of a topological order is convex, so a piece is a valid subgraph). A
+    meta op (``x.size()``) joins the piece that computes its input, or runs on its own
+    just before the piece it is met in. A module call whose parameters live on another
+    device runs on its own, eagerly; so does a piece with fewer than two compute ops.
+    Pieces are issued in a diagonal wavefront: piece ``c`` of microbatch ``mb`` at step
+    ``c + mb``, lower microbatches first within a step (a piece depends only on earlier
+    pieces of its own microbatch).
+    """
+    dev_of = b.dev_of
+    nodes = {n.name: n for n in gm.graph.nodes}
+    pieces: list[dict[str, Any]] = []  # {"pre": [meta ops], "ops": [...], "dev", "eager"}
+
+    def start(dev: int | None, eager: bool = False) -> dict[str, Any]:
+        pieces.append({"pre": [], "ops": [], "dev": dev, "eager": eager, "names": set()})
+        return pieces[-1]
+
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "get_attr", "output"):
+            continue
+        cur = pieces[-1] if pieces and not pieces[-1]["eager"] else None
+        if _is_meta_op(n):
+            src = n.args[0].name if isinstance(n.args[0], fx.Node) else None
+            if cur is not None and src in cur["names"]:
+                cur["ops"].append(n.name)
+                cur["names"].add(n.name)
+            else:
+                (cur or start(None))["pre"].append(n.name)
+            continue
+        d = dev_of[n.name]
+        if n.op == "call_module" and b.module_home(n.target) not in (None, d):
+            start(d, eager=True)["ops"].append(n.name)
+            continue
+        if cur is None or (cur["dev"] is not None and cur["dev"] != d):
+            cur = start(d)
+        cur["dev"] = d
+        cur["ops"].append(n.name)
+        cur["names"].add(n.name)
+    units: list[tuple[list[tuple[int, str]], bool]] = []
+    steps = sorted((c + mb, mb, c) for c in range(len(pieces)) for mb in range(m))
+    for _, mb, c in steps:
+        p = pieces[c]
+        units.extend(([(mb, name)], False) for name in p["pre"])
+        compute = [x for x in p["ops"] if not _is_meta_op(nodes[x])]
+        if not p["ops"]:
+            continue
+        if p["eager"] or len(compute) < 2:
+            units.extend(([(mb, name)], False) for name in p["ops"])
+        else:
+            units.append(([(mb, name) for name in p["ops"]], True))
+    return units
+
+
 def build_local(
     gm: fx.GraphModule,
     plan: Plan,
@@ -341,6 +492,7 @@ def build_local(
     microbatches: int | None = None,
     order: list[tuple[int, str]] | None = None,
     copy_streams: bool | None = None,
+    graphs: bool | None = None,
 ) -> LocalProgram:
     """The placed program for ``gm`` under ``plan`` on ``devices`` (index = local device).
 
@@ -349,9 +501,18 @@ def build_local(
     issued once, before everything else, and shared by all microbatches.
     ``copy_streams``: edges between GPUs use :func:`move_to_streamed` (default: whether
     the environment sets ``AUTOPLACE_COPY_STREAMS=1``; off otherwise).
+    ``graphs``: on GPUs, each maximal run of ops on one device (consecutive in program
+    order) of each microbatch is one :class:`_Graphed` piece, replayed as a CUDA graph
+    after its first calls (on other devices the pieces run eagerly), and the pieces are issued in a diagonal wavefront (piece ``c``
+    of microbatch ``mb`` at step ``c + mb``) instead of ``order`` (default: whether the
+    environment sets ``AUTOPLACE_CUDA_GRAPHS=1``). Not with recomputed groups. Under
+    autocast, the caller must disable autocast's cache (``cache_enabled=False``).
     """
     if copy_streams is None:
         copy_streams = os.environ.get(COPY_STREAMS_ENV, "0") == "1"
+    if graphs is None:
+        graphs = os.environ.get(CUDA_GRAPHS_ENV, "0") == "1"
+    graphs = bool(graphs and not plan.recompute)
     m = microbatches or plan.parallel.microbatches
     plan_dev = {n.name: plan.device_of(n.name) for n in gm.graph.nodes}
     homes = _param_homes(gm, plan_dev)
@@ -390,12 +551,19 @@ def build_local(
         if node.op == "get_attr":
             b.env[(node.name, None)] = b.copy(g, node, lambda a: a, dev_of[node.name])
 
-    if order is None:
+    rc = set(plan.recompute)
+    units: list[list[tuple[int, str]]] = []
+    graphed: set[int] = set()  # indices of units that run as _Graphed pieces
+    if graphs:
+        for unit, whole in _graph_units(gm, b, m):
+            if whole:
+                graphed.add(len(units))
+            units.append(unit)
+        order = []
+    elif order is None:
         order = issue_order(gm, dev_of, m)
     order = [(mb, name) for mb, name in order
              if nodes[name].op not in ("placeholder", "get_attr", "output")]
-    rc = set(plan.recompute)
-    units: list[list[tuple[int, str]]] = []
     for mb, name in order:
         node = nodes[name]
         grp = plan.groups[name] if (plan.groups[name] in rc and not _is_meta_op(node)) else None
@@ -421,12 +589,13 @@ def build_local(
                 losses[mb] = g.call_module("_loss", (out, targets[mb]))
 
     n_rc = 0
-    for unit in units:
+    for i_unit, unit in enumerate(units):
         emit_losses()
         mb, first = unit[0]
         node = nodes[first]
         dev = dev_of[first]
-        if len(unit) == 1 and (plan.groups[first] not in rc or _is_meta_op(node)):
+        if i_unit not in graphed and len(unit) == 1 and (
+                plan.groups[first] not in rc or _is_meta_op(node)):
             if _is_meta_op(node):
                 arg = lambda a, mb=mb: b.env[b.key(a, mb)]  # noqa: E731
             else:
@@ -448,9 +617,13 @@ def build_local(
             local[n] = b.copy(sub, nodes[n], lambda a, local=local: local[a.name], dev)
         sub.output(tuple(local[u.name] for u in users))
         sub_gm = fx.GraphModule({t: b.attrs[t] for t in b.attrs}, sub)
-        target = f"_recompute{n_rc}"
+        if i_unit in graphed:
+            target = f"_graphed{n_rc}"
+            b.attrs[target] = _Graphed(sub_gm, devices[dev])
+        else:
+            target = f"_recompute{n_rc}"
+            b.attrs[target] = _Checkpointed(sub_gm)
         n_rc += 1
-        b.attrs[target] = _Checkpointed(sub_gm)
         call = g.call_module(target, tuple(b.value(a, mb, dev) for a in ext))
         for i, u in enumerate(users):
             b.env[(u.name, mb)] = g.call_function(operator.getitem, (call, i))

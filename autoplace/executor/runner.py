@@ -177,9 +177,17 @@ def _has_batch_coupling(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-def _autocast(workload: Workload, device: torch.device):
+def _autocast(workload: Workload, device: torch.device, cache: bool | None = None):
+    """The workload's autocast on CUDA. ``cache``: keep autocast's cast copies of the
+    weights within a forward (default: unless CUDA graphs are on, which cannot capture
+    with it: ``AUTOPLACE_CUDA_GRAPHS=1``)."""
+    if cache is None:
+        from autoplace.executor.local import CUDA_GRAPHS_ENV
+
+        cache = os.environ.get(CUDA_GRAPHS_ENV, "0") != "1"
     if device.type == "cuda" and workload.autocast_dtype:
-        return torch.autocast("cuda", dtype=getattr(torch, workload.autocast_dtype))
+        return torch.autocast("cuda", dtype=getattr(torch, workload.autocast_dtype),
+                              cache_enabled=cache)
     return torch.autocast(device.type, enabled=False)
 
 
