@@ -111,7 +111,7 @@ graphs)  # one-process placements eagerly and replayed as CUDA graphs, side by s
                "gnmt4-capped two-halves,two-halves@mb2,m-etf,m-etf@mb2,expert" \
                "branchy-mlp single,two-halves,two-halves@mb2,m-sct"; do
         set -- $job
-        timeout 200 python3 scripts/bench_copies.py "${common[@]}" --scenarios "$1" \
+        timeout 135 python3 scripts/bench_copies.py "${common[@]}" --scenarios "$1" \
             --planners "$2" --out "$out/graphs-$1.json" 2>&1 | tee -a "$out/log.txt"
     done
     rc=0
