@@ -173,8 +173,9 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
             opt.zero_grad(set_to_none=True)
             loss = fwd(v, *global_batch(wl, 0, 0, pin=v == "pinned"))
             loss.backward()
-            grads = [p.grad.float().norm() for p in wl.model.parameters() if p.grad is not None]
-            agree[v] = [float(loss), float(torch.stack(grads).norm())]
+            grads = [float(p.grad.float().norm()) for p in wl.model.parameters()
+                     if p.grad is not None]
+            agree[v] = [float(loss.detach()), sum(x * x for x in grads) ** 0.5]
         opt.zero_grad(set_to_none=True)
         res["loss_and_grad_norm_batch0"] = agree
         ref_l, ref_g = agree[ways[0]]
@@ -306,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                          if m.get("measured_step_time_s") else "")
                       + (f"; out of memory: {res['oom']}" if "oom" in res else ""),
                       flush=True)
+                if "graphed_pieces" in res:
+                    print(f"    graphs: {res['graphed_replaying']} of {res['graphed_pieces']} "
+                          f"pieces replay; failures: {res['graph_failures']}", flush=True)
             out["scenarios"].append({"name": name, "profiled": profiled,
                                      "memory_cap_bytes": cap, "plans": rows})
             del wl, graph

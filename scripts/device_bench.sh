@@ -11,8 +11,10 @@
 #   scripts/device_bench.sh traces OUT [SUITE] [TAG] [SCENARIOS] [PLANNERS]
 #                                                          # traces of such placements (a tarball)
 #   scripts/device_bench.sh profiles OUT [SCENARIOS]       # the scenarios' per-op profiles alone
-#   scripts/device_bench.sh graphs OUT [SUITE] [TAG]       # bench_copies: eager against CUDA
-#                                                          # graphs, one-process placements
+#   scripts/device_bench.sh graphs OUT [SUITE] [TAG] [JOBS] [ROUNDS]
+#                                                          # bench_copies: eager against CUDA
+#                                                          # graphs, one-process placements;
+#                                                          # JOBS: "scen:plan,plan;scen:..."
 #   scripts/device_bench.sh script OUT FILE [ARGS...]      # python3 FILE ARGS, logged
 # Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
 # have torch, torch-geometric and networkx but no gymnasium), then autoplace itself
@@ -104,15 +106,15 @@ PY
 graphs)  # one-process placements eagerly and replayed as CUDA graphs, side by side
     suite=${3:-bench/results/2026-11-27-h200x2-s19-suite.json}
     tag=${4:-s19}
-    common=("$suite" --profiles bench/results/raw --tag "$tag" --ways to,graphs --rounds 2)
+    jobs=${5:-"gpt1b:single,two-halves,two-halves@mb2,two-halves@mb4,two-halves@mb8;inception:single,two-halves,two-halves@mb2,m-sct,critical-path;gnmt4-capped:two-halves,two-halves@mb2,m-etf,m-etf@mb2,expert;branchy-mlp:single,two-halves,two-halves@mb2,m-sct"}
+    rounds=${6:-2}
+    common=("$suite" --profiles bench/results/raw --tag "$tag" --ways to,graphs --rounds "$rounds")
     : > "$out/log.txt"
-    for job in "gpt1b single,two-halves,two-halves@mb2,two-halves@mb4,two-halves@mb8" \
-               "inception single,two-halves,two-halves@mb2,m-sct,critical-path" \
-               "gnmt4-capped two-halves,two-halves@mb2,m-etf,m-etf@mb2,expert" \
-               "branchy-mlp single,two-halves,two-halves@mb2,m-sct"; do
-        set -- $job
-        timeout 135 python3 scripts/bench_copies.py "${common[@]}" --scenarios "$1" \
-            --planners "$2" --out "$out/graphs-$1.json" 2>&1 | tee -a "$out/log.txt"
+    IFS=';' read -ra list <<< "$jobs"
+    for job in "${list[@]}"; do
+        scen=${job%%:*}
+        timeout 135 python3 scripts/bench_copies.py "${common[@]}" --scenarios "$scen" \
+            --planners "${job#*:}" --out "$out/graphs-$scen.json" 2>&1 | tee -a "$out/log.txt"
     done
     rc=0
     ;;
