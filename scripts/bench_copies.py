@@ -188,7 +188,7 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
 
         pieces = [p for p in progs["graphs"].program.children() if isinstance(p, _Graphed)]
         res["graphed_pieces"] = len(pieces)
-        res["graphed_replaying"] = sum(p._bound is not None for p in pieces)
+        res["graphed_replaying"] = sum(p._replay is not None for p in pieces)
         res["graph_failures"] = sorted({p.failed for p in pieces if p.failed})
     for v in ways[1:]:
         if ways[0] in res and v in res:

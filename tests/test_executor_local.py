@@ -371,3 +371,34 @@ def test_graphed_pieces_give_the_same_losses_and_gradients(name, layout, monkeyp
         monkeypatch.setenv("AUTOPLACE_CUDA_GRAPHS", "1")
         prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn)
         assert len(_pieces(prog)) == 4
+
+
+def test_a_bound_piece_is_a_function_of_tensors_and_parameters():
+    """What a CUDA graph captures: the piece called with its tensors, then its parameters
+    as arguments (aliases of them get the gradients), its non-tensor values fixed."""
+    from autoplace.executor.local import _Bound
+
+    inner = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    args = ((x, 2.0),)
+
+    class Piece(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = inner
+
+        def forward(self, pair):
+            y, scale = pair
+            return (self.lin(y) * scale, y.shape)
+
+    piece = Piece()
+    bound = _Bound(piece, args)
+    assert bound.n_args == 1 and bound.params == list(piece.parameters())
+    assert bound.matches(((x, 2.0),)) == [x]
+    assert bound.matches(((x, 3.0),)) is None  # another constant: not this capture
+    aliases = [p.detach().requires_grad_() for p in bound.params]
+    (out,) = bound(x, *aliases)
+    torch.testing.assert_close(out, piece(*args)[0])
+    out.sum().backward()
+    assert all(a.grad is not None for a in aliases)
+    assert all(p.grad is None for p in piece.parameters())

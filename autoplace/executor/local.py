@@ -135,16 +135,26 @@ GRAPH_WARMUP = 2
 _TENSOR = object()  # marks a tensor leaf among a piece's recorded non-tensor values
 
 
-class _Bound(nn.Module):
-    """``inner`` called with the tensors of ``args``' pytree leaves, its non-tensor leaves
-    fixed, returning the tensor leaves of its output only: the shape of callable
-    :func:`torch.cuda.make_graphed_callables` takes (tensors in, tensors out)."""
+class _Bound:
+    """``inner`` as a function of tensors alone, the shape of callable
+    :func:`torch.cuda.make_graphed_callables` takes: it is called with the tensors among
+    ``args``' pytree leaves, then ``inner``'s parameters (``torch.func.functional_call``),
+    its non-tensor leaves fixed, and returns the tensor leaves of ``inner``'s output.
+
+    The parameters are arguments, not module state, so that a capture can run on
+    detached aliases of them: autograd then makes fresh gradient accumulators on the
+    capture stream, instead of syncing with the ones the eager steps made on the default
+    stream, which a capture forbids ("operation not permitted when stream is capturing").
+    """
 
     def __init__(self, inner: nn.Module, args: tuple[Any, ...]) -> None:
-        super().__init__()
         self.inner = inner
         leaves, self.spec = pytree.tree_flatten(args)
         self.consts = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
+        self.n_args = sum(c is _TENSOR for c in self.consts)
+        named = list(inner.named_parameters())
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
 
     def matches(self, args: tuple[Any, ...]) -> list[torch.Tensor] | None:
         """The tensors of ``args``, or None if its structure or constants differ."""
@@ -161,23 +171,49 @@ class _Bound(nn.Module):
                 return None
         return tensors
 
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        it = iter(tensors)
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        it = iter(tensors[:self.n_args])
         leaves = [next(it) if c is _TENSOR else c for c in self.consts]
-        out = self.inner(*pytree.tree_unflatten(leaves, self.spec))
+        params = dict(zip(self.names, tensors[self.n_args:]))
+        out = torch.func.functional_call(self.inner, params,
+                                         tuple(pytree.tree_unflatten(leaves, self.spec)))
         return tuple(x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor))
+
+
+_capture_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture(fn: Callable[..., Any], sample: tuple[torch.Tensor, ...],
+             device: torch.device) -> Callable[..., Any]:
+    """``make_graphed_callables(fn, sample)`` captured on a stream of ``device``.
+
+    ``torch.cuda.graph`` captures on one stream per process, made on whichever device
+    was current at the first capture; a placement captures on every device."""
+    with torch.cuda.device(device):
+        stream = _capture_streams.get(device)
+        if stream is None:
+            stream = _capture_streams[device] = torch.cuda.Stream(device)
+        keep = torch.cuda.graph.default_capture_stream
+        torch.cuda.graph.default_capture_stream = stream
+        try:
+            return torch.cuda.make_graphed_callables(fn, sample, num_warmup_iters=2,
+                                                     allow_unused_input=True)
+        finally:
+            torch.cuda.graph.default_capture_stream = keep
 
 
 class _Graphed(nn.Module):
     """A run of ops on one device for one microbatch, replayed as a CUDA graph.
 
     The first ``GRAPH_WARMUP`` calls with autograd on run eagerly; the next one captures
-    the forward and the backward (:func:`torch.cuda.make_graphed_callables`, with this
-    call's tensors as the static inputs) and every later call copies its inputs into them
-    and replays: one launch where eager issues every op's kernels. Calls without autograd
-    (evaluation, the loss check) and calls whose non-tensor values differ from the
-    captured ones run eagerly; so does every call once a capture failed (``failed``
-    says why), e.g. for an op that synchronises with the host.
+    the forward and the backward (:func:`torch.cuda.make_graphed_callables` on detached
+    aliases of this call's tensors and of the parameters, which become the graph's static
+    inputs) and every later call copies its inputs into them (parameters and the outputs
+    of a graphed piece before it on the device are already there) and replays: one
+    launch where eager issues every op's kernels. Calls without autograd (evaluation,
+    the loss check) and calls whose non-tensor values differ from the captured ones run
+    eagerly; so does every call once a capture failed (``failed`` says why), e.g. for an
+    op that synchronises with the host.
     """
 
     def __init__(self, inner: nn.Module, device: torch.device) -> None:
@@ -187,17 +223,18 @@ class _Graphed(nn.Module):
         self.calls = 0
         self.failed: str | None = None
         self._bound: _Bound | None = None
+        self._replay: Callable[..., Any] | None = None
         self._out: tuple[list[Any], Any] | None = None  # output leaves (_TENSOR) and spec
 
     def forward(self, *args: Any) -> Any:
-        if self._bound is not None and torch.is_grad_enabled():
+        if self._replay is not None and self._bound is not None and torch.is_grad_enabled():
             tensors = self._bound.matches(args)
             if tensors is not None and self._out is not None:
                 leaves, spec = self._out
-                it = iter(self._bound(*tensors))
+                it = iter(self._replay(*tensors, *self._bound.params))
                 return pytree.tree_unflatten(
                     [next(it) if c is _TENSOR else c for c in leaves], spec)
-        if self._bound is not None or self.failed is not None or not torch.is_grad_enabled() \
+        if self._replay is not None or self.failed is not None or not torch.is_grad_enabled() \
                 or self.device.type != "cuda":
             return self.inner(*args)
         self.calls += 1
@@ -208,10 +245,10 @@ class _Graphed(nn.Module):
             return out
         bound = _Bound(self.inner, args)
         tensors = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor)]
+        sample = tuple(t.detach().requires_grad_(t.requires_grad)
+                       for t in (*tensors, *bound.params))
         try:
-            with torch.cuda.device(self.device):
-                torch.cuda.make_graphed_callables(bound, tuple(tensors), num_warmup_iters=2,
-                                                  allow_unused_input=True)
+            self._replay = _capture(bound, sample, self.device)
         except Exception as e:  # noqa: BLE001 - an op that cannot be captured: stay eager
             self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             return self.inner(*args)
