@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 #: ``pinned``: the executor's program on page-locked batches (``global_batch(pin=True)``)
 #: ``graphs``: the executor's program with every run of ops on one device replayed as a
 #: CUDA graph (``build_local(graphs=True)``, autocast without its cache)
-WAYS = ("to", "streams", "pinned", "graphs")
+#: ``graphs-streams``: both
+WAYS = ("to", "streams", "pinned", "graphs", "graphs-streams")
 #: a step's wall time by phase: the forward call, the backward call, the optimizer (all
 #: return once their work is issued, unless something waits for a device), then the wait
 #: for the devices to finish
@@ -87,11 +88,12 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
     order = _issue_order(graph, plan)
     ways = args.ways.split(",")
     progs = {v: build_local(graph.module, plan, devices, wl.loss_fn, order=order,
-                            copy_streams=v == "streams", graphs=v == "graphs") for v in ways}
+                            copy_streams=v.endswith("streams"), graphs=v.startswith("graphs"))
+             for v in ways}
     opt = _optimizer([p for p in wl.model.parameters() if p.requires_grad], wl, devices[0])
 
     def fwd(v: str, inputs, targets):
-        with _autocast(wl, devices[0], cache=v != "graphs"):
+        with _autocast(wl, devices[0], cache=not v.startswith("graphs")):
             return progs[v](inputs, targets)
 
     with torch.no_grad():
@@ -183,10 +185,11 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
                or abs(x[1] - ref_g) > 1e-2 * max(1e-6, ref_g)}
         if bad:
             raise SystemExit(f"{label}: the ways disagree with autograd: {agree}")
-    if "graphs" in progs:  # how many pieces replay as graphs, and why others do not
+    graphed = next((v for v in ways if v.startswith("graphs")), None)
+    if graphed:  # how many pieces replay as graphs, and why others do not
         from autoplace.executor.local import _Graphed
 
-        pieces = [p for p in progs["graphs"].program.children() if isinstance(p, _Graphed)]
+        pieces = [p for p in progs[graphed].program.children() if isinstance(p, _Graphed)]
         res["graphed_pieces"] = len(pieces)
         res["graphed_replaying"] = sum(p._replay is not None for p in pieces)
         res["graph_failures"] = sorted({p.failed for p in pieces if p.failed})

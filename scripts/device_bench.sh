@@ -11,7 +11,7 @@
 #   scripts/device_bench.sh traces OUT [SUITE] [TAG] [SCENARIOS] [PLANNERS]
 #                                                          # traces of such placements (a tarball)
 #   scripts/device_bench.sh profiles OUT [SCENARIOS]       # the scenarios' per-op profiles alone
-#   scripts/device_bench.sh graphs OUT [SUITE] [TAG] [JOBS] [ROUNDS]
+#   scripts/device_bench.sh graphs OUT [SUITE] [TAG] [JOBS] [ROUNDS] [WAYS]
 #                                                          # bench_copies: eager against CUDA
 #                                                          # graphs, one-process placements;
 #                                                          # JOBS: "scen:plan,plan;scen:..."
@@ -108,7 +108,8 @@ graphs)  # one-process placements eagerly and replayed as CUDA graphs, side by s
     tag=${4:-s19}
     jobs=${5:-"gpt1b:single,two-halves,two-halves@mb2,two-halves@mb4,two-halves@mb8;inception:single,two-halves,two-halves@mb2,m-sct,critical-path;gnmt4-capped:two-halves,two-halves@mb2,m-etf,m-etf@mb2,expert;branchy-mlp:single,two-halves,two-halves@mb2,m-sct"}
     rounds=${6:-2}
-    common=("$suite" --profiles bench/results/raw --tag "$tag" --ways to,graphs --rounds "$rounds")
+    ways=${7:-to,graphs}
+    common=("$suite" --profiles bench/results/raw --tag "$tag" --ways "$ways" --rounds "$rounds")
     : > "$out/log.txt"
     IFS=';' read -ra list <<< "$jobs"
     for job in "${list[@]}"; do
