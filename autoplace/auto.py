@@ -61,7 +61,7 @@ def family(plan: Plan) -> str:
         local = "placement+mb"  # microbatches flowing through a one-process placement
     if p.data > 1:
         return f"dp-{p.shard}" + ("+placement" if plan.devices_per_replica > 1 else "")
-    return local
+    return local + ("+graphs" if p.graphs else "")
 
 
 def signature(plan: Plan) -> tuple:
@@ -104,6 +104,24 @@ def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
         seen.add(fam)
         rows.append(_sim_row(graph, cluster, f"hybrid-dp[{fam}]", plan))
     return rows
+
+
+def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """On GPUs, every one-process plan among ``rows`` again with ``parallel.graphs`` (each
+    run of ops on one device replayed as a CUDA graph): eager, a host thread issuing every
+    op of Inception-v3 limits it; graphed, its two halves measured 36-40 ms against
+    44-66 ms eagerly on 2x H200 (bench/results/2026-11-27-h200x2-s19-graphs.md)."""
+    if not all(d.name.startswith("cuda") for d in cluster.devices):
+        return []
+    out = []
+    for r in rows:
+        plan = r.get("plan")
+        if plan is None or r.get("oom") or plan.recompute or plan.parallel.graphs \
+                or plan.parallel.pipeline > 1 or plan.parallel.data > 1:
+            continue
+        out.append(_sim_row(graph, cluster, f"{r['planner']}+graphs",
+                            plan.with_parallel(graphs=True)))
+    return out
 
 
 def auto_plan(
@@ -278,6 +296,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             manual.append((name, signature(p)))
     except AutoplaceError as e:  # e.g. a pipeline the model's batch cannot feed
         say(f"hand-written options: {e}")
+    rows += _graphed_rows(graph, cluster, rows)
     cands: list[dict[str, Any]] = []
     seen: set[tuple] = set()
     for r in sorted((r for r in rows if r.get("plan") is not None and not r.get("oom")),

@@ -64,6 +64,9 @@ class ParallelConfig:
         schedule: pipeline schedule, ``gpipe`` or ``1f1b``.
         shard: ``none`` (DDP), ``zero2`` (gradients and optimizer state sharded) or
             ``fsdp`` (parameters sharded too); only with ``data > 1``.
+        graphs: on GPUs, replay each run of ops on one device of each microbatch as a
+            CUDA graph (:func:`autoplace.executor.local.build_local`); only for plans run
+            in one process per replica (``pipeline == 1``, ``data == 1``).
     """
 
     data: int = 1
@@ -71,6 +74,7 @@ class ParallelConfig:
     microbatches: int = 1
     schedule: str = "gpipe"
     shard: str = "none"
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data", "pipeline", "microbatches"):
@@ -85,6 +89,13 @@ class ParallelConfig:
             raise PlanError(
                 f"parallel.shard {self.shard!r} is not valid; valid: {', '.join(SHARD_MODES)}"
             )
+        if not isinstance(self.graphs, bool):
+            raise PlanError(f"parallel.graphs must be true or false, got {self.graphs!r}")
+        if self.graphs and (self.pipeline > 1 or self.data > 1):
+            raise PlanError(
+                "parallel.graphs is valid only for a plan run in one process (pipeline = 1 "
+                f"and data = 1), got pipeline={self.pipeline}, data={self.data}"
+            )
         if self.pipeline > 1 and self.microbatches < self.pipeline:
             raise PlanError(
                 f"a {self.pipeline}-stage pipeline needs at least {self.pipeline} microbatches, "
@@ -92,14 +103,17 @@ class ParallelConfig:
             )
 
     def to_json(self) -> dict[str, Any]:
-        return {"data": self.data, "pipeline": self.pipeline, "microbatches": self.microbatches,
-                "schedule": self.schedule, "shard": self.shard}
+        out = {"data": self.data, "pipeline": self.pipeline, "microbatches": self.microbatches,
+               "schedule": self.schedule, "shard": self.shard}
+        if self.graphs:  # written only when on: plans without it read as before
+            out["graphs"] = True
+        return out
 
     @classmethod
     def from_json(cls, d: Any) -> ParallelConfig:
         if not isinstance(d, dict):
             raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
-        unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard"}
+        unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs"}
         if unknown:
             raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
         return cls(**d)
@@ -112,6 +126,8 @@ class ParallelConfig:
             parts.append(f"pp={self.pipeline}/{self.schedule}")
         if self.microbatches > 1:
             parts.append(f"mb={self.microbatches}")
+        if self.graphs:
+            parts.append("graphs")
         return " ".join(parts) or "single"
 
 
@@ -261,6 +277,9 @@ class Plan:
         bad_rc = sorted(x for x in self.recompute if not (0 <= x < g))
         if bad_rc:
             raise PlanError(f"recompute names group {bad_rc[0]}, but groups are 0..{g - 1}")
+        if self.recompute and self.parallel.graphs:
+            raise PlanError("parallel.graphs cannot be combined with recompute: a recomputed "
+                            "group runs under activation checkpointing, outside any CUDA graph")
         if any(d < 0 for d in self.placement):
             raise PlanError(f"device index {min(self.placement)} is negative")
         if cluster is not None:

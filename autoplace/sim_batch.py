@@ -26,6 +26,7 @@ from autoplace.sim_model import (
     GraphArrays,
     affine_collective,
     graph_arrays,
+    graphed_host,
     host_times,
     replicas_identical,
     scaled,
@@ -198,6 +199,9 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     host_s = hostb_s = None
     if host_on:  # [mn, P] host issue time per step, forward and backward
         hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape), share)
+        for p, pl in enumerate(plans):
+            if pl.parallel.graphs:  # one replay per piece (sim_local)
+                hf_t[:, p] = hb_t[:, p] = graphed_host(dev_t[:, p], ga.param_count)
         host_s, hostb_s = np.take(hf_t, flat), np.take(hb_t, flat)
     ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
     if host_on and ddp.any():  # DDP's backward hook per parameter tensor (sim_local)

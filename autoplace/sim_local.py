@@ -38,6 +38,7 @@ from autoplace.sim_model import (
     coll_resource,
     collective_time,
     fsdp_units,
+    graphed_host,
     host_times,
     recompute_boundary_bytes,
     replica_group,
@@ -150,6 +151,8 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     ids = [base + j for j in range(k)]
     hf_op, hb_op = host_times(tables, np.asarray(dev, dtype=np.int64) + base, np.arange(n),
                               1.0 / (m * lp.d))
+    if plan.parallel.graphs:
+        hf_op = hb_op = graphed_host(np.asarray(dev), ga.param_count)
     hf_op, hb_op = hf_op.tolist(), hb_op.tolist()
     # DDP's backward hook per parameter tensor, on the autograd thread (not under ZeRO/FSDP:
     # their per-parameter work is added to the step, sim.sharded_host_s)

@@ -335,3 +335,19 @@ def test_microbatch_variants_skip_counts_a_pipeline_cannot_take(setup):
     for name in ("expert", "single"):
         assert _microbatch_variants({"planner": name, "plan": baselines.get(name)(graph, cluster)},
                                     graph, cluster) == []
+
+
+def test_graphed_twins_of_one_process_plans_only_on_gpus(setup):
+    """On GPUs auto also considers every one-process plan replayed as CUDA graphs, a
+    family of its own for the calibration; on CPUs it does not."""
+    from autoplace.auto import _graphed_rows
+    from autoplace.compare import compare
+
+    graph, cluster = setup
+    rows = compare(graph, cluster, ["single", "expert", "ddp", "pipeline"], progress=False)
+    twins = _graphed_rows(graph, cluster, rows)
+    assert {r["planner"] for r in twins} == {"single+graphs", "expert+graphs"}
+    for r in twins:
+        assert r["plan"].parallel.graphs and family(r["plan"]).endswith("+graphs")
+        assert r["sim_step_time_s"] > 0
+    assert _graphed_rows(graph, preset("cpu-x2"), rows) == []

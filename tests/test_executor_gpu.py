@@ -109,6 +109,31 @@ def test_streamed_copies_between_gpus_match(gpus, monkeypatch):
     check(execute(wl, plan, cluster=gpus, steps=3, warmup=1))
 
 
+@pytest.mark.parametrize("name", ["gpt-tiny", "inception-v3", "gnmt-2"])
+def test_graphed_placement_trains_like_the_reference(gpus, name, exact_convs):
+    """``parallel.graphs``: every run of ops on one device replays as a CUDA graph from
+    the second step on (warm-up 2: the timed steps replay), with the reference's losses;
+    the pieces really replay (none fell back to eager)."""
+    from autoplace.executor.local import _Graphed, build_local
+
+    wl = workloads.get(name, **SMALL[name])
+    graph = capture_graph(wl)
+    for mb in (1, 2):
+        check(execute(wl, split(graph, microbatches=mb, graphs=True), cluster=gpus, steps=5,
+                      warmup=2), steps=5)
+    plan = split(graph, microbatches=2, graphs=True)
+    devices = [torch.device("cuda:0"), torch.device("cuda:1")]
+    prog = build_local(capture_graph(workloads.get(name, **SMALL[name])).module, plan,
+                       devices, wl.loss_fn, graphs=True)
+    for _ in range(3):
+        x, y = wl.make_batch(wl.batch_size, "cuda:0")
+        prog(x, y).backward()
+    pieces = [m for m in prog.program.children() if isinstance(m, _Graphed)]
+    assert len(pieces) == 4
+    assert [p.failed for p in pieces] == [None] * 4
+    assert all(p._replay is not None for p in pieces)
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("name", ["gpt-tiny", "rnnlm"])
 def test_pipeline_on_two_gpus(gpus, name, schedule):

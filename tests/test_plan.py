@@ -74,11 +74,27 @@ def test_pipeline_chain(graph):
         (dict(schedule="zb"), "valid: gpipe, 1f1b"),
         (dict(shard="zero3"), "valid: none, zero2, fsdp"),
         (dict(pipeline=4, microbatches=2), "at least 4 microbatches"),
+        (dict(graphs=1), "parallel.graphs must be true or false"),
+        (dict(graphs=True, data=2), "valid only for a plan run in one process"),
+        (dict(graphs=True, pipeline=2, microbatches=2), "valid only for a plan run in one"),
     ],
 )
 def test_parallel_errors(kw, msg):
     with pytest.raises(PlanError, match=msg):
         ParallelConfig(**kw)
+
+
+def test_graphs_round_trip_and_older_plans(graph):
+    """``parallel.graphs`` is written only when on, so plans without it read as before."""
+    plain = Plan.single(graph)
+    assert "graphs" not in plain.to_json()["parallel"]
+    graphed = plain.with_parallel(graphs=True, microbatches=2)
+    assert Plan.loads(json.dumps(graphed.to_json())).parallel.graphs is True
+    assert graphed.split() == "mb=2 graphs"
+    assert graphed.parallel != plain.with_parallel(microbatches=2).parallel
+    with pytest.raises(PlanError, match="cannot be combined with recompute"):
+        Plan.from_groups(graph, graphed.groups, list(graphed.placement),
+                         parallel=graphed.parallel, recompute={0}).validate(graph)
 
 
 def test_shard_needs_data(graph):

@@ -353,3 +353,26 @@ def test_host_time_above_its_fixed_part_shrinks_with_the_microbatch():
     np.testing.assert_allclose(part, [w / 4 for w in whole], rtol=0.05)
     np.testing.assert_allclose(simulate_batch(g, [flow], cluster).step_time_s, part[1:],
                                rtol=1e-12)
+
+
+def test_graphed_plans_pay_host_time_per_piece_not_per_op():
+    """``parallel.graphs``: one replay per run of ops on one device, whatever its ops;
+    the scalar and the batch simulators agree."""
+    from autoplace.sim_model import GRAPH_PARAM_HOST_S, GRAPH_PIECE_HOST_S, graphed_host
+
+    graph = zoo_graph("gpt-small")
+    cluster = preset("h200x2")
+    plans = [split(graph, k, microbatches=m) for k in (1, 2) for m in (1, 4)]
+    graphed = [p.with_parallel(graphs=True) for p in plans]
+    eager_t = assert_batch_equals_scalar(graph, plans, cluster).step_time_s
+    graphs_t = assert_batch_equals_scalar(graph, graphed, cluster).step_time_s
+    # gpt-small's ops are short: eager it is host-bound, graphed far less so, and more
+    # microbatches cost eager far more host time than graphed
+    assert (graphs_t < eager_t).all()
+    assert eager_t[1] / eager_t[0] > graphs_t[1] / graphs_t[0]
+    # the per-op host time: a piece's cost on its first op, by its parameter tensors
+    dev = np.array([0, 0, 0, 1, 1, 0])
+    params = np.array([2, 0, 1, 3, 0, 4])
+    want = [GRAPH_PIECE_HOST_S + 3 * GRAPH_PARAM_HOST_S, 0, 0,
+            GRAPH_PIECE_HOST_S + 3 * GRAPH_PARAM_HOST_S, 0, GRAPH_PIECE_HOST_S + 4 * GRAPH_PARAM_HOST_S]
+    np.testing.assert_allclose(graphed_host(dev, params), want)

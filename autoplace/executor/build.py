@@ -102,7 +102,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                 "(DDP) or a pipeline"
             )
         program = build_local(gm, plan, devices, workload.loss_fn,
-                              order=_issue_order(graph, plan))
+                              order=_issue_order(graph, plan),
+                              graphs=True if par.graphs else None)
         model: nn.Module = program
         # a replica over several devices: DDP would all-reduce buckets on each of them,
         # but a NCCL process group serves one device per process; reduce on the first

@@ -385,13 +385,14 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         t_steps = time.perf_counter()
         tracer = _Tracer(opts, built.devices, rank, start)
         pin = any(d.type == "cuda" for d in built.devices)
+        cache = False if plan.parallel.graphs else None  # a capture needs autocast uncached
         for step in range(start, opts.steps):
             tracer.step(step)
             _maybe_fail(step, rank)
             inputs, targets = global_batch(workload, step, opts.seed, pin=pin)
             _sync(built.devices)
             t0 = time.perf_counter()
-            with _autocast(workload, built.devices[0]):
+            with _autocast(workload, built.devices[0], cache=cache):
                 loss = built.step(inputs, targets)
             opt.step()
             opt.zero_grad(set_to_none=True)
