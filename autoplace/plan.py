@@ -14,14 +14,15 @@ With ``parallel.pipeline = p > 1`` the placement must use exactly devices
 order (stage ``s`` on local device ``s``); every stage runs in its own process
 under ``torch.distributed.pipelining``. With ``pipeline == 1`` and several local
 devices, the replica runs in one process (any DAG placement; microbatches flow
-through it).
+through it); with ``parallel.graphs`` (one process, ``data == 1``) each run of ops on one
+device replays as a CUDA graph on GPUs.
 
 JSON (``"format": "autoplace.plan/1"``), never pickle::
 
     {"format": "autoplace.plan/1",
      "groups": {"op": 0, ...}, "placement": [0, 1, ...],
      "parallel": {"data": 1, "pipeline": 1, "microbatches": 1,
-                  "schedule": "gpipe", "shard": "none"},
+                  "schedule": "gpipe", "shard": "none"},   # + "graphs": true when on
      "recompute": [3, 4],
      "model": {"spec": "gpt-tiny", "options": {}, "fingerprint": "...", "num_ops": 123},
      "cluster": {...}, "predicted": {...} | null, "measured": {...} | null,
