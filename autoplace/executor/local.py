@@ -539,10 +539,10 @@ def build_local(
     issued once, before everything else, and shared by all microbatches.
     ``copy_streams``: edges between GPUs use :func:`move_to_streamed` (default: whether
     the environment sets ``AUTOPLACE_COPY_STREAMS=1``; off otherwise).
-    ``graphs``: on GPUs, each maximal run of ops on one device (consecutive in program
-    order) of each microbatch is one :class:`_Graphed` piece, replayed as a CUDA graph
-    after its first calls (on other devices the pieces run eagerly), and the pieces are issued in a diagonal wavefront (piece ``c``
-    of microbatch ``mb`` at step ``c + mb``) instead of ``order`` (default: whether the
+    ``graphs``: each maximal run of ops on one device (consecutive in program order) of
+    each microbatch is one :class:`_Graphed` piece, replayed as a CUDA graph after its
+    first call on GPUs (eager on other devices), and the pieces are issued in a diagonal
+    wavefront (:func:`_graph_units`) instead of ``order`` (default: whether the
     environment sets ``AUTOPLACE_CUDA_GRAPHS=1``). Not with recomputed groups. Under
     autocast, the caller must disable autocast's cache (``cache_enabled=False``).
     """
