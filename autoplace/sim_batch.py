@@ -26,6 +26,7 @@ from autoplace.sim_model import (
     GraphArrays,
     affine_collective,
     graph_arrays,
+    graphed_grad_bytes,
     graphed_host,
     host_times,
     replicas_identical,
@@ -356,6 +357,8 @@ def _memory(ga, plans, dev, gid, rc_op, pbytes, d, zero2, kk, m) -> np.ndarray:
     dcol = d[:, None]
     sharded = zero2[:, None] & (dcol > 1)
     grads = np.where(sharded, pbytes / dcol + np.minimum(float(BUCKET_BYTES), pbytes), pbytes)
+    graphed = np.array([pl.parallel.graphs for pl in plans])[:, None]
+    grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)  # (sim_local)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
     opt = np.where(sharded, opt / dcol, opt)
     kept = np.stack([np.where((dev == j) & ~rc_op, ga.act_bytes, 0.0).sum(1)

@@ -38,6 +38,7 @@ from autoplace.sim_model import (
     coll_resource,
     collective_time,
     fsdp_units,
+    graphed_grad_bytes,
     graphed_host,
     host_times,
     recompute_boundary_bytes,
@@ -375,6 +376,8 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     for j in range(k):
         on = dev == j
         mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j])
+        if plan.parallel.graphs:
+            mem.grads += graphed_grad_bytes(ga.param_bytes[on].sum(), m)
         kept = ga.act_bytes[on & ~rc_op].sum()
         kept += sum(b for g, b in rc_bytes.items() if plan.placement[g] == j)
         held = lp.m if inflight is None else inflight[j]

@@ -197,6 +197,15 @@ def graphed_host(dev: np.ndarray, param_count: np.ndarray) -> np.ndarray:
     return np.where(start, GRAPH_PIECE_HOST_S + GRAPH_PARAM_HOST_S * params[piece], 0.0)
 
 
+def graphed_grad_bytes(param_bytes: np.ndarray | float, m: int) -> np.ndarray | float:
+    """Gradient memory a graphed plan holds beyond eager's one ``.grad`` per parameter:
+    each microbatch's piece returns its parameters' gradients in static buffers of its
+    own, and only the first microbatch's become the ``.grad`` (2x H200, session 19:
+    gpt-1b's halves, 1.9 GiB of parameters each, peaked 1.5-2.1, 5.0-5.3 and 12.6-12.7 GiB
+    higher per GPU graphed with 2, 4 and 8 microbatches; this predicts 1.9, 5.7, 13.3)."""
+    return (m - 1) * param_bytes
+
+
 def fixed_part(t: np.ndarray, fixed: np.ndarray | None, overhead: np.ndarray | float
                ) -> np.ndarray:
     """The part of op time ``t`` no batch split removes: ``min(fixed, t)`` where the

@@ -370,6 +370,16 @@ def test_graphed_plans_pay_host_time_per_piece_not_per_op():
     # microbatches cost eager far more host time than graphed
     assert (graphs_t < eager_t).all()
     assert eager_t[1] / eager_t[0] > graphs_t[1] / graphs_t[0]
+    # memory: every microbatch but the first holds its own copy of its pieces' gradients
+    eager_b = simulate_batch(graph, plans, cluster).peak_memory_bytes
+    graphs_b = simulate_batch(graph, graphed, cluster).peak_memory_bytes
+    for plan, e, g in zip(plans, eager_b, graphs_b):
+        m = plan.parallel.microbatches
+        on = [sum(op.param_bytes for op in graph if plan.device_of(op.name) == j)
+              for j in range(cluster.num_devices)]
+        np.testing.assert_allclose(g - e, [(m - 1) * b for b in on], rtol=1e-9, atol=1)
+        single = simulate(graph, plan.with_parallel(graphs=True), cluster)
+        np.testing.assert_allclose(single.peak_memory_bytes, g, rtol=1e-9)
     # the per-op host time: a piece's cost on its first op, by its parameter tensors
     dev = np.array([0, 0, 0, 1, 1, 0])
     params = np.array([2, 0, 1, 3, 0, 4])
