@@ -99,6 +99,8 @@ class PlanConfig(ModelArgs, ClusterArgs):
     profile_dir: str | None = opt(
         None, "profile cache folder (autoplace profile --cache-dir): measured op times; "
         "--planner auto also reads and saves the simulator's calibration there")
+    graphs: bool = opt(False, "replay each run of ops on one device as a CUDA graph on "
+                              "GPUs (plans run in one process; auto tries this itself)")
 
 
 @dataclass(kw_only=True)
@@ -381,6 +383,9 @@ def cmd_plan(cfg: PlanConfig) -> int:
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
     graph = _graph_of(wl, cfg.profile_dir, cluster)
     t0 = time.perf_counter()
+    if cfg.graphs and cfg.planner == "auto" and not cfg.policy:
+        raise AutoplaceError("--graphs with --planner auto: auto already measures every "
+                             "one-process plan graphed too, and keeps it where it is faster")
     if cfg.policy:
         from autoplace.policies import place
 
@@ -394,6 +399,12 @@ def cmd_plan(cfg: PlanConfig) -> int:
         planner = baselines.get(cfg.planner)
         seeded = "seed" in inspect.signature(inspect.unwrap(planner)).parameters
         plan = planner(graph, cluster, **({"seed": cfg.seed} if seeded else {}))
+    if cfg.graphs:
+        try:
+            plan = plan.with_parallel(graphs=True)
+        except AutoplaceError as e:
+            raise AutoplaceError(f"--graphs: {plan.planner.get('name', 'this')} planner's "
+                                 f"plan ({plan.split()}) {e}") from None
     from autoplace.sim import simulate
 
     res = simulate(graph, plan, cluster)

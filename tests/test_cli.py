@@ -61,6 +61,21 @@ def test_plan_simulate_show(plan_file, tmp_path):
     assert gantt.stat().st_size > 5000
 
 
+def test_plan_with_cuda_graphs(tmp_path):
+    """--graphs marks a one-process plan graphed; a multi-process plan gets a clear error."""
+    path = tmp_path / "g.json"
+    p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "expert",
+            "--graphs", "-o", str(path))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(path.read_text())["parallel"]["graphs"] is True
+    assert "graphs" in p.stdout
+    bad = tmp_path / "ddp.json"
+    p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "ddp",
+            "--graphs", "-o", str(bad))
+    assert_clean_error(p, "--graphs", "ddp", "one process")
+    assert not bad.exists()
+
+
 def test_corrupt_plan(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "autoplace.plan/1", "groups": ')
