@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autoplace.errors import AutoplaceError
+from autoplace.errors import AutoplaceError, PlanError
 from autoplace.plan import Plan
 
 __all__ = ["auto_plan", "family", "parse_duration", "signature"]
@@ -116,11 +116,13 @@ def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[
     out = []
     for r in rows:
         plan = r.get("plan")
-        if plan is None or r.get("oom") or plan.recompute or plan.parallel.graphs \
-                or plan.parallel.pipeline > 1 or plan.parallel.data > 1:
+        if plan is None or r.get("oom") or plan.recompute or plan.parallel.graphs:
             continue
-        out.append(_sim_row(graph, cluster, f"{r['planner']}+graphs",
-                            plan.with_parallel(graphs=True)))
+        try:  # ParallelConfig says which plans run in one process
+            twin = plan.with_parallel(graphs=True)
+        except PlanError:
+            continue
+        out.append(_sim_row(graph, cluster, f"{r['planner']}+graphs", twin))
     return out
 
 
@@ -347,7 +349,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     # the best prediction
     fastest = min(corrected(c) for c in cands)
     for name, sig in manual:
-        c = next((c for c in cands if signature(c["plan"]) == sig), None)
+        c = by_sig.get(sig)
         if c is None or c in pinned or corrected(c) >= 1e3:
             continue
         if name == halves_name(cluster.num_devices) or corrected(c) <= MANUAL_WITHIN * fastest:

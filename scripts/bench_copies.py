@@ -78,6 +78,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _off(x: float, ref: float, rel: float, floor: float) -> bool:
+    """``x`` differs from ``ref`` by more than ``rel`` of ``max(floor, |ref|)``."""
+    return abs(x - ref) > rel * max(floor, abs(ref))
+
+
 def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
              ) -> dict[str, Any]:
     """Both ways of one plan, interleaved: per way the step times' median and spread."""
@@ -98,8 +103,7 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
 
     with torch.no_grad():
         losses = {v: float(fwd(v, *global_batch(wl, 0, 0, pin=v == "pinned"))) for v in ways}
-    ref = losses[ways[0]]
-    if any(abs(x - ref) > 1e-3 * max(1.0, abs(ref)) for x in losses.values()):
+    if any(_off(x, losses[ways[0]], 1e-3, 1.0) for x in losses.values()):
         raise SystemExit(f"{label}: the ways disagree on batch 0's loss: {losses}")
 
     step_no = 1
@@ -181,9 +185,8 @@ def run_plan(wl, graph, plan, devices, args, trace_dir: Path | None, label: str
         opt.zero_grad(set_to_none=True)
         res["loss_and_grad_norm_batch0"] = agree
         ref_l, ref_g = agree[ways[0]]
-        bad = {v: x for v, x in agree.items() if abs(x[0] - ref_l) > 1e-3 * max(1.0, abs(ref_l))
-               or abs(x[1] - ref_g) > 1e-2 * max(1e-6, ref_g)}
-        if bad:
+        if any(_off(x[0], ref_l, 1e-3, 1.0) or _off(x[1], ref_g, 1e-2, 1e-6)
+               for x in agree.values()):
             raise SystemExit(f"{label}: the ways disagree with autograd: {agree}")
     graphed = next((v for v in ways if v.startswith("graphs")), None)
     if graphed:  # how many pieces replay as graphs, and why others do not

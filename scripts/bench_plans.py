@@ -52,11 +52,11 @@ from typing import Any
 
 import torch
 
-from autoplace.baselines.manual import hand_written
+from autoplace.baselines.manual import halves_name, hand_written
 
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
-MANUAL = ("single", "two-halves", "ddp", "fsdp", "pipeline-gpipe", "pipeline-1f1b",
-          *(f"{n}-parts" for n in (3, 4, 8)))
+MANUAL = ("single", *(halves_name(n) for n in (2, 3, 4, 8)), "ddp", "fsdp", "pipeline-gpipe",
+          "pipeline-1f1b")
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     # the workload of shared/MEASURED.md

@@ -32,8 +32,8 @@ from torch.utils.checkpoint import checkpoint
 from autoplace.capture import fetch_attr
 from autoplace.plan import Plan
 
-__all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "issue_order", "move_to",
-           "move_to_streamed"]
+__all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env", "issue_order",
+           "move_to", "move_to_streamed"]
 
 _META_METHODS = {"size", "dim", "numel", "ndimension", "get_device", "element_size"}
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
@@ -129,6 +129,11 @@ class _Checkpointed(nn.Module):
 #: ``AUTOPLACE_CUDA_GRAPHS=1``: one-process placements replay each run of ops on one
 #: device as a CUDA graph (read by :func:`build_local` when ``graphs`` is None)
 CUDA_GRAPHS_ENV = "AUTOPLACE_CUDA_GRAPHS"
+
+
+def graphs_from_env() -> bool:
+    """Whether the environment asks for CUDA graphs (``AUTOPLACE_CUDA_GRAPHS=1``)."""
+    return os.environ.get(CUDA_GRAPHS_ENV, "0") == "1"
 #: eager calls of a graphed piece before it is captured (lazy initialisation and cuDNN's
 #: algorithm search happen there; the capture runs two more warm-up passes of its own):
 #: with the runner's 2 warm-up steps, the second captures and timed steps replay
@@ -549,7 +554,7 @@ def build_local(
     if copy_streams is None:
         copy_streams = os.environ.get(COPY_STREAMS_ENV, "0") == "1"
     if graphs is None:
-        graphs = os.environ.get(CUDA_GRAPHS_ENV, "0") == "1"
+        graphs = graphs_from_env()
     graphs = bool(graphs and not plan.recompute)
     m = microbatches or plan.parallel.microbatches
     plan_dev = {n.name: plan.device_of(n.name) for n in gm.graph.nodes}
@@ -597,21 +602,22 @@ def build_local(
             if whole:
                 graphed.add(len(units))
             units.append(unit)
-        order = []
-    elif order is None:
-        order = issue_order(gm, dev_of, m)
-    order = [(mb, name) for mb, name in order
-             if nodes[name].op not in ("placeholder", "get_attr", "output")]
-    for mb, name in order:
-        node = nodes[name]
-        grp = plan.groups[name] if (plan.groups[name] in rc and not _is_meta_op(node)) else None
-        last = units[-1] if units else None
-        if (grp is not None and last and last[0][0] == mb
-                and plan.groups[last[0][1]] == grp and not _is_meta_op(nodes[last[0][1]])
-                and plan.groups[last[0][1]] in rc):
-            last.append((mb, name))
-        else:
-            units.append([(mb, name)])
+    else:
+        if order is None:
+            order = issue_order(gm, dev_of, m)
+        for mb, name in order:
+            node = nodes[name]
+            if node.op in ("placeholder", "get_attr", "output"):
+                continue
+            grp = plan.groups[name] if (plan.groups[name] in rc and not _is_meta_op(node)) \
+                else None
+            last = units[-1] if units else None
+            if (grp is not None and last and last[0][0] == mb
+                    and plan.groups[last[0][1]] == grp and not _is_meta_op(nodes[last[0][1]])
+                    and plan.groups[last[0][1]] in rc):
+                last.append((mb, name))
+            else:
+                units.append([(mb, name)])
 
     out_dev = plan_dev[output.name]
     b.attrs["_loss"] = _Loss(loss_fn)

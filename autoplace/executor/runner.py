@@ -182,9 +182,9 @@ def _autocast(workload: Workload, device: torch.device, cache: bool | None = Non
     weights within a forward (default: unless CUDA graphs are on, which cannot capture
     with it: ``AUTOPLACE_CUDA_GRAPHS=1``)."""
     if cache is None:
-        from autoplace.executor.local import CUDA_GRAPHS_ENV
+        from autoplace.executor.local import graphs_from_env
 
-        cache = os.environ.get(CUDA_GRAPHS_ENV, "0") != "1"
+        cache = not graphs_from_env()
     if device.type == "cuda" and workload.autocast_dtype:
         return torch.autocast("cuda", dtype=getattr(torch, workload.autocast_dtype),
                               cache_enabled=cache)
