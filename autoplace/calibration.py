@@ -116,6 +116,10 @@ class Calibration:
         r = self._ratios("measured_peak_bytes", "sim_peak_bytes", fam)
         return statistics.median(r) if r else 1.0
 
+    def memory_measured(self, fam: str) -> bool:
+        """Whether a run of family ``fam`` measured its peak (or ran out of memory)."""
+        return bool(self._ratios("measured_peak_bytes", "sim_peak_bytes", fam))
+
     @property
     def time_factors(self) -> dict[str, float]:
         """Per family, the factor of planners' plans; ``"<family> (searched)"`` for plans

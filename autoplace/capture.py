@@ -483,6 +483,7 @@ def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | Non
         ops.append(op)
     graph = OpGraph(name, ops, edges, module=gm)
     graph.capture_method = method
+    graph.autocast_dtype = autocast_dtype
     return graph
 
 

@@ -159,6 +159,8 @@ class OpGraph:
                 )
         self.index: dict[str, int] = pos
         self.module = module
+        #: the dtype autocast trains in (set by capture): FSDP2 gathers parameters in it
+        self.autocast_dtype: str | None = None
         self._fingerprint: str | None = None
 
     # ----------------------------------------------------------------- access
@@ -280,13 +282,16 @@ class OpGraph:
 
     # -------------------------------------------------------------------- json
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": GRAPH_FORMAT,
             "name": self.name,
             "fingerprint": self.fingerprint,
             "nodes": [op.to_dict() for op in self],
             "edges": [list(e) for e in self.edges],
         }
+        if self.autocast_dtype:
+            out["autocast_dtype"] = self.autocast_dtype
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> OpGraph:
@@ -294,7 +299,10 @@ class OpGraph:
             raise AutoplaceError(f"not an OpGraph file: expected \"format\": \"{GRAPH_FORMAT}\"")
         nodes = [OpNode.from_dict(d) for d in data["nodes"]]
         edges = [(str(u), str(v), int(b)) for u, v, b in data["edges"]]
-        return cls(str(data["name"]), nodes, edges)
+        graph = cls(str(data["name"]), nodes, edges)
+        if data.get("autocast_dtype") in ("bfloat16", "float16"):
+            graph.autocast_dtype = data["autocast_dtype"]
+        return graph
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json()))

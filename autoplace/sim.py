@@ -193,7 +193,7 @@ def sharded_host_s(graph: OpGraph, plan: Plan, cluster: Cluster) -> float:
     waits for: the largest such sum over the devices of a replica (they run in parallel).
     """
     par = plan.parallel
-    if par.data <= 1 or par.shard not in ("fsdp", "zero2"):
+    if par.data <= 1 or par.shard not in ("fsdp", "zero2") or par.pipeline <= 1:
         return 0.0
     phases = 3 if par.shard == "fsdp" else 2
     ga = graph_arrays(graph)

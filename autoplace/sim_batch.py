@@ -4,8 +4,8 @@ The same model as ``sim_local``, step for step: at step ``s`` every plan process
 the ``s``-th item of its own issue order, so each plan's compute and link queues
 see the same order as in the scalar path. Arrays are laid out ``[item, plan]`` so a
 step touches contiguous memory; predecessor and successor lists are flattened (CSR)
-and reduced with ``np.maximum.reduceat``. Plans with ``pipeline > 1``, FSDP, or
-replicas on unlike devices go through the scalar path. Host issue time is the
+and reduced with ``np.maximum.reduceat``. Plans with ``pipeline > 1``, ZeRO-2 or
+FSDP, or replicas on unlike devices go through the scalar path. Host issue time is the
 scalar path's too: one forward host clock per plan, advanced by the device's
 ``host_dispatch_s`` at every step, and one backward host clock per (plan, device).
 """
@@ -49,7 +49,7 @@ def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostT
     by_m: dict[int, list[int]] = {}
     for p, plan in enumerate(plans):
         par = plan.parallel
-        if par.pipeline > 1 or par.shard == "fsdp" or not replicas_identical(cluster, plan):
+        if par.pipeline > 1 or par.shard != "none" or not replicas_identical(cluster, plan):
             sim = simulate_pipeline if par.pipeline > 1 else simulate_local
             out = sim(ga, plan, cluster, tables, False)
             step[p] = out["step"]
@@ -130,7 +130,6 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     k_plan = np.array([p.devices_per_replica for p in plans])
     kk = int(k_plan.max())
     d = np.array([p.parallel.data for p in plans], np.float64)
-    zero2 = np.array([p.parallel.shard == "zero2" for p in plans])
     mdiv = m * d  # the scalar path divides by m * d
 
     # ---- op times [n, P]
@@ -281,11 +280,11 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     dev_free = dev_free.reshape(num, kk)
     last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
 
-    return _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, zero2, k_plan, kk, m,
+    return _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
                    cluster, tables)
 
 
-def _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, zero2, k_plan, kk, m,
+def _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
             cluster: Cluster, tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
     num, n = dev.shape
     pidx = np.arange(num)
@@ -322,27 +321,18 @@ def _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, zero2, k_plan, kk
             ready = np.zeros(num * nbk)
             ready[key[starts]] = np.maximum.reduceat(last_bwd[:, ::-1][has], starts)
             ready = ready.reshape(num, nbk)
-            c_ar, c_rs = coeffs("allreduce", j), coeffs("reducescatter", j)
-            c = np.where(zero2[:, None], c_rs, c_ar)
+            c = coeffs("allreduce", j)
             for b in range(nbk):
                 x = nbytes[:, b]
                 t = np.maximum(coll[:, j], ready[:, b]) + (c[:, 0] + c[:, 1] * x)
                 coll[:, j] = np.where(x > 0, t, coll[:, j])
 
-    sharded = zero2
     bw = tables.mem_bandwidth[:kk]
     t_up = UPDATE_TRAFFIC_PER_PARAM_BYTE * pbytes / bw[None, :]
-    t_up = np.where(sharded[:, None], t_up / d[:, None], t_up)
     upd_end = np.where(t_up > 0, np.maximum(dev_free, coll) + t_up, dev_free)
     step = np.maximum(upd_end, coll).max(1)
-    if zero2.any():
-        for j in range(kk):
-            c = coeffs("allgather", j)
-            e0 = np.maximum(coll[:, j], upd_end[:, j]) + (c[:, 0] + c[:, 1] * pbytes[:, j])
-            ok = zero2 & (pbytes[:, j] > 0)
-            step = np.where(ok, np.maximum(step, e0), step)
 
-    mem = _memory(ga, plans, dev, gid, rc_op, pbytes, d, zero2, kk, m)
+    mem = _memory(ga, plans, dev, gid, rc_op, pbytes, d, kk, m)
     peak = np.zeros((num, cluster.num_devices))
     for p in range(num):
         k = int(k_plan[p])
@@ -351,16 +341,14 @@ def _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, zero2, k_plan, kk
     return step, peak
 
 
-def _memory(ga, plans, dev, gid, rc_op, pbytes, d, zero2, kk, m) -> np.ndarray:
+def _memory(ga, plans, dev, gid, rc_op, pbytes, d, kk, m) -> np.ndarray:
     num, n = dev.shape
     pidx = np.arange(num)
     dcol = d[:, None]
-    sharded = zero2[:, None] & (dcol > 1)
-    grads = np.where(sharded, pbytes / dcol + np.minimum(float(BUCKET_BYTES), pbytes), pbytes)
+    grads = pbytes
     graphed = np.array([pl.parallel.graphs for pl in plans])[:, None]
     grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)  # (sim_local)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
-    opt = np.where(sharded, opt / dcol, opt)
     kept = np.stack([np.where((dev == j) & ~rc_op, ga.act_bytes, 0.0).sum(1)
                      for j in range(kk)], 1)
     big_out = np.stack([np.where(dev == j, ga.out_bytes, 0.0).max(1) for j in range(kk)], 1)

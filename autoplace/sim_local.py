@@ -155,8 +155,8 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     if plan.parallel.graphs:
         hf_op = hb_op = graphed_host(np.asarray(dev), ga.param_count)
     hf_op, hb_op = hf_op.tolist(), hb_op.tolist()
-    # DDP's backward hook per parameter tensor, on the autograd thread (not under ZeRO/FSDP:
-    # their per-parameter work is added to the step, sim.sharded_host_s)
+    # DDP's backward hook per parameter tensor, on the autograd thread (ZeRO-2 / FSDP:
+    # FSDP2's per-parameter work, sim_fsdp)
     ddp_h = [float(tables.ddp_host[c]) if lp.d > 1 and lp.shard == "none" else 0.0
              for c in ids]
     npar = ga.param_count
@@ -171,7 +171,9 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     def label(item: int) -> str:
         return names[item % n] if m == 1 else f"{names[item % n]}#mb{item // n}"
 
-    fs = FsdpStreams(ga, lp, cluster, plan) if lp.shard == "fsdp" else None
+    sharded = lp.d > 1 and lp.shard in ("fsdp", "zero2")
+    fs = FsdpStreams(ga, lp, cluster, plan, [float(tables.shard_host[c]) for c in ids]) \
+        if sharded else None
     if fs:
         for j in range(k):
             fs.prefetch(j, 0.0, "f", events if record else None)
@@ -189,6 +191,8 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
             if t > ready:
                 ready = t
         host_f += hf_op[i]
+        if fs is not None:
+            host_f += fs.host(i, "f")
         start = dev_free[d] if dev_free[d] > ready else ready
         if host_f > start:
             start = host_f
@@ -242,6 +246,8 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
             if r > ready:
                 ready = r
         host_b[d] += hb_op[i] + npar[i] * ddp_h[d]
+        if fs is not None:
+            host_b[d] += fs.host(i, "b")
         start = dev_free[d] if dev_free[d] > ready else ready
         if host_b[d] > start:
             start = host_b[d]
@@ -254,7 +260,7 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
         if fin > last_bwd[i]:
             last_bwd[i] = fin
         if fs is not None and fs.unit_of[i] >= 0:
-            fs.done(i, fin, events if record else None)
+            host_b[d] += fs.done(i, fin, host_b[d], events if record else None)
         if record:
             events.append(Event(f"dev{base + d}", label(item), start, fin, "bwd"))
     coll_free = fs.coll_free if fs else [0.0] * k
@@ -291,7 +297,7 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
     # ---- gradient collectives overlapped with backward (DDP / ZeRO-2 buckets)
     coll_end = [max(runs[r].coll_free[j] for r in reps) for j in range(k)]
     own_rs = all(getattr(runs[r], "fsdp_reduced", False) for r in reps)
-    if d > 1 and not (shard == "fsdp" and own_rs):
+    if d > 1 and not own_rs:
         kind = "allreduce" if shard == "none" else "reducescatter"
         for j in range(k):
             c = affine_collective(cluster, kind, replica_group(plan, j))
@@ -317,12 +323,12 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
             step = max(step, end, coll_end[j])
             if record and r == 0 and t_up:
                 events.append(Event(f"dev{c}", "update", s0, end, "update"))
-    if shard == "zero2":
+    if shard == "zero2" and not own_rs:  # pipeline stages: one gather after the update
         for j in range(k):
             if pbytes[j]:
                 c = affine_collective(cluster, "allgather", replica_group(plan, j))
                 s0 = max(coll_end[j], upd_end[j])
-                e0 = s0 + collective_time(c, pbytes[j])
+                e0 = s0 + collective_time(c, ga.gather_scale * pbytes[j])
                 step = max(step, e0)
                 if record:
                     events.append(Event(coll_resource(j, k), "params", s0, e0, "allgather"))
@@ -364,7 +370,7 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     group = lp.group
     rc_bytes = recompute_boundary_bytes(ga, group, lp.recompute)
     max_unit = [0.0] * k
-    if lp.shard == "fsdp":
+    if lp.shard in ("fsdp", "zero2"):
         _, ub, ud = fsdp_units(ga, lp.dev, k)
         for b, j in zip(ub, ud):
             max_unit[j] = max(max_unit[j], b)
@@ -375,7 +381,7 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     out = []
     for j in range(k):
         on = dev == j
-        mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j])
+        mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j], ga.gather_scale)
         if plan.parallel.graphs:
             mem.grads += graphed_grad_bytes(ga.param_bytes[on].sum(), m)
         kept = ga.act_bytes[on & ~rc_op].sum()

@@ -63,6 +63,7 @@ class GraphArrays:
     act_bytes: np.ndarray
     out_bytes: np.ndarray
     block_key: list[str]  # FSDP unit key per op (module path up to the first integer)
+    gather_scale: float = 1.0  # FSDP2 gathers parameters at autocast's dtype: 0.5 of fp32
 
 
 def graph_arrays(graph: OpGraph) -> GraphArrays:
@@ -95,6 +96,7 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
         out_bytes=np.array([op.transient_bytes for op in ops], dtype=np.float64),
         block_key=[_block_key(op.module_path) for op in ops],
+        gather_scale=0.5 if graph.autocast_dtype in ("bfloat16", "float16") else 1.0,
     )
     graph.__dict__["_sim_arrays"] = arrays
     return arrays
@@ -126,6 +128,7 @@ class CostTables:
     overhead: np.ndarray  # [N] launch overhead, seconds
     host: np.ndarray  # [N] host seconds to issue one op (``host_dispatch_s``)
     ddp_host: np.ndarray  # [N] backward host seconds per parameter tensor under DDP
+    shard_host: np.ndarray  # [N] host seconds per parameter tensor per FSDP2 collective
     mem_bandwidth: np.ndarray  # [N] bytes/s
     usable_memory: np.ndarray  # [N] bytes
     alpha: np.ndarray  # [N, N] link latency
@@ -155,6 +158,7 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         overhead=np.array([d.launch_overhead_s for d in cluster.devices], dtype=np.float64),
         host=np.array([d.host_dispatch_s for d in cluster.devices], dtype=np.float64),
         ddp_host=np.array([d.ddp_param_host_s for d in cluster.devices], dtype=np.float64),
+        shard_host=np.array([d.shard_param_host_s for d in cluster.devices], dtype=np.float64),
         mem_bandwidth=np.array([d.memory_bandwidth for d in cluster.devices], dtype=np.float64),
         usable_memory=np.array([d.usable_memory_bytes for d in cluster.devices], dtype=np.float64),
         alpha=alpha,
@@ -267,7 +271,7 @@ def replicas_identical(cluster: Cluster, plan: Plan) -> bool:
         ids = [r * k + j for j in range(k)]
         devs = tuple(
             (x.kind, x.launch_overhead_s, x.host_dispatch_s, x.ddp_param_host_s,
-             x.memory_bandwidth)
+             x.shard_param_host_s, x.memory_bandwidth)
             for x in (cluster.devices[i] for i in ids)
         )
         links = tuple(
@@ -358,18 +362,22 @@ class MemoryModel:
         }
 
 
-def state_memory(param_bytes: float, d: int, shard: str, max_unit: float = 0.0) -> MemoryModel:
-    """Parameters, gradients and AdamW state of ``param_bytes`` under a sharding mode."""
+def state_memory(param_bytes: float, d: int, shard: str, max_unit: float = 0.0,
+                 gather_scale: float = 1.0) -> MemoryModel:
+    """Parameters, gradients and AdamW state of ``param_bytes`` under a sharding mode.
+
+    Sharded, the gathered parameters take ``gather_scale`` of their bytes (FSDP2 gathers
+    at the autocast dtype)."""
     pb = float(param_bytes)
     if shard == "none" or d == 1:
         return MemoryModel(params=pb, grads=pb, optimizer=OPTIMIZER_STATE_PER_PARAM_BYTE * pb)
     # an unsharded gradient bucket exists until it is reduce-scattered
     grads = pb / d + min(float(BUCKET_BYTES), pb)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pb / d
-    if shard == "zero2":
-        return MemoryModel(params=pb, grads=grads, optimizer=opt)
+    if shard == "zero2":  # the shard, and every unit gathered from forward to backward
+        return MemoryModel(params=pb / d + gather_scale * pb, grads=grads, optimizer=opt)
     # fsdp: the current and the prefetched unit are gathered whole
-    params = min(pb, pb / d + 2.0 * max_unit)
+    params = min(pb, pb / d + 2.0 * gather_scale * max_unit)
     return MemoryModel(params=params, grads=grads, optimizer=opt)
 
 

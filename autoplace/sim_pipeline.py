@@ -130,7 +130,7 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
             c = affine_collective(cluster, "allgather", replica_group(plan, s))
             t = 0.0
             for u in (u for u, j in enumerate(unit_dev) if j == s):
-                t0, t = t, t + collective_time(c, unit_bytes[u])
+                t0, t = t, t + collective_time(c, ga.gather_scale * unit_bytes[u])
                 if t0 == 0.0:
                     free[s] = t
                 if record and base == 0:

@@ -12,7 +12,7 @@ deterministic planner made (the hand-written options, expert, hash, critical-pat
 m-etf, m-sct, hybrid-dp and the named hybrids; a stochastic planner's plan only where
 the results say it was the same plan as one of those), simulates it, and prints per
 scenario: the simulated time stored in the JSON, the one simulated now, the measured
-one, and the median simulator error and Kendall tau of both against the measurements.
+one, the largest simulated and measured peak memory of a device, and the median simulator error and Kendall tau of both against the measurements.
 
 With the simulator unchanged the two columns agree (the check that the plans were
 rebuilt right); after a change to the simulator they show what the change does to
@@ -120,11 +120,15 @@ def replay(result: dict[str, Any], profiles: str | None) -> list[dict[str, Any]]
             if src is None:
                 continue
             plan = plans[src]
+            sim = simulate(graph, plan, cl)
             rows.append({"planner": r["planner"], "split": plan.split(),
                          "sim_stored_s": r["sim_step_time_s"],
-                         "sim_now_s": simulate(graph, plan, cl).step_time_s,
+                         "sim_now_s": sim.step_time_s,
                          "measured_s": r["measured_step_time_s"]
                          if not r.get("oom_measured") else None,
+                         "sim_peak_now_bytes": max(sim.peak_memory_bytes),
+                         "measured_peak_bytes": max(r["peak_memory_bytes"])
+                         if r.get("peak_memory_bytes") else None,
                          "same_split": plan.split() == r["parallel"]})
         out.append({"name": rec["name"], "profiled": profiled, "plans": rows,
                     **fidelity(rows)})
@@ -173,16 +177,21 @@ def main(argv: list[str] | None = None) -> int:
     def ms(x):
         return f"{x * 1e3:8.2f}" if x else "       -"
 
+    def gib(x):
+        return f"{x / 2**30:6.2f}" if x else "     -"
+
     def f2(x):
         return f"{x:.2f}" if x is not None else "-"
 
     for sc in out:
         print(f"{sc['name']} ({'profiled' if sc['profiled'] else 'analytic costs'})")
-        print(f"  {'planner':>16} {'stored':>8} {'now':>8} {'measured':>8}")
+        print(f"  {'planner':>16} {'stored':>8} {'now':>8} {'measured':>8}   "
+              f"peak GiB now / measured")
         for r in sc["plans"]:
             flag = "" if r["same_split"] else "  (rebuilt split differs)"
             print(f"  {r['planner']:>16} {ms(r['sim_stored_s'])} {ms(r['sim_now_s'])} "
-                  f"{ms(r['measured_s'])}{flag}")
+                  f"{ms(r['measured_s'])}   {gib(r['sim_peak_now_bytes'])} / "
+                  f"{gib(r['measured_peak_bytes'])}{flag}")
         print(f"  {sc['measured_plans']} measured plans: median error "
               f"{f2(sc['error_stored'])} stored, {f2(sc['error_now'])} now; Kendall tau "
               f"{f2(sc['tau_stored'])} stored, {f2(sc['tau_now'])} now")

@@ -196,3 +196,8 @@ def test_pool_job_frees_an_out_of_memory_run_before_the_next(gpus):
         ok = pool.run(split(graph), wl, opts, cluster=capped)
         assert ok.error is None, ok.error
         assert ok.extra["pool_run"] == 2 and ok.extra["leftover_allocated_bytes"] == 0
+        # under a cap the allocator grows segments in place (build.cap_allocator), and
+        # goes back to fixed segments for an uncapped run in the same process
+        assert ok.extra["expandable_segments"] is True
+        free = pool.run(split(graph), wl, opts, cluster=gpus)
+        assert free.error is None and free.extra["expandable_segments"] is False

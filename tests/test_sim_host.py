@@ -246,22 +246,39 @@ def test_ddp_hook_time_bounds_short_ops_and_hides_behind_long_ones():
                 == simulate(graph, other, cluster).step_time_s
 
 
-def test_sharded_plans_add_their_per_parameter_work_to_the_step():
+def test_sharded_plans_per_parameter_work_runs_on_the_host_threads():
+    """FSDP2's work per parameter tensor and collective (fsdp: gather in forward, gather
+    and reduce-scatter in backward; zero2: no backward gather) is issued by the forward
+    host thread and the autograd threads: it bounds a step of short ops and hides behind
+    long ones. Pipeline stages add it to the step (``sharded_host_s``)."""
     from autoplace.sim import sharded_host_s
 
-    graph = param_chain(12, 1e-4)
     c = 0.5e-3
     base = preset("cpu-x2")
     cluster = with_param_host(base, 0.0, c)
-    for shard, phases in (("fsdp", 3), ("zero2", 2), ("none", 0)):
-        plan = Plan.single(graph).with_parallel(data=2, shard=shard)
-        assert sharded_host_s(graph, plan, cluster) == pytest.approx(phases * 24 * c)
-        res = simulate(graph, plan, cluster, timeline=True)
+    for fwd, bound in ((1e-7, True), (1e-1, False)):
+        graph = param_chain(12, fwd)  # 12 ops of 2 parameter tensors
+        for shard, phases in (("fsdp", 3), ("zero2", 2), ("none", 0)):
+            plan = Plan.single(graph).with_parallel(data=2, shard=shard)
+            assert sharded_host_s(graph, plan, cluster) == 0.0  # one process: in the clocks
+            t0 = simulate(graph, plan, base).step_time_s
+            t1 = simulate(graph, plan, cluster).step_time_s
+            if bound:  # the host's work, with what the devices do in its shadow
+                assert phases * 24 * c <= t1 <= phases * 24 * c + t0, shard
+                assert (t1 == t0) == (phases == 0)
+            else:  # only the first gather's and the last reduce-scatter's work show
+                assert t1 - t0 <= 4 * c + 1e-9, shard
+            assert simulate_batch(graph, [plan], cluster).step_time_s[0] == pytest.approx(
+                t1, rel=1e-12)
+    graph = param_chain(12, 1e-4)
+    c4 = with_param_host(preset("cpu-x4"), 0.0, c)
+    for shard, phases in (("fsdp", 3), ("zero2", 2)):
+        plan = split(graph, 2, pipeline=2, microbatches=2).with_parallel(data=2, shard=shard)
+        assert sharded_host_s(graph, plan, c4) == pytest.approx(phases * 12 * c)
+        res = simulate(graph, plan, c4, timeline=True)
         assert res.step_time_s == pytest.approx(
-            simulate(graph, plan, base).step_time_s + phases * 24 * c, rel=1e-12)
-        assert simulate_batch(graph, [plan], cluster).step_time_s[0] == pytest.approx(
-            res.step_time_s, rel=1e-12)
-        assert any(e.resource == "host" for e in res.timeline) == (phases > 0)
+            simulate(graph, plan, preset("cpu-x4")).step_time_s + phases * 12 * c, rel=1e-12)
+        assert any(e.resource == "host" for e in res.timeline)
 
 
 # ------------------------------------------------------- profiled per-op host times

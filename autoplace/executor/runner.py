@@ -370,6 +370,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             exec_graph = capture_graph(exec_workload, micro)
         else:  # the model trained is the one captured above: reuse that capture
             exec_graph = capture_graph(exec_workload) if copy_model else graph
+        report.extra["expandable_segments"] = build.cap_allocator(cluster)
         built = build.build_rank(exec_workload, exec_graph, plan, cluster, rank, micro)
         build.apply_memory_caps(built.devices, cluster, built.cluster_indices)
         for d in built.devices:
@@ -435,6 +436,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         t_free = time.perf_counter()
         _free()
         build.reset_memory_caps(all_devices)
+        build.cap_allocator(None)
         report.extra["teardown_s"] = round(time.perf_counter() - t_free, 3)
         report.extra["run_s"] = round(time.perf_counter() - t_run, 3)
     if start:
