@@ -65,6 +65,16 @@ def test_data_parallel(tiny, shard):
     assert r.devices == ["cpu", "cpu"]
 
 
+def test_ddp_with_checkpointed_groups(tiny):
+    """DDP over a program whose groups run under torch.utils.checkpoint (``dp_recompute``'s
+    plans) trains like the reference."""
+    wl, graph = tiny
+    groups = {op: i * 4 // len(graph.order) for i, op in enumerate(graph.order)}
+    plan = Plan.from_groups(graph, groups, [0] * 4, parallel=ParallelConfig(data=2),
+                            recompute={1, 2})
+    check(execute(wl, plan, cluster=CPU2, steps=3, warmup=1))
+
+
 def test_data_parallel_over_placed_replicas(tiny):
     wl, graph = tiny
     check(execute(wl, split(graph, data=2, microbatches=2), cluster=CPU4, steps=3, warmup=1))

@@ -84,3 +84,33 @@ def test_auto_measures_a_hybrid_family_no_named_planner_proposes(gpt, tmp_path):
                      measure=measure, progress=False, cache_dir=tmp_path)
     assert family(plan) == "placement+mb"
     assert plan.planner["chosen"].startswith("hybrid-dp[")
+
+
+def test_dp_recompute_checkpoints_just_enough_to_fit():
+    """Where plain DDP is over the memory (GNMT-4 of the benchmark, capped at 96% of what
+    DDP simulates, as under its 4.4 GiB cap on H200), ``dp_recompute`` checkpoints the
+    fewest groups, in its order, that bring DDP under it with the margin; where DDP fits
+    it proposes nothing. hybrid-dp offers the plan among its candidates."""
+    from dataclasses import replace
+
+    from autoplace.baselines.pipeline_dp import ddp, dp_recompute
+
+    graph = capture_workload(workloads.get("gnmt-4", device="meta", hidden=1024,
+                                           vocab_size=32000, src_len=50, tgt_len=50,
+                                           batch_size=128))
+    cluster = preset("h200x2")
+    assert dp_recompute(graph, cluster) == []  # DDP fits 141 GB
+    free = simulate(graph, ddp(graph, cluster), cluster)
+    cap = int(0.96 * max(free.peak_memory_bytes))
+    capped = replace(cluster, devices=tuple(replace(d, memory_cap_bytes=cap)
+                                            for d in cluster.devices))
+    (plan,) = dp_recompute(graph, capped)
+    assert plan.parallel.data == 2 and plan.devices_per_replica == 1 and plan.recompute
+    r = simulate(graph, plan, capped)
+    assert not r.oom and max(r.peak_memory_bytes) <= 0.95 * cap
+    assert free.step_time_s < r.step_time_s < 1.5 * free.step_time_s  # recomputation costs
+    fewer = replace(plan, recompute=frozenset(sorted(plan.recompute)[:-1]))
+    assert max(simulate(graph, fewer, capped).peak_memory_bytes) > 0.95 * cap or \
+        len(plan.recompute) == 1
+    sigs = {(c.parallel, c.recompute) for c, _s, _oom in hybrid_candidates(graph, capped)}
+    assert (plan.parallel, plan.recompute) in sigs
