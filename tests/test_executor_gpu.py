@@ -184,24 +184,24 @@ def test_pool_job_frees_an_out_of_memory_run_before_the_next(gpus):
     from autoplace.executor.pool import PlanPool
     from autoplace.executor.runner import RunOptions
 
-    # branchy-mlp's halves each hold about half of it (gpt-small's last half holds the
-    # logits: 0.75 of the whole, too close to any cap between them)
-    wl = workloads.get("branchy-mlp", in_dim=1024, hidden=2048, branches=8, depth=4,
-                       num_classes=1000, batch_size=1024)
+    # the first run surely runs out (as in test_memory_cap_oom_names_the_device); the
+    # second, two halves, needs less than one GPU's uncapped peak of the whole
+    wl = workloads.get("gpt-small", batch_size=64)
     graph = capture_graph(wl)
     need = execute(wl, single(graph), cluster=gpus, steps=2, warmup=1,
                    reference=False).peak_memory_bytes[0]
-    half = max(execute(wl, split(graph), cluster=gpus, steps=2, warmup=1,
-                       reference=False).peak_memory_bytes)
-    assert half < 0.7 * need
-    capped = gpus.with_memory_cap(int((half + need) / 2))  # one GPU cannot hold it, two can
+    tiny, capped = gpus.with_memory_cap(64 * 2**20), gpus.with_memory_cap(need)
     opts = RunOptions(steps=3, warmup=1, reference=False)
     with PlanPool(gpus, timeout_s=120) as pool:
-        oom = pool.run(single(graph), wl, opts, cluster=capped)
+        # what a run leaves allocated in the job without any failure (cuBLAS workspaces)
+        base = pool.run(split(graph), wl, opts, cluster=capped)
+        assert base.error is None, base.error
+        oom = pool.run(single(graph), wl, opts, cluster=tiny)
         assert oom.oom
         ok = pool.run(split(graph), wl, opts, cluster=capped)
         assert ok.error is None, ok.error
-        assert ok.extra["pool_run"] == 2 and ok.extra["leftover_allocated_bytes"] == 0
+        assert ok.extra["pool_run"] == 3
+        assert ok.extra["leftover_allocated_bytes"] <= base.extra["leftover_allocated_bytes"]
         # under a cap the allocator grows segments in place (build.cap_allocator), and
         # goes back to fixed segments for an uncapped run in the same process
         assert ok.extra["expandable_segments"] is True
