@@ -20,6 +20,7 @@ from autoplace.plan import Plan
 from autoplace.sim_local import simulate_local
 from autoplace.sim_model import (
     BUCKET_BYTES,
+    DDP_GRAD_COPIES,
     OPTIMIZER_STATE_PER_PARAM_BYTE,
     UPDATE_TRAFFIC_PER_PARAM_BYTE,
     CostTables,
@@ -345,7 +346,8 @@ def _memory(ga, plans, dev, gid, rc_op, pbytes, d, kk, m) -> np.ndarray:
     num, n = dev.shape
     pidx = np.arange(num)
     dcol = d[:, None]
-    grads = pbytes
+    ddp = (dcol > 1) & (np.array([pl.devices_per_replica for pl in plans])[:, None] == 1)
+    grads = np.where(ddp, DDP_GRAD_COPIES * pbytes, pbytes)  # sim_model.state_memory
     graphed = np.array([pl.parallel.graphs for pl in plans])[:, None]
     grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)  # (sim_local)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes

@@ -381,7 +381,8 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     out = []
     for j in range(k):
         on = dev == j
-        mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j], ga.gather_scale)
+        mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j], ga.gather_scale,
+                           replica_devices=k)
         if plan.parallel.graphs:
             mem.grads += graphed_grad_bytes(ga.param_bytes[on].sum(), m)
         kept = ga.act_bytes[on & ~rc_op].sum()
