@@ -14,7 +14,8 @@
    whose simulated peak memory, corrected by its family's measured memory factor,
    exceeds a device's usable memory is measured last (not at all once another plan
    ran) -- unless it is over by at most ``TIGHT_MEMORY`` and its family's memory was
-   never measured: the memory model errs by that much, so it is measured in its turn. A family not measured yet is measured even when predicted slow.
+   never measured: the memory model errs by that much, so it is measured in its turn.
+   A family not measured yet is measured even when predicted slow.
    Each time a plan whose microbatches flow through several devices measures fastest
    so far, the same plan with twice and half its microbatches is measured next (budget
    permitting): the simulator ranks microbatch counts least reliably.
@@ -213,7 +214,7 @@ NEAR_TIE = 1.05
 #: while its family's memory was not measured: the simulated peaks of measured plans were
 #: 0.7-1.3x the measured ones (bench/results, 2x H200); an out-of-memory run costs a few
 #: seconds and is remembered. On 2x H200 under gpt-1b's 16 GiB cap ZeRO-2 simulated
-#: 16.2 GiB; FSDP2, whose state is smaller still, simulated 14.7 GiB and measured 13.1 GiB.
+#: 16.2 GiB and measured 14.5 GiB (FSDP2: 14.7 and 13.1 GiB).
 TIGHT_MEMORY = 1.10
 #: a plan measured within this factor of the fastest so far is measured with twice and
 #: half its microbatches next (on 2x H200 under a 16 GiB cap gpt-1b's one-process flow

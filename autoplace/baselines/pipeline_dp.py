@@ -166,14 +166,14 @@ def dp_recompute(graph: OpGraph, cluster: Cluster, *, granularity: int = 48,
                  margin: float = 0.05) -> list[Plan]:
     """DDP over every device with just enough activation checkpointing to fit memory.
 
-    When plain DDP's simulated peak is over a device's usable memory, the ops are cut
-    into ``granularity`` contiguous groups and groups are marked for recomputation
-    (``torch.utils.checkpoint`` in the executor) in order of activation bytes freed (less
-    the inputs a recomputed group keeps) per second of forward recomputed, the shortest prefix of that order whose simulated
-    peak is within ``1 - margin`` of the usable memory (binary search: the peak falls
-    as the prefix grows, up to the recomputed group held during its backward). What a
-    practitioner does when DDP runs out of memory; on GNMT-4 under a 4.4 GiB cap DDP
-    simulated 4.54 GiB. Returns ``[]`` when plain DDP fits or nothing makes it fit.
+    What a practitioner does when DDP runs out of memory. When plain DDP's simulated peak
+    is over a device's usable memory, the ops are cut into ``granularity`` contiguous
+    groups and groups are marked for recomputation (``torch.utils.checkpoint`` in the
+    executor) in order of activation bytes freed (less the inputs a recomputed group
+    keeps) per second of forward recomputed: the shortest prefix of that order whose
+    simulated peak is within ``1 - margin`` of the usable memory (binary search: the peak
+    falls as the prefix grows, up to the recomputed group held during its backward).
+    Returns ``[]`` when plain DDP fits or nothing makes it fit.
     """
     from autoplace.sim import simulate
     from autoplace.sim_model import graph_arrays, recompute_boundary_bytes

@@ -73,8 +73,8 @@ def wrap_data_parallel(
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device] if device is not None and device.type == "cuda" else None
-        # gradients as views into DDP's buckets: no second copy of every gradient (on 2x
-        # H200 gpt-1b's DDP peaked 5.7 GiB above the simulated state without it)
+        # gradients as views into DDP's buckets: one copy of them between steps (DDP still
+        # holds two while it rebuilds its buckets after the first: sim_model.DDP_GRAD_COPIES)
         return DDP(program, device_ids=ids, process_group=group, broadcast_buffers=True,
                    find_unused_parameters=False, gradient_as_bucket_view=True)
     from torch.distributed.fsdp import fully_shard
