@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from autoplace.plan import Plan
     from autoplace.sim_model import Event
 
-__all__ = ["KIND_COLORS", "bar_chart", "gantt", "placement_picture", "training_curve"]
+__all__ = ["KIND_COLORS", "bar_chart", "gantt", "placement_picture", "suite_figure",
+           "training_curve"]
 
 #: colour of each event kind in :func:`gantt`
 KIND_COLORS: dict[str, str] = {
@@ -197,4 +198,74 @@ def bar_chart(rows: Sequence[Mapping[str, Any]] | Mapping[str, float], path: str
     ax.set_ylabel(ylabel or value)
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def suite_figure(result: Mapping[str, Any], path: str | Path) -> Path:
+    """A benchmark suite (``scripts/bench_plans.py``'s JSON) in pictures: per scenario, the
+    measured step time of every distinct plan with its spread (hand-written options in
+    grey, auto's choice in red, plans that ran out of memory marked, the best hand-written
+    option as a dashed line), and the simulated against the measured step times (the
+    diagonal is a perfect simulator)."""
+    scenarios = [sc for sc in result.get("scenarios", []) if sc.get("plans")]
+    if not scenarios:
+        raise ValueError("the suite has no scenario with plans to draw")
+    fig, axes = plt.subplots(len(scenarios), 2, figsize=(14, 4.4 * len(scenarios)),
+                             gridspec_kw={"width_ratios": [3, 1]}, squeeze=False,
+                             layout="constrained")
+    for (bars_ax, sim_ax), sc in zip(axes, scenarios):
+        rows, seen = [], set()
+        for r in sorted(sc["plans"], key=lambda r: (r.get("measured_step_time_s") is None,
+                                                    r.get("measured_step_time_s") or 0.0)):
+            names = tuple(sorted([r["planner"], *r.get("same_plan_as", [])]))
+            if names in seen or not r.get("executed"):
+                continue
+            seen.add(names)
+            rows.append(r)
+        ms = [1e3 * (r.get("measured_step_time_s") or 0.0) for r in rows]
+        lo = [m - 1e3 * r["spread_s"][0] if r.get("spread_s") else 0.0
+              for m, r in zip(ms, rows)]
+        hi = [1e3 * r["spread_s"][1] - m if r.get("spread_s") else 0.0
+              for m, r in zip(ms, rows)]
+        colors = ["#C44E52" if r["planner"] == "auto" or "auto" in r.get("same_plan_as", [])
+                  else "#9A9A9A" if r.get("manual") else "#4C72B0" for r in rows]
+        x = range(len(rows))
+        bars_ax.bar(x, ms, yerr=[[max(v, 0.0) for v in lo], [max(v, 0.0) for v in hi]],
+                    capsize=2, color=colors)
+        for i, r in enumerate(rows):
+            if r.get("oom_measured"):
+                bars_ax.annotate("OOM", (i, 0), ha="center", va="bottom", fontsize=7)
+        labels = []
+        for r in rows:
+            names = sorted([r["planner"], *r.get("same_plan_as", [])],
+                           key=lambda n: (n != "auto", n))
+            labels.append(names[0] + (f" (= {names[1]}{', ...' if len(names) > 2 else ''})"
+                                      if len(names) > 1 else ""))
+        bars_ax.set_xticks(list(x), labels, rotation=35, ha="right", fontsize=7)
+        if sc.get("best_manual_s"):
+            bars_ax.axhline(1e3 * sc["best_manual_s"], ls="--", color="k", lw=0.8)
+        ratio = sc.get("auto_vs_best_manual")
+        cap = sc.get("memory_cap_bytes")
+        bars_ax.set_title(f"{sc['name']}" + (f" (cap {cap / 2**30:.1f} GiB)" if cap else "")
+                          + (f": auto / best hand-written {ratio:.2f}" if ratio else ""),
+                          fontsize=9)
+        bars_ax.set_ylabel("measured step, ms")
+        bars_ax.grid(axis="y", alpha=0.3)
+        pts = [(1e3 * r["sim_step_time_s"], 1e3 * r["measured_step_time_s"], c)
+               for r, c in zip(rows, colors)
+               if r.get("measured_step_time_s") and not r.get("oom_measured")]
+        if pts:
+            sim_ax.scatter([p[0] for p in pts], [p[1] for p in pts], c=[p[2] for p in pts],
+                           s=14)
+            lim = [0.0, max(max(p[:2]) for p in pts) * 1.1]
+            sim_ax.plot(lim, lim, color="k", lw=0.6)
+            sim_ax.set_xlim(lim)
+            sim_ax.set_ylim(lim)
+            tau = sc.get("kendall_tau")
+            sim_ax.set_title("simulated vs measured"
+                             + (f", tau {tau:.2f}" if tau is not None else ""), fontsize=9)
+        sim_ax.set_xlabel("simulated ms")
+        sim_ax.set_ylabel("measured ms")
+    title = f"{result.get('num_devices', '?')}x {result.get('card', '?')}"
+    fig.suptitle(f"Plans measured on {title} (grey: hand-written, red: auto)", fontsize=11)
     return _save(fig, path)

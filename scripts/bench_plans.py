@@ -464,13 +464,15 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     say(f"{name} done in {rec['wall_s']:.0f} s")
 
 
-def markdown(out: dict[str, Any]) -> str:
+def markdown(out: dict[str, Any], figure: str | None = None) -> str:
     lines = [f"# Plans measured on {out['num_devices']}x {out['card']}",
              "", f"torch {out['torch_version']}, driver {out['driver']}, {out['date']}. "
              f"Measured: median of the {out['steps'] * out['reps']} timed steps of "
              f"{out['reps']} interleaved repetitions ({out['steps']} steps after "
              f"{out['warmup']} warm-up each; spread = min-max of the repetitions' medians).",
              ""]
+    if figure:
+        lines += [f"![every plan measured, and simulated against measured]({figure})", ""]
     if out.get("links"):
         lk = out["links"]
         bw = [x for i, row in enumerate(lk["bandwidth"]) for j, x in enumerate(row) if i != j]
@@ -521,11 +523,23 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def draw(out: dict[str, Any], path: Path) -> str | None:
+    """The suite's figure beside its JSON (``autoplace.viz.suite_figure``); its file name,
+    or None when there is nothing to draw."""
+    from autoplace.viz import suite_figure
+
+    try:
+        return suite_figure(out, path.with_suffix(".png")).name
+    except ValueError:
+        return None
+
+
 def main() -> int:
     args = parse_args()
     if args.render:
         path = Path(args.render)
-        path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
+        out = json.loads(path.read_text())
+        path.with_suffix(".md").write_text(markdown(out, draw(out, path)))
         print(path.with_suffix(".md").read_text())
         return 0
     from autoplace.cluster import Cluster, preset
@@ -592,7 +606,8 @@ def main() -> int:
     finally:
         h.close()
         save()
-        say(f"wrote {path} and {path.with_suffix('.md')}")
+        path.with_suffix(".md").write_text(markdown(out, draw(out, path)))
+        say(f"wrote {path}, {path.with_suffix('.md')} and {path.with_suffix('.png')}")
         print(path.with_suffix(".md").read_text())
     return 0
 

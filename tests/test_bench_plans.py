@@ -34,7 +34,12 @@ def test_bench_plans_cpu_smoke(tmp_path):
     # two repetitions each: auto's run of a plan counts as its first
     assert all(len(r["rep_medians_s"]) == 2 for r in rows.values() if not r["error"])
     assert sc["auto_vs_best_manual"] > 0 and sc["auto_vs_lower_bound"] > 0
-    assert "tiny" in (tmp_path / next(tmp_path.glob("*.md")).name).read_text()
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert "tiny" in md
+    # the figure: every plan measured, and simulated against measured
+    png = next(tmp_path.glob("*.png"))
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10000
+    assert f"]({png.name})" in md
 
 
 def test_tau_beyond_spread_counts_only_pairs_the_measurement_separates():

@@ -56,3 +56,21 @@ def test_training_curve_and_bar_chart(tmp_path):
     out = bar_chart(rows, tmp_path / "bars.png", error="spread_s", scale=1e3, ylabel="ms")
     assert _is_picture(out)
     assert _is_picture(bar_chart({"a": 1.0, "b": 2.0}, tmp_path / "plain.png"))
+
+
+def test_suite_figure_from_a_stored_suite(tmp_path):
+    """The benchmark suite's figure (bench_plans.py writes it beside the JSON) from the
+    stored session-20 suite: one row per scenario; a suite without plans is refused."""
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    from autoplace.viz import suite_figure
+
+    root = Path(__file__).resolve().parents[1]
+    suite = json.loads((root / "bench/results/2026-11-27-h200x2-s20b-suite.json").read_text())
+    out = suite_figure(suite, tmp_path / "suite.png")
+    assert _is_picture(out, 50000)
+    with pytest.raises(ValueError, match="no scenario"):
+        suite_figure({"scenarios": []}, tmp_path / "none.png")
