@@ -378,3 +378,21 @@ def test_a_plan_simulated_a_little_over_the_cap_is_measured_in_its_turn(setup, t
     assert cal.memory_measured("dp-none") == (over == 1.05)
     assert all(cal.memory_measured(f) == (f in fams)
                for f in ("single", "placement", "dp-none", "dp-zero2", "dp-fsdp", "pipeline"))
+
+
+def test_a_memory_cap_has_a_calibration_of_its_own(setup, tmp_path):
+    """Near a cap the same plan runs slower (allocator): factors learned under a cap stay
+    with that cap, and the uncapped cluster's calibration does not see them."""
+    graph, cluster = setup
+    capped = replace(cluster, devices=tuple(replace(d, memory_cap_bytes=16 * 2**30)
+                                            for d in cluster.devices))
+    free_path = calibration_path(tmp_path, graph, cluster)
+    cap_path = calibration_path(tmp_path, graph, capped)
+    assert free_path != cap_path and cap_path.name.endswith("-cap16GiB.calibration.json")
+    cal = Calibration.load(tmp_path, graph, capped)
+    plan = baselines.get("ddp")(graph, capped)
+    sim = simulate(graph, plan, capped)
+    cal.record(plan, "ddp", sim.step_time_s, max(sim.peak_memory_bytes), 2.0 * sim.step_time_s)
+    cal.save(cap_path)
+    assert Calibration.load(tmp_path, graph, capped).time_factor("dp-none") == pytest.approx(2.0)
+    assert not Calibration.load(tmp_path, graph, cluster).samples
