@@ -21,13 +21,14 @@ Model, in brief (details in ``sim_model``, ``sim_local``, ``sim_pipeline``):
   can be host-bound;
 * transfers: one queue per directed link, ``alpha + bytes / bandwidth``, a tensor
   sent once per (producer, microbatch, destination device);
-* data parallel: gradients all-reduced (``shard="none"``) or reduce-scattered
-  (``zero2``, ``fsdp``) in 25 MB buckets in reverse topological order on a
-  collective stream overlapping backward; ZeRO-2 all-gathers updated parameters;
-  FSDP all-gathers each unit (module block) before forward and backward, one ahead;
-  DDP's per-parameter backward hook runs on the autograd thread's clock
-  (``ddp_param_host_s``), FSDP2's per-parameter work per collective is added to the
-  step (``shard_param_host_s``, :func:`sharded_host_s`);
+* data parallel: DDP all-reduces gradients in 25 MB buckets in reverse topological
+  order on a collective stream overlapping backward, its per-parameter backward hook on
+  the autograd thread's clock (``ddp_param_host_s``). In a one-process replica FSDP2
+  (``fsdp``, and ``zero2`` without the backward gathers) all-gathers each unit (module
+  block) one ahead at the autocast dtype and reduce-scatters it after its last backward
+  op, its per-parameter work (``shard_param_host_s``) on the host clocks (``sim_fsdp``);
+  sharded pipeline stages reduce-scatter in buckets, ZeRO-2 all-gathers the updated
+  parameters, and :func:`sharded_host_s` adds the per-parameter work to the step;
 * pipelines: stage-level GPipe / 1F1B schedules with boundary transfers;
 * memory per device: parameters + gradients + AdamW state (sharded as configured)
   + activations kept for backward (microbatches held per the schedule; recomputed
@@ -185,12 +186,14 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
 
 
 def sharded_host_s(graph: OpGraph, plan: Plan, cluster: Cluster) -> float:
-    """Host time FSDP2's per-parameter work adds to a step of a sharded data-parallel plan.
+    """Host time FSDP2's per-parameter work adds to a step of sharded pipeline stages.
 
     Per parameter tensor and sharded collective (``fsdp``: all-gather before forward and
     before backward, reduce-scatter after it; ``zero2``: the reduce-scatter and the
     all-gather of updated parameters), ``Device.shard_param_host_s``, which the device
     waits for: the largest such sum over the devices of a replica (they run in parallel).
+    0 for every other plan: a one-process replica charges this work on its host clocks
+    (``sim_fsdp.FsdpStreams.host``).
     """
     par = plan.parallel
     if par.data <= 1 or par.shard not in ("fsdp", "zero2") or par.pipeline <= 1:

@@ -370,7 +370,7 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     group = lp.group
     rc_bytes = recompute_boundary_bytes(ga, group, lp.recompute)
     max_unit = [0.0] * k
-    if lp.shard in ("fsdp", "zero2"):
+    if lp.shard == "fsdp":  # the gathered units it holds (zero2 holds all of them)
         _, ub, ud = fsdp_units(ga, lp.dev, k)
         for b, j in zip(ub, ud):
             max_unit[j] = max(max_unit[j], b)

@@ -214,14 +214,17 @@ def suite_figure(result: Mapping[str, Any], path: str | Path) -> Path:
                              gridspec_kw={"width_ratios": [3, 1]}, squeeze=False,
                              layout="constrained")
     for (bars_ax, sim_ax), sc in zip(axes, scenarios):
-        rows, seen = [], set()
+        rows, labels, seen = [], [], set()
         for r in sorted(sc["plans"], key=lambda r: (r.get("measured_step_time_s") is None,
                                                     r.get("measured_step_time_s") or 0.0)):
-            names = tuple(sorted([r["planner"], *r.get("same_plan_as", [])]))
-            if names in seen or not r.get("executed"):
+            names = sorted([r["planner"], *r.get("same_plan_as", [])],
+                           key=lambda n: (n != "auto", n))  # auto first
+            if tuple(names) in seen or not r.get("executed"):
                 continue
-            seen.add(names)
+            seen.add(tuple(names))
             rows.append(r)
+            labels.append(names[0] + (f" (= {names[1]}{', ...' if len(names) > 2 else ''})"
+                                      if len(names) > 1 else ""))
         ms = [1e3 * (r.get("measured_step_time_s") or 0.0) for r in rows]
         lo = [m - 1e3 * r["spread_s"][0] if r.get("spread_s") else 0.0
               for m, r in zip(ms, rows)]
@@ -235,12 +238,6 @@ def suite_figure(result: Mapping[str, Any], path: str | Path) -> Path:
         for i, r in enumerate(rows):
             if r.get("oom_measured"):
                 bars_ax.annotate("OOM", (i, 0), ha="center", va="bottom", fontsize=7)
-        labels = []
-        for r in rows:
-            names = sorted([r["planner"], *r.get("same_plan_as", [])],
-                           key=lambda n: (n != "auto", n))
-            labels.append(names[0] + (f" (= {names[1]}{', ...' if len(names) > 2 else ''})"
-                                      if len(names) > 1 else ""))
         bars_ax.set_xticks(list(x), labels, rotation=35, ha="right", fontsize=7)
         if sc.get("best_manual_s"):
             bars_ax.axhline(1e3 * sc["best_manual_s"], ls="--", color="k", lw=0.8)

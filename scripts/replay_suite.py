@@ -12,7 +12,8 @@ deterministic planner made (the hand-written options, expert, hash, critical-pat
 m-etf, m-sct, hybrid-dp and the named hybrids; a stochastic planner's plan only where
 the results say it was the same plan as one of those), simulates it, and prints per
 scenario: the simulated time stored in the JSON, the one simulated now, the measured
-one, the largest simulated and measured peak memory of a device, and the median simulator error and Kendall tau of both against the measurements.
+one, the largest simulated and measured peak memory of a device, and the median
+simulator error and Kendall tau of both against the measurements.
 
 With the simulator unchanged the two columns agree (the check that the plans were
 rebuilt right); after a change to the simulator they show what the change does to

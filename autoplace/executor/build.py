@@ -185,6 +185,11 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                  cluster_indices=[cidx], has_loss=last, keep=[schedule])
 
 
+#: the allocator's ``expandable_segments`` as :func:`cap_allocator` last set it in this
+#: process (off is the allocator's default without ``PYTORCH_CUDA_ALLOC_CONF``)
+_EXPANDABLE = False
+
+
 def cap_allocator(cluster: Cluster | None) -> bool:
     """Expandable CUDA allocator segments while ``cluster`` caps memory (None: back off).
 
@@ -193,16 +198,20 @@ def cap_allocator(cluster: Cluster | None) -> bool:
     16 GiB cap against 99-101 ms without one, and a GNMT-4 FSDP2 plan that fit its 4.4 GiB
     cap in one run ran out of memory in the next with 245 MiB reserved but unallocated.
     Segments that grow in place (``expandable_segments``) avoid both. Left alone where the
-    user configured the allocator (``PYTORCH_CUDA_ALLOC_CONF``) or without CUDA. Returns
-    whether it is on now.
+    user configured the allocator (``PYTORCH_CUDA_ALLOC_CONF``) or without CUDA. Changes
+    the setting (emptying the cache first) only when it differs from the current one.
+    Returns whether it is on now.
     """
+    global _EXPANDABLE
     if os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or not torch.cuda.is_available():
         return False
     on = cluster is not None and any(d.memory_cap_bytes is not None for d in cluster.devices)
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) \
-        or torch.cuda.memory._set_allocator_settings
-    torch.cuda.empty_cache()
-    setter(f"expandable_segments:{on}")
+    if on != _EXPANDABLE:
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) \
+            or torch.cuda.memory._set_allocator_settings
+        torch.cuda.empty_cache()
+        setter(f"expandable_segments:{on}")
+        _EXPANDABLE = on
     return on
 
 

@@ -129,16 +129,16 @@ class _Checkpointed(nn.Module):
 #: ``AUTOPLACE_CUDA_GRAPHS=1``: one-process placements replay each run of ops on one
 #: device as a CUDA graph (read by :func:`build_local` when ``graphs`` is None)
 CUDA_GRAPHS_ENV = "AUTOPLACE_CUDA_GRAPHS"
-
-
-def graphs_from_env() -> bool:
-    """Whether the environment asks for CUDA graphs (``AUTOPLACE_CUDA_GRAPHS=1``)."""
-    return os.environ.get(CUDA_GRAPHS_ENV, "0") == "1"
 #: eager calls of a graphed piece before it is captured (lazy initialisation and cuDNN's
 #: algorithm search happen there; the capture runs two more warm-up passes of its own):
 #: with the runner's 2 warm-up steps, the second captures and timed steps replay
 GRAPH_WARMUP = 1
 _TENSOR = object()  # marks a tensor leaf among a piece's recorded non-tensor values
+
+
+def graphs_from_env() -> bool:
+    """Whether the environment asks for CUDA graphs (``AUTOPLACE_CUDA_GRAPHS=1``)."""
+    return os.environ.get(CUDA_GRAPHS_ENV, "0") == "1"
 
 
 class _Bound:
