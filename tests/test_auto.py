@@ -194,9 +194,12 @@ def test_choose_prefers_room_under_the_cap_when_nearly_as_fast():
                 "report": RunReport(plan=name, step_time_s=t, peak_memory_bytes=[peak, peak])}
 
     usable = 100.0
-    tight, roomy = m("fsdp", 1.00, 97.0), m("two-halves", 1.05, 70.0)
+    tight, roomy = m("fsdp", 1.00, 97.0), m("two-halves", 1.02, 70.0)
     assert _choose([tight, roomy], usable, print) is roomy
-    # far slower with room: the tight plan stays the answer; without a cap nothing changes
+    # slower with room by more than the noise: the tight plan stays the answer (DDP at 98%
+    # of GNMT-4's cap on 4x H200: 40 ms; ZeRO-2 with room: 42 ms); without a cap nothing
+    # changes
+    assert _choose([tight, m("zero2", 1.05, 70.0)], usable, print) is tight
     assert _choose([tight, m("pipe", 1.50, 50.0)], usable, print) is tight
     assert _choose([tight, roomy], 1e12, print) is tight
 
