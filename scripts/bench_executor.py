@@ -1,12 +1,21 @@
 """Benchmark the executor against the same parallelism written by hand (gpt-1b, 2 GPUs).
 
-Four variants, each its own torchrun job, repeated in interleaved order:
+Two variants per mode (``--modes``), each its own torchrun job, repeated in interleaved
+order:
 
 * ``autoplace-ddp``: autoplace's dp=2 plan (DDP over the captured fx program);
 * ``native-ddp``: the eager model under ``DistributedDataParallel``, written by hand;
 * ``autoplace-pp``: autoplace's 2-stage GPipe plan (stages cut from the captured graph);
 * ``native-pp``: the same split (blocks[:L/2] | blocks[L/2:]) written by hand with
-  ``torch.distributed.pipelining``.
+  ``torch.distributed.pipelining``;
+* ``autoplace-fsdp`` / ``autoplace-zero2``: autoplace's dp=2 plans with
+  ``shard="fsdp"`` / ``"zero2"`` (FSDP2 over the captured program's blocks);
+* ``native-fsdp`` / ``native-zero2``: the eager model with ``fully_shard`` on every
+  block and the root, bf16 gathers and fp32 reductions, ``reshard_after_forward``
+  True / False, written by hand.
+
+``--trace DIR`` then runs each variant once more under ``torch.profiler`` (Chrome traces
+``DIR/<variant>/trace-rank<R>.json``; summarise them with ``scripts/trace_summary.py``).
 
 Same data (``torch.manual_seed(seed + step)``), AdamW (fused), bf16 autocast.
 Step time = median over >= 20 steps after warm-up per job; the spread is the
@@ -33,6 +42,7 @@ import torch
 
 WORKLOAD = "gpt-1b"
 MICROBATCHES = 8
+MODES = ("ddp", "pp", "fsdp", "zero2")
 
 
 def split_plan(graph, stages: int, cut_block: str, **parallel):
@@ -46,7 +56,8 @@ def split_plan(graph, stages: int, cut_block: str, **parallel):
 
 
 # ----------------------------------------------------------------- hand-written runs
-def _native(kind: str, steps: int, warmup: int, seed: int, out: str) -> None:
+def _native(kind: str, steps: int, warmup: int, seed: int, out: str,
+            trace: str | None = None) -> None:
     import torch.distributed as dist
     from torch import nn
 
@@ -61,6 +72,19 @@ def _native(kind: str, steps: int, warmup: int, seed: int, out: str) -> None:
     amp = torch.autocast("cuda", dtype=torch.bfloat16)
     if kind == "ddp":
         model = nn.parallel.DistributedDataParallel(model.to(dev), device_ids=[dev])
+        params = list(model.parameters())
+    elif kind in ("fsdp", "zero2"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh("cuda", (world,))
+        kw = dict(mesh=mesh, reshard_after_forward=kind == "fsdp",
+                  mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                 reduce_dtype=torch.float32))
+        model = model.to(dev)
+        for block in model.blocks:
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)
         params = list(model.parameters())
     else:
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
@@ -97,14 +121,24 @@ def _native(kind: str, steps: int, warmup: int, seed: int, out: str) -> None:
         sched = ScheduleGPipe(stage, n_microbatches=MICROBATCHES, loss_fn=wl.loss_fn)
     opt = torch.optim.AdamW(params, lr=wl.lr, fused=True)
     times, losses = [], []
+    prof = None
     for step in range(steps):
+        if trace and step == warmup:
+            from torch.profiler import ProfilerActivity, profile
+
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.__enter__()
         torch.manual_seed(seed + step)
         x, y = wl.make_batch(wl.batch_size, "cpu")
         x, y = x[0].to(dev), y.to(dev)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        # the span scripts/trace_summary.py cuts a trace's steps by
+        span = torch.profiler.record_function(f"autoplace step {step}") if prof else None
+        if span is not None:
+            span.__enter__()
         with amp:
-            if kind == "ddp":
+            if kind in ("ddp", "fsdp", "zero2"):
                 xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
                 loss = wl.loss_fn(model(xs), ys)
                 loss.backward()
@@ -119,14 +153,20 @@ def _native(kind: str, steps: int, warmup: int, seed: int, out: str) -> None:
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        if span is not None:
+            span.__exit__(None, None, None)
         losses.append(float(loss) if loss is not None else None)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        Path(trace).mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(Path(trace) / f"trace-rank{rank}.json"))
     peak = torch.cuda.max_memory_allocated(dev)
     gathered = [None] * world
     dist.all_gather_object(gathered, (times, losses, peak))
     if rank == 0:
         step_times = [max(t[i] for t, _, _ in gathered) for i in range(steps)]
         loss = [next(v[i] for _, v, _ in gathered if v[i] is not None) for i in range(steps)]
-        if kind == "ddp":  # mean over replicas
+        if kind != "pp":  # mean over replicas
             loss = [statistics.mean(v[i] for _, v, _ in gathered) for i in range(steps)]
         Path(out).write_text(json.dumps({
             "step_times_s": step_times[warmup:], "loss": loss,
@@ -135,13 +175,16 @@ def _native(kind: str, steps: int, warmup: int, seed: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def run_native(kind: str, steps: int, warmup: int, seed: int) -> dict:
+def run_native(kind: str, steps: int, warmup: int, seed: int, trace: str | None = None
+               ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node=2", __file__, "--worker", kind, "--steps", str(steps),
                "--warmup", str(warmup), "--seed", str(seed), "--result", str(out)]
+        if trace:
+            cmd += ["--trace", trace]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0 or not out.exists():
             raise RuntimeError(f"native {kind} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
@@ -156,17 +199,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions")
     ap.add_argument("--seed", type=int, default=0, help="data seed")
     ap.add_argument("--out", default=None, help="result JSON path")
+    ap.add_argument("--modes", default="ddp,pp,fsdp,zero2",
+                    help="comma-separated: ddp, pp, fsdp, zero2")
+    ap.add_argument("--trace", default=None,
+                    help="then run every variant once more under torch.profiler, traces here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        _native(a.worker, a.steps, a.warmup, a.seed, a.result)
+        _native(a.worker, a.steps, a.warmup, a.seed, a.result, a.trace)
         return
+    modes = [m for m in a.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}; valid: {', '.join(MODES)}")
 
     from autoplace import workloads
     from autoplace.cluster import Cluster
     from autoplace.executor import execute
-    from autoplace.executor.runner import capture_graph
+    from autoplace.executor.launch import run_plan
+    from autoplace.executor.runner import RunOptions, capture_graph
     from autoplace.plan import ParallelConfig, Plan
 
     card = torch.cuda.get_device_name(0)
@@ -174,14 +226,19 @@ def main() -> None:
     real = workloads.get(WORKLOAD)
     graph = capture_graph(real)
     half = real.model.config.n_layers // 2
+    one = {op: 0 for op in graph.order}
     plans = {
-        "autoplace-ddp": Plan.from_groups(graph, {op: 0 for op in graph.order}, [0],
-                                          parallel=ParallelConfig(data=2), planner="bench-ddp"),
+        "autoplace-ddp": Plan.from_groups(graph, one, [0], parallel=ParallelConfig(data=2),
+                                          planner="bench-ddp"),
         "autoplace-pp": split_plan(graph, 2, f"blocks.{half}", pipeline=2,
                                    microbatches=MICROBATCHES),
+        "autoplace-fsdp": Plan.from_groups(graph, one, [0], planner="bench-fsdp",
+                                           parallel=ParallelConfig(data=2, shard="fsdp")),
+        "autoplace-zero2": Plan.from_groups(graph, one, [0], planner="bench-zero2",
+                                            parallel=ParallelConfig(data=2, shard="zero2")),
     }
-    runs: dict[str, list[dict]] = {k: [] for k in
-                                   ("autoplace-ddp", "native-ddp", "autoplace-pp", "native-pp")}
+    runs: dict[str, list[dict]] = {f"{who}-{m}": [] for m in modes
+                                   for who in ("autoplace", "native")}
     t_start = time.time()
     for rnd in range(a.rounds):
         for name in runs:
@@ -202,6 +259,18 @@ def main() -> None:
                   f"(job {res['job_wall_s']:.0f} s)", flush=True)
             _write(a, card, real.batch_size, runs, t_start, partial=True)
     _write(a, card, real.batch_size, runs, t_start, partial=False)
+    if a.trace:
+        for name in runs:
+            where = str(Path(a.trace) / name)
+            if name.startswith("autoplace"):
+                r = run_plan(plans[name], real, cluster=cluster,
+                             options=RunOptions(steps=a.warmup + 5, warmup=a.warmup,
+                                                reference=False, seed=a.seed, trace_dir=where))
+                if not r.ok:
+                    raise RuntimeError(f"{name} (traced): {r.error}")
+            else:
+                run_native(name.split("-")[1], a.warmup + 5, a.warmup, a.seed, trace=where)
+            print(f"traced {name}: {where}", flush=True)
 
 
 def _write(a, card: str, batch: int, runs: dict, t_start: float, partial: bool) -> None:
@@ -218,7 +287,7 @@ def _write(a, card: str, batch: int, runs: dict, t_start: float, partial: bool) 
             "samples_per_s": batch / statistics.median(all_t),
             "peak_memory_bytes": rs[-1]["peak_memory_bytes"], "loss_first_job": rs[0]["loss"],
         }
-    for mode in ("ddp", "pp"):
+    for mode in MODES:
         if f"autoplace-{mode}" not in summary or f"native-{mode}" not in summary:
             continue
         ours, theirs = summary[f"autoplace-{mode}"], summary[f"native-{mode}"]
@@ -238,7 +307,7 @@ def _write(a, card: str, batch: int, runs: dict, t_start: float, partial: bool) 
     out.write_text(json.dumps(result, indent=1))
     if partial:
         return
-    for mode in ("ddp", "pp"):
+    for mode in MODES:
         if "throughput_vs_native" not in summary.get(f"autoplace-{mode}", {}):
             continue
         s = summary[f"autoplace-{mode}"]
