@@ -22,10 +22,10 @@
 5. If the runner-up measured within 5% of the fastest, both run once more and each is
    judged by the mean of its two runs (pipelines vary by up to 20% from run to run).
    Return the plan that was fastest measured, with ``measured`` and the per-family
-   correction recorded in ``planner`` -- unless its measured peak is above 95% of a
-   device's usable memory and a plan with room measured within 3% of it, about the
-   run-to-run noise (then that one: a plan that fits a cap by a few percent may fit once
-   and not the next time). A winner near the cap runs once more before it is chosen.
+   correction recorded in ``planner``. A winner whose measured peak is above 95% of a
+   device's usable memory runs once more before it is chosen, and is dropped if that
+   run fails (under a cap the allocator uses expandable segments, see
+   ``executor.build.cap_allocator``: a plan that fit twice has kept fitting).
    A plan that was only simulated is never returned.
 """
 
@@ -204,11 +204,6 @@ def auto_plan(
 
 #: a measured peak above this share of a device's usable memory is near its cap
 NEAR_CAP = 0.95
-#: how much slower a plan with room under the cap may be and still be preferred: about
-#: the run-to-run noise. A near-cap winner is run again before it is chosen anyway; on
-#: 4x H200 under GNMT-4's 4.4 GiB cap DDP peaked at 98% of it and ran three times at
-#: 39.6-40.3 ms, while the roomy ZeRO-2 that a 10% tolerance chose measured 40.5-44.2 ms.
-NEAR_CAP_TOLERANCE = 1.03
 #: a hand-written option predicted within this factor of the best prediction is always
 #: measured (the contiguous split in one process always is)
 MANUAL_WITHIN = 1.5
@@ -235,23 +230,6 @@ def _step_of(rep: Any) -> float | None:
 def _peak(m: dict[str, Any]) -> float:
     """A measured candidate's peak memory on its fullest device."""
     return max(getattr(m["report"], "peak_memory_bytes", None) or [0])
-
-
-def _choose(measured: list[dict[str, Any]], usable: float, say: Callable[[str], None]
-            ) -> dict[str, Any]:
-    """The fastest measured plan, unless its measured peak is near the memory cap and a
-    plan with room measured within ``NEAR_CAP_TOLERANCE`` of it: a run at 96% of a cap
-    fits once and runs out of memory the next time (allocator fragmentation; FSDP2 on
-    GNMT-4 at a 4.4 GiB cap on 2x H200)."""
-    best = min(measured, key=lambda m: m["measured"])
-    roomy = [m for m in measured if _peak(m) <= NEAR_CAP * usable]
-    if _peak(best) > NEAR_CAP * usable and roomy:
-        alt = min(roomy, key=lambda m: m["measured"])
-        if alt["measured"] <= NEAR_CAP_TOLERANCE * best["measured"]:
-            say(f"{best['planner']} peaked at {_peak(best) / usable:.0%} of the cap; "
-                f"{alt['planner']} has room and is within {NEAR_CAP_TOLERANCE - 1:.0%}")
-            return alt
-    return best
 
 
 def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[dict[str, Any]]:
@@ -455,10 +433,15 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             if step and not getattr(again, "error", None):
                 remember(c, again)
                 c["measured"] = (c["measured"] + float(step)) / 2
+                c["confirmed"] = True  # it fit twice
                 say(f"  {c['planner']}: {float(step) * 1e3:.2f} ms, "
                     f"{c['measured'] * 1e3:.2f} ms over both runs")
     while True:  # a winner near the cap runs again before it is chosen
-        win = _choose(measured, usable, say)
+        # the fastest measured plan; near the cap it must fit twice. (A plan with room
+        # measured a few percent slower used to be preferred: on 4x H200 under GNMT-4's
+        # 4.4 GiB cap that chose FSDP2 at 1.03-1.07x a DDP that peaked at 98% of the cap
+        # and ran in all six of its runs, expandable segments on.)
+        win = min(measured, key=lambda m: m["measured"])
         if _peak(win) <= NEAR_CAP * usable or win.get("confirmed"):
             break
         say(f"{win['planner']} peaked at {_peak(win) / usable:.0%} of the cap: running it "
