@@ -18,6 +18,14 @@ simulator error and Kendall tau of both against the measurements.
 With the simulator unchanged the two columns agree (the check that the plans were
 rebuilt right); after a change to the simulator they show what the change does to
 every stored measurement. ``--json FILE`` writes the same as JSON.
+
+Several suites at once, each ``RESULTS.json:TAG`` (its profiles' tag), print one line per
+scenario and the totals over all of them, stored and now (a change to the simulator
+judged against every stored run):
+
+    python scripts/replay_suite.py --profiles bench/results/raw \
+        bench/results/2026-11-27-h200x2-s20b-suite.json:s20b \
+        bench/results/2026-11-27-h200x4-s21-suite.json:s21x4
 """
 
 from __future__ import annotations
@@ -158,22 +166,22 @@ def fidelity(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("results", help="a suite's JSON from scripts/bench_plans.py")
+    ap.add_argument("results", nargs="+",
+                    help="a suite's JSON from scripts/bench_plans.py; several as JSON:TAG "
+                         "for a summary over all of them")
     ap.add_argument("--profiles", default=None,
                     help="folder of per-op profiles (profile cache layout, or with --tag "
                          "bench/results/raw's *-TAG.profile.json); default: analytic costs")
     ap.add_argument("--tag", default=None, help="the profiles' tag in bench/results/raw")
     ap.add_argument("--json", default=None, help="also write the replay here")
     args = ap.parse_args(argv)
-    result = read_suite(args.results)
+    if len(args.results) > 1:
+        return _summary(args)
+    path, tag = _path_tag(args.results[0], args.tag)
+    result = read_suite(path)
     if result is None:
         return 2
-    folder = _profile_dir(args.profiles, args.tag)
-    try:
-        out = replay(result, folder)
-    finally:
-        if folder is not None and folder != args.profiles:
-            shutil.rmtree(folder, ignore_errors=True)
+    out = _replay_with(result, args.profiles, tag)
 
     def ms(x):
         return f"{x * 1e3:8.2f}" if x else "       -"
@@ -198,6 +206,55 @@ def main(argv: list[str] | None = None) -> int:
               f"{f2(sc['tau_stored'])} stored, {f2(sc['tau_now'])} now")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _path_tag(item: str, default: str | None) -> tuple[str, str | None]:
+    """``RESULTS.json:TAG`` -> (path, tag); a bare path keeps ``default``."""
+    path, sep, tag = item.rpartition(":")
+    if sep and path.endswith(".json") and tag:
+        return path, tag
+    return item, default
+
+
+def _replay_with(result: dict[str, Any], profiles: str | None, tag: str | None
+                 ) -> list[dict[str, Any]]:
+    folder = _profile_dir(profiles, tag)
+    try:
+        return replay(result, folder)
+    finally:
+        if folder is not None and folder != profiles:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _summary(args: argparse.Namespace) -> int:
+    """One line per scenario of several suites, and the totals over all of them."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for item in args.results:
+        path, tag = _path_tag(item, args.tag)
+        result = read_suite(path)
+        if result is None:
+            return 2
+        for sc in _replay_with(result, args.profiles, tag):
+            rows.append((Path(path).stem, sc))
+
+    def f(x, spec):
+        return format(x, spec) if x is not None else "-"
+
+    print(f"{'suite':>32} {'scenario':>13} {'plans':>5}  error stored / now   tau stored / now")
+    for name, sc in rows:
+        print(f"{name:>32} {sc['name']:>13} {sc['measured_plans']:>5}  "
+              f"{f(sc['error_stored'], '6.3f')} / {f(sc['error_now'], '6.3f')}   "
+              f"{f(sc['tau_stored'], '5.2f')} / {f(sc['tau_now'], '5.2f')}")
+    for k in ("stored", "now"):
+        errs = [abs(p[f"sim_{k}_s"] - p["measured_s"]) / p["measured_s"]
+                for _, sc in rows for p in sc["plans"] if p["measured_s"]]
+        taus = [sc[f"tau_{k}"] for _, sc in rows if sc[f"tau_{k}"] is not None]
+        print(f"{k}: median error {f(statistics.median(errs) if errs else None, '.3f')} over "
+              f"{len(errs)} plan rows; mean Kendall tau {f(statistics.mean(taus) if taus else None, '.3f')} "
+              f"over {len(taus)} scenarios, {sum(t >= 0.8 for t in taus)} of them >= 0.8")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{"suite": n, **sc} for n, sc in rows], indent=1))
     return 0
 
 

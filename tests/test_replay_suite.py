@@ -64,6 +64,29 @@ def test_replay_rebuilds_every_deterministic_plan_and_scores_it(tmp_path, capsys
     assert "tiny (analytic costs)" in capsys.readouterr().out
 
 
+def test_several_suites_give_a_line_per_scenario_and_totals(tmp_path, capsys):
+    import replay_suite
+
+    result = _stored_suite()
+    paths = []
+    for i in range(2):
+        path = tmp_path / f"suite{i}.json"
+        path.write_text(json.dumps(result))
+        paths.append(f"{path}:none{i}")  # a tag with no profiles: analytic costs, as stored
+    out_json = tmp_path / "all.json"
+    assert replay_suite.main([*paths, "--profiles", str(tmp_path), "--json",
+                              str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())
+    assert [r["suite"] for r in rows] == ["suite0", "suite1"]
+    assert rows[0]["error_now"] == pytest.approx(0.1 / 1.1)
+    out = capsys.readouterr().out
+    assert out.count(" tiny ") == 2
+    plan_rows = 2 * sum(1 for r in rows[0]["plans"] if r["measured_s"])
+    assert f"now: median error 0.091 over {plan_rows} plan rows" in out
+    tau = rows[0]["tau_now"]
+    assert f"mean Kendall tau {tau:.3f} over 2 scenarios, {2 * (tau >= 0.8)} of them" in out
+
+
 def test_replay_refuses_a_file_that_is_no_suite(tmp_path, capsys):
     import replay_suite
 
