@@ -144,16 +144,22 @@ def replay(result: dict[str, Any], profiles: str | None) -> list[dict[str, Any]]
     return out
 
 
-def fidelity(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median |sim - real| / real and Kendall tau, stored and now, over distinct measured
-    plans (a plan credited to several planners counts once)."""
-    from scipy.stats import kendalltau
-
+def distinct_measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured rows of one scenario, a plan credited to several planners once."""
     seen, pts = set(), []
     for r in rows:
         if r["measured_s"] and (r["split"], r["measured_s"]) not in seen:
             seen.add((r["split"], r["measured_s"]))
             pts.append(r)
+    return pts
+
+
+def fidelity(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median |sim - real| / real and Kendall tau, stored and now, over distinct measured
+    plans (a plan credited to several planners counts once)."""
+    from scipy.stats import kendalltau
+
+    pts = distinct_measured(rows)
     res: dict[str, Any] = {"measured_plans": len(pts)}
     for k in ("stored", "now"):
         xs = [p[f"sim_{k}_s"] for p in pts]
@@ -248,10 +254,10 @@ def _summary(args: argparse.Namespace) -> int:
               f"{f(sc['tau_stored'], '5.2f')} / {f(sc['tau_now'], '5.2f')}")
     for k in ("stored", "now"):
         errs = [abs(p[f"sim_{k}_s"] - p["measured_s"]) / p["measured_s"]
-                for _, sc in rows for p in sc["plans"] if p["measured_s"]]
+                for _, sc in rows for p in distinct_measured(sc["plans"])]
         taus = [sc[f"tau_{k}"] for _, sc in rows if sc[f"tau_{k}"] is not None]
         print(f"{k}: median error {f(statistics.median(errs) if errs else None, '.3f')} over "
-              f"{len(errs)} plan rows; mean Kendall tau {f(statistics.mean(taus) if taus else None, '.3f')} "
+              f"{len(errs)} measured plans; mean Kendall tau {f(statistics.mean(taus) if taus else None, '.3f')} "
               f"over {len(taus)} scenarios, {sum(t >= 0.8 for t in taus)} of them >= 0.8")
     if args.json:
         Path(args.json).write_text(json.dumps([{"suite": n, **sc} for n, sc in rows], indent=1))
