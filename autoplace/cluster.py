@@ -71,6 +71,7 @@ class Device:
     host_dispatch_s: float = 0.0
     ddp_param_host_s: float = 0.0
     shard_param_host_s: float = 0.0
+    copy_host_s: float = 0.0
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -314,7 +315,14 @@ GPU_HOST_DISPATCH_S = 30e-6
 #: step on 2x H200 (torch 2.11; bench/results/2026-11-26-h200x2-links.json: gpt-1b, gnmt-4,
 #: inception-v3, 40 to 284 parameter tensors): DDP's backward hook, on the autograd thread, and
 #: FSDP2's per-parameter work per all-gather / reduce-scatter, which the device waits for.
-GPU_HOST_PARAM = dict(ddp_param_host_s=0.15e-3, shard_param_host_s=0.13e-3)
+#: Per copy between two GPUs of one process (``Tensor.to`` forward, its gradient's copy back
+#: in backward), fitted on the one-process placements of four stored suites (2x and 4x H200,
+#: sessions 20-21: median simulator error 6.5% -> 5.8%, with autograd's ready-queue order)
+#: and checked on three earlier ones (sessions 18-19: 8.2% -> 5.7%); inception-v3's searched
+#: placements, 37-80 copies a step, had simulated 30-45% fast.
+GPU_COPY_HOST_S = 0.2e-3
+GPU_HOST_PARAM = dict(ddp_param_host_s=0.15e-3, shard_param_host_s=0.13e-3,
+                      copy_host_s=GPU_COPY_HOST_S)
 # Achievable (not datasheet) rates for bf16 training: ~60% of dense peak.
 _GPU_SPECS: dict[str, Device] = {
     "h100": Device(name="cuda:{i}", kind="h100", memory_bytes=80 * GiB,

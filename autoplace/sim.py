@@ -16,11 +16,15 @@ Model, in brief (details in ``sim_model``, ``sim_local``, ``sim_pipeline``):
   known, else ``min(t, o)`` (``o`` = launch overhead);
 * host issue (``pipeline == 1``): a replica is one process; one host thread issues
   every forward item in order (``host_dispatch_s`` each, 30 us on GPU presets, 0 on
-  CPU), then one autograd thread per device issues that device's backward items;
+  CPU), then one autograd thread per device issues that device's backward items as
+  PyTorch's engine does: from a ready queue, the latest-created ready node first, a
+  node ready once its consumers' gradients are issued (``sim_local.backward_issue``);
   an op never starts before it is issued, so many microbatches x ops on fast GPUs
   can be host-bound;
 * transfers: one queue per directed link, ``alpha + bytes / bandwidth``, a tensor
-  sent once per (producer, microbatch, destination device);
+  sent once per (producer, microbatch, destination device), not before the host
+  thread issued the copy (``copy_host_s`` each, 0.2 ms on GPU presets: the forward
+  thread for ``Tensor.to``, the consumer device's autograd thread for the gradient);
 * data parallel: DDP all-reduces gradients in 25 MB buckets in reverse topological
   order on a collective stream overlapping backward, its per-parameter backward hook on
   the autograd thread's clock (``ddp_param_host_s``). In a one-process replica FSDP2

@@ -7,7 +7,11 @@ step touches contiguous memory; predecessor and successor lists are flattened (C
 and reduced with ``np.maximum.reduceat``. Plans with ``pipeline > 1``, ZeRO-2 or
 FSDP, or replicas on unlike devices go through the scalar path. Host issue time is the
 scalar path's too: one forward host clock per plan, advanced by the device's
-``host_dispatch_s`` at every step, and one backward host clock per (plan, device).
+``host_dispatch_s`` at every step (and ``copy_host_s`` per copy it sends); the backward's
+issue order and times come per plan from ``sim_local.backward_issue`` (a Python loop over
+the plan's items: with host costs and several devices per replica the batch path is then
+about 4x slower than without, ~110 instead of ~520 plans/s for random placements of 1000
+ops over 2 GPUs on this project's CI machine).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim_local import simulate_local
+from autoplace.sim_local import backward_issue, simulate_local
 from autoplace.sim_model import (
     BUCKET_BYTES,
     DDP_GRAD_COPIES,
@@ -195,18 +199,22 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     flat = op_t * num + pidx
     dev_s = np.take(dev_t, flat)
     tf_s, tb_s = np.take(tf, flat), np.take(tb, flat)
-    host_on = bool(tables.host.any() or tables.ddp_host.any()
+    host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
                    or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any())
-    host_s = hostb_s = None
-    if host_on:  # [mn, P] host issue time per step, forward and backward
+    host_s = hb_t = None
+    if host_on:  # [mn, P] host issue time per step forward, [n, P] per op backward
         hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape), share)
         for p, pl in enumerate(plans):
             if pl.parallel.graphs:  # one replay per piece (sim_local)
                 hf_t[:, p] = hb_t[:, p] = graphed_host(dev_t[:, p], ga.param_count)
-        host_s, hostb_s = np.take(hf_t, flat), np.take(hb_t, flat)
-    ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
-    if host_on and ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
-        hostb_s = hostb_s + ga.param_count[op_t] * tables.ddp_host[dev_s] * ddp[None, :]
+        host_s = np.take(hf_t, flat)
+        ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
+        if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
+            hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]
+    copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
+    copy_on = host_on and kk > 1 and bool(copy_h.any())
+    if copy_on:
+        copy_s = copy_h[dev_s]  # [mn, P]: the sending device's cost per copy
     if kk > 1:
         durf_s = np.stack([np.take(x, flat) for x in durs_f], -1)  # [mn, P, K]
         durb_s = np.stack([np.take(x, flat) for x in durs_b], -1)
@@ -218,11 +226,14 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     in_cell = ((mboff_t[:, :, None] + pred_tab[op_t]) * num + pidx[None, :, None]) * kk
     in_cell += dev_s[:, :, None]
     extra_steps: dict[int, list[tuple[int, np.ndarray]]] = {}
+    extra_at: dict[tuple[int, int], np.ndarray] = {}
     if pred_extra:
-        s_hit, p_hit = np.nonzero(np.isin(op_t, list(pred_extra)))
+        has_extra = np.isin(op_t, list(pred_extra))
+        s_hit, p_hit = np.nonzero(has_extra)
         for s, p in zip(s_hit.tolist(), p_hit.tolist()):
             more = ((mboff_t[s, p] + pred_extra[op_t[s, p]]) * num + p) * kk + dev_s[s, p]
             extra_steps.setdefault(s, []).append((p, more))
+            extra_at[(s, p)] = more
 
     rows = m * (n + 1) * num  # padding op n of every microbatch stays 0 / -inf
     arrive = np.zeros((rows, kk))
@@ -249,35 +260,63 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
         dev_free[row] = fin
         if kk > 1:
             lf = link_free[row]
-            arr = np.maximum(lf, fin[:, None]) + durf_s[s]
+            s0 = np.maximum(lf, fin[:, None])
+            if copy_on:  # each copy issued by the forward thread (sim_local)
+                hc = host_f[:, None] + copy_s[s][:, None] * np.cumsum(durf_s[s] > -np.inf, 1)
+                np.maximum(s0, hc, out=s0)
+                host_f = hc[:, -1].copy()
+            arr = s0 + durf_s[s]
             link_free[row] = np.maximum(lf, arr)
             arrive[item_row_s[s]] = np.maximum(arr, fin[:, None])
         else:
             arrive_flat[item_row_s[s]] = fin
-    host_b = np.repeat(host_f, kk)  # backward host clock per (plan, device), like dev_free
-    for s in range(steps - 1, -1, -1):  # backward, reverse order
-        row = row_s[s]
-        r = grad[item_row_s[s]]  # [P, K]: gradient complete on each device
+    # backward: each plan's issue order and host times (sim_local.backward_issue); with
+    # no host costs, or one device, the reversed forward order
+    bpos = np.broadcast_to(np.arange(steps - 1, -1, -1)[:, None], (steps, num)).copy()
+    issued = copied = None
+    if host_on:
+        issued = host_f[None, :] + np.cumsum(np.take(hb_t, op_t * num + pidx)[::-1], 0)
         if kk > 1:
-            dcol = dev_s[s]
+            fpos = np.empty(steps, np.int64)
+            for p in np.flatnonzero(k_plan > 1).tolist():
+                k = int(k_plan[p])
+                order = order_t[:, p].tolist()
+                items, iss, cop = backward_issue(ga, dev[p].tolist(), order, hb_t[:, p].tolist(),
+                                                 copy_h[:k].tolist(), float(host_f[p]), k)
+                fpos[order_t[:, p]] = np.arange(steps)
+                bpos[:, p] = fpos[items]
+                issued[:, p] = np.asarray(iss)[items]
+                if cop is not None:
+                    if copied is None:
+                        copied = np.zeros((steps, num, kk))
+                    copied[:, p, :k] = np.asarray(cop).reshape(steps, k)[items]
+    for s in range(steps):  # backward, in each plan's issue order
+        fs_ = bpos[s]
+        row = row_s[fs_, pidx]
+        r = grad[item_row_s[fs_, pidx]]  # [P, K]: gradient complete on each device
+        if kk > 1:
+            dcol = dev_s[fs_, pidx]
             lfb = link3[pidx, :, dcol]
-            arr = np.maximum(lfb, r) + durb_s[s]
+            s0 = np.maximum(lfb, r)
+            if copied is not None:  # the copy back is issued by the consumer's thread
+                np.maximum(s0, copied[s], out=s0)
+            arr = s0 + durb_s[fs_, pidx]
             link3[pidx, :, dcol] = np.maximum(lfb, arr)
             ready = np.maximum(arr, r).max(1)
         else:
             ready = r[:, 0]
         start = np.maximum(dev_free[row], ready)
         if host_on:
-            hb = host_b[row] + hostb_s[s]
-            host_b[row] = hb
-            np.maximum(start, hb, out=start)
-        fin = start + tb_s[s]
+            np.maximum(start, issued[s], out=start)
+        fin = start + tb_s[fs_, pidx]
         dev_free[row] = fin
-        bfin[order_t[s], pidx] = fin
-        cells = in_cell[s]
+        bfin[order_t[fs_, pidx], pidx] = fin
+        cells = in_cell[fs_, pidx]
         grad_flat[cells] = np.maximum(grad_flat[cells], fin[:, None])
-        for p, more in extra_steps.get(s, ()):
-            grad_flat[more] = np.maximum(grad_flat[more], fin[p])
+        if extra_steps:
+            for p in np.flatnonzero(has_extra[fs_, pidx]).tolist():
+                more = extra_at[(int(fs_[p]), p)]
+                grad_flat[more] = np.maximum(grad_flat[more], fin[p])
     dev_free = dev_free.reshape(num, kk)
     last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
 

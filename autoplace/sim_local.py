@@ -10,10 +10,11 @@ accumulated on each consumer device and sent back once. Then gradient collective
 
 Host issue. A replica is one process: one Python thread issues every forward item
 in issue order, each taking the op's profiled forward host time (``OpNode.fwd_host_s``:
-Python, dispatcher, autocast and launches; else ``host_dispatch_s`` of the op's device),
-and an op cannot start before it is issued. The backward is issued by one autograd
-thread per device, each starting when the forward is fully issued and issuing its
-device's items in reversed order (``OpNode.bwd_host_s`` each). With many microbatches x
+Python, dispatcher, autocast and launches; else ``host_dispatch_s`` of the op's device)
+and ``copy_host_s`` per copy to another GPU, and an op cannot start before it is issued.
+The backward is issued by one autograd thread per device, each starting when the
+forward is fully issued and taking its device's items from a ready queue, latest first
+(``OpNode.bwd_host_s`` each; :func:`backward_issue`). With many microbatches x
 ops, or small ops on fast GPUs, these host clocks, not the devices, bound the step: a
 placement of Inception-v3 over two H200s in one process measured no faster than one GPU
 while each GPU was busy only ~60% of the step. With no host times they change nothing.
@@ -21,6 +22,7 @@ while each GPU was busy only ~60% of the step. With no host times they change no
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,6 +162,7 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     ddp_h = [float(tables.ddp_host[c]) if lp.d > 1 and lp.shard == "none" else 0.0
              for c in ids]
     npar = ga.param_count
+    copy_h = [float(tables.copy_host[c]) for c in ids]
     alpha = [[float(tables.alpha[a, b]) for b in ids] for a in ids]
     inv_bw = [[float(tables.inv_bw[a, b]) for b in ids] for a in ids]
     dev_free = [0.0] * k
@@ -204,7 +207,10 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
         row = [fin] * k
         for e, b in lp.needb[i]:
             b = b / (m * lp.d)
+            host_f += copy_h[d]  # Tensor.to, issued by the forward thread
             s0 = link_free[d][e] if link_free[d][e] > fin else fin
+            if host_f > s0:
+                s0 = host_f
             arr = s0 + (alpha[d][e] + b * inv_bw[d][e])
             link_free[d][e] = arr
             row[e] = arr
@@ -219,10 +225,12 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     if fs:
         for j in range(k):
             fs.prefetch(j, dev_free[j], "b", events if record else None)
-    host_b = [host_f] * k
+    hb_tot = [hb_op[i] + npar[i] * ddp_h[dev[i]] for i in range(n)]
+    items, issued, copied = backward_issue(ga, dev, order, hb_tot, copy_h, host_f, k)
+    host_b = [0.0] * k  # FSDP2's per-parameter work on each autograd thread, so far
     bend = [0.0] * (m * n)
     last_bwd = [0.0] * n
-    for item in reversed(order):
+    for item in items:
         mb, i = divmod(item, n)
         d = dev[i]
         off = mb * n
@@ -239,18 +247,20 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
             b = need.get(e, 0.0) / (m * lp.d)
             if b > 0:
                 s0 = link_free[e][d] if link_free[e][d] > r else r
+                if copied is not None and copied[item * k + e] > s0:
+                    s0 = copied[item * k + e]
                 r = s0 + (alpha[e][d] + b * inv_bw[e][d])
                 link_free[e][d] = r
                 if record:
                     events.append(Event(f"link{base + e}->{base + d}", label(item), s0, r, "comm"))
             if r > ready:
                 ready = r
-        host_b[d] += hb_op[i] + npar[i] * ddp_h[d]
         if fs is not None:
             host_b[d] += fs.host(i, "b")
+        t_host = issued[item] + host_b[d]
         start = dev_free[d] if dev_free[d] > ready else ready
-        if host_b[d] > start:
-            start = host_b[d]
+        if t_host > start:
+            start = t_host
         if fs is not None and fs.unit_of[i] >= 0:
             start = max(start, fs.wait(i, dev_free[d], start, "b", events if record else None))
         fin = start + tb[i]
@@ -260,11 +270,137 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
         if fin > last_bwd[i]:
             last_bwd[i] = fin
         if fs is not None and fs.unit_of[i] >= 0:
-            host_b[d] += fs.done(i, fin, host_b[d], events if record else None)
+            host_b[d] += fs.done(i, fin, t_host, events if record else None)
         if record:
             events.append(Event(f"dev{base + d}", label(item), start, fin, "bwd"))
     coll_free = fs.coll_free if fs else [0.0] * k
     return ReplicaRun(dev_free, fwd_end, busy, last_bwd, coll_free, fs is not None, events)
+
+
+def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
+                   copy_h: list[float], host_f: float, k: int
+                   ) -> tuple[list[int], list[float], list[list[float]] | None]:
+    """The order in which autograd's threads issue one replica's backward, and when.
+
+    PyTorch runs a process's backward on one thread per device, each taking from its
+    ready queue the node created last in forward (highest sequence number); a node is
+    ready once every consumer's gradient has been issued. So a device whose latest op
+    waits for another device's thread issues an earlier op that is ready, where the
+    reversed forward order would make it wait. Here each thread starts when the forward
+    is fully issued (``host_f``) and takes ``hb[op]`` seconds per item. With ``copy_h``
+    set, a gradient going back to another device is copied by the consumer device's
+    thread (``copy_h[device]``, the backward of ``Tensor.to``: a task of its own, created
+    with the first consumer there, ready when every consumer there is issued).
+
+    Returns ``(items, issued, copied)``: items (``mb * n + op``) in issue order, the host
+    time each item's issue ends, and at ``item * k + device`` the time its gradient's copy
+    from that device is issued (None without copy costs). With no host costs this is the
+    reversed forward order (ties go to the latest node).
+    """
+    n = ga.n
+    mn = len(order)
+    succs, preds = ga.succs, ga.preds
+    pos = [0] * mn
+    for s, it in enumerate(order):
+        pos[it] = s
+    with_copies = any(copy_h)
+    # per op: consumers on its own device, and per other device its first consumer (in
+    # issue order, the same in every microbatch) and how many consumers it has there
+    same = [0] * n
+    cross: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (device, first, count)
+    for i in range(n):
+        d = dev[i]
+        first: dict[int, int] = {}
+        count: dict[int, int] = {}
+        for w in succs[i]:
+            e = dev[w]
+            if e == d or not with_copies:
+                same[i] += 1
+            else:
+                count[e] = count.get(e, 0) + 1
+                if e not in first or pos[w] < pos[first[e]]:
+                    first[e] = w
+        cross[i] = [(e, first[e], count[e]) for e in sorted(first)]
+    # tasks: items 0..mn-1, then copies; device, cost, priority (-2 seq; a copy sits just
+    # before its first consumer), dependencies left, and each item's first copy task
+    t_dev = [dev[it % n] for it in range(mn)]
+    t_cost = [hb[it % n] for it in range(mn)]
+    t_key = [-2 * p for p in pos]
+    t_item = list(range(mn))
+    deps = [same[it % n] + len(cross[it % n]) for it in range(mn)]
+    cfirst = [0] * mn
+    for it in range(mn):
+        i = it % n
+        cfirst[it] = len(t_dev)
+        off = it - i
+        for e, w, c in cross[i]:
+            t_dev.append(e)
+            t_cost.append(copy_h[e])
+            t_key.append(1 - 2 * pos[off + w])
+            t_item.append(it)
+            deps.append(c)
+    slot = [0] * (n * k)  # copy task of op u to device e: cfirst[item] + slot[u * k + e]
+    for i in range(n):
+        for x, (e, _, _) in enumerate(cross[i]):
+            slot[i * k + e] = x
+    ntask = len(t_dev)
+    rtime = [host_f] * ntask
+    heappush, heappop = heapq.heappush, heapq.heappop
+    waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(k)]
+    ready: list[list[tuple[int, int]]] = [[] for _ in range(k)]
+    for t in range(ntask):
+        if deps[t] == 0:
+            waiting[t_dev[t]].append((host_f, t_key[t], t))
+    for w in waiting:
+        heapq.heapify(w)
+    clock = [host_f] * k
+    threads = range(k)
+    items: list[int] = []
+    issued = [0.0] * mn
+    copied = [0.0] * (mn * k) if with_copies else None
+    inf = float("inf")
+    for _ in range(ntask):
+        best, bt, bkey = -1, inf, 0
+        for j in threads:
+            rj, wj = ready[j], waiting[j]
+            t = clock[j]
+            if not rj:
+                if not wj:
+                    continue
+                if wj[0][0] > t:
+                    t = wj[0][0]
+            while wj and wj[0][0] <= t:
+                _, key, task = heappop(wj)
+                heappush(rj, (key, task))
+            key = rj[0][0]
+            if t < bt or (t == bt and key < bkey):
+                best, bt, bkey = j, t, key
+        task = heappop(ready[best])[1]
+        end = bt + t_cost[task]
+        clock[best] = end
+        if task < mn:
+            items.append(task)
+            issued[task] = end
+            i = task % n
+            off = task - i
+            for u in preds[i]:
+                tgt = off + u
+                if with_copies and dev[u] != best:
+                    tgt = cfirst[tgt] + slot[u * k + best]
+                deps[tgt] -= 1
+                if rtime[tgt] < end:
+                    rtime[tgt] = end
+                if not deps[tgt]:
+                    heappush(waiting[t_dev[tgt]], (rtime[tgt], t_key[tgt], tgt))
+        else:
+            it = t_item[task]
+            copied[it * k + best] = end
+            deps[it] -= 1
+            if rtime[it] < end:
+                rtime[it] = end
+            if not deps[it]:
+                heappush(waiting[t_dev[it]], (rtime[it], t_key[it], it))
+    return items, issued, copied
 
 
 def simulate_local(ga, plan: Plan, cluster: Cluster, tables: CostTables, record: bool) -> dict:

@@ -131,6 +131,7 @@ class CostTables:
     host: np.ndarray  # [N] host seconds to issue one op (``host_dispatch_s``)
     ddp_host: np.ndarray  # [N] backward host seconds per parameter tensor under DDP
     shard_host: np.ndarray  # [N] host seconds per parameter tensor per FSDP2 collective
+    copy_host: np.ndarray  # [N] host seconds to issue a copy to another GPU (Tensor.to)
     mem_bandwidth: np.ndarray  # [N] bytes/s
     usable_memory: np.ndarray  # [N] bytes
     alpha: np.ndarray  # [N, N] link latency
@@ -161,6 +162,7 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         host=np.array([d.host_dispatch_s for d in cluster.devices], dtype=np.float64),
         ddp_host=np.array([d.ddp_param_host_s for d in cluster.devices], dtype=np.float64),
         shard_host=np.array([d.shard_param_host_s for d in cluster.devices], dtype=np.float64),
+        copy_host=np.array([d.copy_host_s for d in cluster.devices], dtype=np.float64),
         mem_bandwidth=np.array([d.memory_bandwidth for d in cluster.devices], dtype=np.float64),
         usable_memory=np.array([d.usable_memory_bytes for d in cluster.devices], dtype=np.float64),
         alpha=alpha,

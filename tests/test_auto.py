@@ -28,12 +28,12 @@ SLOW = {"dp-none": 2.0, "dp-fsdp": 3.0, "dp-zero2": 2.5}
 @pytest.fixture(scope="module")
 def setup():
     graph = capture_workload(workloads.get("gpt-tiny", device="meta"))
-    # no host time (dispatch, DDP and FSDP per parameter): these tests are about the search
+    # no host time (dispatch, DDP and FSDP per parameter, copies): these tests are about the search
     # and calibration, and they expect the simulator's favourites without it (DDP first,
     # pipelines slower); host-bound gpt-tiny would rank pipelines (which skip host time) first
     cluster = preset("h100x2")
     cluster = replace(cluster, devices=tuple(replace(d, host_dispatch_s=0.0, ddp_param_host_s=0.0,
-                                                     shard_param_host_s=0.0)
+                                                     shard_param_host_s=0.0, copy_host_s=0.0)
                                              for d in cluster.devices))
     return graph, cluster
 

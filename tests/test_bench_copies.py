@@ -45,3 +45,24 @@ def test_bad_arguments_are_refused(capsys):
     assert "unknown scenario" in capsys.readouterr().err
     assert bench_copies.main(["--scenarios", "tiny-mlp", "--ways", "to,sideways"]) == 2
     assert "unknown way" in capsys.readouterr().err
+
+
+def test_bench_copy_host_smoke(tmp_path):
+    """The copy-host probe runs without GPUs (both ends on the CPU) and writes one row per
+    size with the chains it subtracted."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_copy_host
+
+    out = tmp_path / "copy-host.json"
+    assert bench_copy_host.main(["--links", "4", "--repeats", "2", "--sizes", "4096,65536",
+                                 "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["bytes"] for r in res["sizes"]] == [4096, 65536]
+    for r in res["sizes"]:
+        ch = r["forward_chain_s"]
+        assert ch["crossing"] > 0 and ch["same_device"] > 0
+        assert r["forward_host_s_per_copy"] == (ch["crossing"] - ch["same_device"]) / 4

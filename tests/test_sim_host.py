@@ -153,7 +153,10 @@ def test_many_microbatches_on_gpus_are_host_bound():
 
 def test_backward_host_threads_run_per_device():
     # 2 devices, ops far shorter than a dispatch: the forward issue is serial over both
-    # devices (2n dispatches), each backward thread issues only its own n/2 ops per mb
+    # devices (2n dispatches), each backward thread issues only its own n/2 ops per mb,
+    # device 0's once device 1's thread has issued the consumer of its last op: device 1
+    # issues the later microbatch's half first (highest sequence number), device 0 then
+    # follows microbatch by microbatch (m * 10 dispatches after device 1's first 10)
     graph = chain(20, 1e-9, nbytes=0)
     h = 1e-3
     cluster = with_host(Cluster.uniform("t", replace(preset("cpu-x1").devices[0],
@@ -162,7 +165,7 @@ def test_backward_host_threads_run_per_device():
     for m in (1, 2):
         plan = split(graph, 2, microbatches=m)
         res = simulate(graph, plan, cluster, timeline=True)
-        assert res.step_time_s == pytest.approx((m * 20 + m * 10) * h, rel=1e-3)
+        assert res.step_time_s == pytest.approx((m * 20 + 10 + m * 10) * h, rel=1e-3)
         assert simulate_batch(graph, [plan], cluster).step_time_s[0] == pytest.approx(
             res.step_time_s, rel=1e-12)
 
@@ -181,7 +184,11 @@ def test_batch_equals_scalar_with_host_time(cluster_name):
         plans = mixed_plans(graph, rng, cluster.num_devices, 4)
         batch = assert_batch_equals_scalar(graph, plans, cluster)
         no_host = simulate_batch(graph, plans, with_host(cluster, 0.0)).step_time_s
-        assert (batch.step_time_s >= no_host).all()
+        # host time only delays a replica on one device; over several it can also change
+        # the order autograd's threads issue the backward in, for better or worse
+        one = np.array([p.devices_per_replica == 1 for p in plans])
+        assert one.any()
+        assert (batch.step_time_s[one] >= no_host[one]).all()
         assert (batch.step_time_s > no_host).any()
         lb = lower_bound(graph, cluster)
         assert (batch.step_time_s >= lb * (1 - 1e-12)).all()
