@@ -279,7 +279,7 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
 
 def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
                    copy_h: list[float], host_f: float, k: int
-                   ) -> tuple[list[int], list[float], list[list[float]] | None]:
+                   ) -> tuple[list[int], list[float], list[float] | None]:
     """The order in which autograd's threads issue one replica's backward, and when.
 
     PyTorch runs a process's backward on one thread per device, each taking from its

@@ -410,3 +410,33 @@ def test_graphed_plans_pay_host_time_per_piece_not_per_op():
     want = [GRAPH_PIECE_HOST_S + 3 * GRAPH_PARAM_HOST_S, 0, 0,
             GRAPH_PIECE_HOST_S + 3 * GRAPH_PARAM_HOST_S, 0, GRAPH_PIECE_HOST_S + 4 * GRAPH_PARAM_HOST_S]
     np.testing.assert_allclose(graphed_host(dev, params), want)
+
+
+def test_backward_threads_take_the_latest_ready_node_first():
+    """Autograd's ready queues: device 0's latest op X waits for device 1's thread (its
+    consumer Q there is slow to issue), so device 0 issues the earlier, ready Y first,
+    where the reversed forward order would have held Y behind X."""
+    from types import SimpleNamespace
+
+    from autoplace.sim_local import backward_issue
+
+    # forward order P(1) Y(0) X(0) Q(1: X, P) Z(0: Y) S(1: Q, Z), the loss
+    preds = [[], [], [], [2, 0], [1], [3, 4]]
+    succs = [[3], [4], [3], [5], [5], []]
+    ga = SimpleNamespace(n=6, preds=preds, succs=succs)
+    dev = [1, 0, 0, 1, 0, 1]
+    hb = [1.0, 1.0, 1.0, 5.0, 1.0, 5.0]
+    items, issued, copied = backward_issue(ga, dev, list(range(6)), hb, [0.0, 0.0], 0.0, 2)
+    assert copied is None
+    assert items == [5, 4, 3, 1, 2, 0]  # S; Z before Q (a tie: latest first); Y before X
+    assert [issued[i] for i in range(6)] == [11.0, 7.0, 11.0, 10.0, 6.0, 5.0]
+    # no host costs: the reversed forward order
+    assert backward_issue(ga, dev, list(range(6)), [0.0] * 6, [0.0, 0.0], 0.0, 2)[0] == \
+        [5, 4, 3, 2, 1, 0]
+    # copies back to the producer's device are tasks of the consumer's thread, just
+    # before the consumer in priority: device 1 copies Z's gradient back first (S's,
+    # 5-5.5), then issues Q (5.5-10.5), then copies X's (10.5-11); X follows at 11-12
+    items, issued, copied = backward_issue(ga, dev, list(range(6)), hb, [0.5, 0.5], 0.0, 2)
+    assert copied[4 * 2 + 1] == 5.5 and issued[4] == 6.5
+    assert issued[3] == 10.5 and copied[2 * 2 + 1] == 11.0 and issued[2] == 12.0
+    assert copied[2 * 2 + 0] == 0.0  # nothing of X's is copied from device 0
