@@ -225,14 +225,13 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     # cell (producer item, plan, this op's device) of each input: read forward, written back
     in_cell = ((mboff_t[:, :, None] + pred_tab[op_t]) * num + pidx[None, :, None]) * kk
     in_cell += dev_s[:, :, None]
-    extra_steps: dict[int, list[tuple[int, np.ndarray]]] = {}
+    # cells of the inputs past the dense table's width, per (forward step, plan)
     extra_at: dict[tuple[int, int], np.ndarray] = {}
     if pred_extra:
         has_extra = np.isin(op_t, list(pred_extra))
         s_hit, p_hit = np.nonzero(has_extra)
         for s, p in zip(s_hit.tolist(), p_hit.tolist()):
             more = ((mboff_t[s, p] + pred_extra[op_t[s, p]]) * num + p) * kk + dev_s[s, p]
-            extra_steps.setdefault(s, []).append((p, more))
             extra_at[(s, p)] = more
 
     rows = m * (n + 1) * num  # padding op n of every microbatch stays 0 / -inf
@@ -249,8 +248,9 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     host_f = np.zeros(num)  # forward host clock per plan (one Python thread)
     for s in range(steps):  # forward
         ready = arrive_flat[in_cell[s]].max(1)
-        for p, more in extra_steps.get(s, ()):
-            ready[p] = max(ready[p], arrive_flat[more].max())
+        if extra_at:
+            for p in np.flatnonzero(has_extra[s]).tolist():
+                ready[p] = max(ready[p], arrive_flat[extra_at[(s, p)]].max())
         row = row_s[s]
         start = np.maximum(dev_free[row], ready)
         if host_on:
@@ -313,7 +313,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
         bfin[order_t[fs_, pidx], pidx] = fin
         cells = in_cell[fs_, pidx]
         grad_flat[cells] = np.maximum(grad_flat[cells], fin[:, None])
-        if extra_steps:
+        if extra_at:
             for p in np.flatnonzero(has_extra[fs_, pidx]).tolist():
                 more = extra_at[(int(fs_[p]), p)]
                 grad_flat[more] = np.maximum(grad_flat[more], fin[p])

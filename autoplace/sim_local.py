@@ -299,6 +299,14 @@ def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
     """
     n = ga.n
     mn = len(order)
+    if k == 1:  # one thread: every item is ready when its turn comes in reversed order
+        items = order[::-1]
+        issued = [0.0] * mn
+        t = host_f
+        for it in items:
+            t += hb[it % n]
+            issued[it] = t
+        return items, issued, None
     succs, preds = ga.succs, ga.preds
     pos = [0] * mn
     for s, it in enumerate(order):
@@ -378,28 +386,22 @@ def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
         task = heappop(ready[best])[1]
         end = bt + t_cost[task]
         clock[best] = end
-        if task < mn:
+        if task < mn:  # an item: its producers here, or their copies to here, move on
             items.append(task)
             issued[task] = end
             i = task % n
             off = task - i
-            for u in preds[i]:
-                tgt = off + u
-                if with_copies and dev[u] != best:
-                    tgt = cfirst[tgt] + slot[u * k + best]
-                deps[tgt] -= 1
-                if rtime[tgt] < end:
-                    rtime[tgt] = end
-                if not deps[tgt]:
-                    heappush(waiting[t_dev[tgt]], (rtime[tgt], t_key[tgt], tgt))
-        else:
-            it = t_item[task]
-            copied[it * k + best] = end
-            deps[it] -= 1
-            if rtime[it] < end:
-                rtime[it] = end
-            if not deps[it]:
-                heappush(waiting[t_dev[it]], (rtime[it], t_key[it], it))
+            tgts = [off + u if not with_copies or dev[u] == best
+                    else cfirst[off + u] + slot[u * k + best] for u in preds[i]]
+        else:  # a copy back: the item it belongs to moves on
+            tgts = [t_item[task]]
+            copied[tgts[0] * k + best] = end
+        for tgt in tgts:
+            deps[tgt] -= 1
+            if rtime[tgt] < end:
+                rtime[tgt] = end
+            if not deps[tgt]:
+                heappush(waiting[t_dev[tgt]], (rtime[tgt], t_key[tgt], tgt))
     return items, issued, copied
 
 
