@@ -115,6 +115,18 @@ def wrap_data_parallel(
             fully_shard([called[t] for t in members], mesh=mesh, reshard_after_forward=reshard,
                         **kw)
             claimed.update(members)
+    import os
+    if os.environ.get("AUTOPLACE_FSDP_UNITS") == "modules":
+        # every other called module holding parameters of its own: a unit of its own
+        for target in sorted(called):
+            if target in claimed or any(target.startswith(c + ".") for c in called if c != target):
+                continue
+            params = list(called[target].parameters())
+            if not params or any(counts.get(id(p), 1) > 1 or id(p) in getattr_params
+                                 for p in params):
+                continue
+            fully_shard(called[target], mesh=mesh, reshard_after_forward=reshard, **kw)
+            claimed.add(target)
     fully_shard(program, mesh=mesh, reshard_after_forward=reshard, **kw)
     return program
 

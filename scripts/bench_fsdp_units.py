@@ -1,0 +1,87 @@
+"""FSDP2 and ZeRO-2 with two unit rules side by side: blocks + root, or blocks + one unit per
+other module holding parameters.
+
+    python scripts/bench_fsdp_units.py --out fsdp-units.json [--scenarios gnmt4-capped,gpt1b-16GB]
+
+For each scenario of ``scripts/bench_plans.py`` (its workload and memory cap) runs the
+hand-written FSDP2 plan and its ZeRO-2 twin under each rule, in interleaved order, on the
+devices present, and records every run's step times, peak memory and losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_plans import SCENARIOS  # noqa: E402
+
+from autoplace import baselines, workloads  # noqa: E402
+from autoplace.capture import capture_workload  # noqa: E402
+from autoplace.cluster import parse_bytes, resolve  # noqa: E402
+from autoplace.executor.launch import run_plan  # noqa: E402
+
+CAPS = {"gnmt4-capped": "4.37182GiB"}  # bench_plans measures it; the value of its runs
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--scenarios", default="gnmt4-capped,gpt1b-16GB")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--deadline-s", type=float, default=400.0)
+    args = p.parse_args()
+    t0 = time.time()
+    rows = []
+    for name in args.scenarios.split(","):
+        sc = SCENARIOS[name]
+        cap = CAPS.get(name, sc["cap"])
+        wl = workloads.get(sc["model"], **sc["options"])
+        spec = {"spec": sc["model"], "options": sc["options"]}
+        cluster = resolve("detect", parse_bytes(cap) if cap else None)
+        g = capture_workload(wl)
+        fsdp = baselines.get("fsdp")(g, cluster)
+        plans = {"fsdp": fsdp, "zero2": fsdp.with_parallel(shard="zero2")}
+        for r in range(args.rounds):
+            for pname, plan in plans.items():
+                for units in ("blocks", "modules"):
+                    if time.time() - t0 > args.deadline_s:
+                        break
+                    os.environ["AUTOPLACE_FSDP_UNITS"] = units
+                    s = time.time()
+                    try:
+                        rep = run_plan(plan, spec, cluster=cluster, steps=args.steps,
+                                       warmup=2, reference=False, timeout_s=120)
+                        row = dict(scenario=name, plan=pname, units=units, round=r,
+                                   step_time_s=rep.step_time_s, step_times_s=rep.step_times_s,
+                                   peak_memory_bytes=rep.peak_memory_bytes, loss=rep.loss,
+                                   oom=rep.oom, error=rep.error)
+                    except Exception as e:  # noqa: BLE001 - recorded, the others still run
+                        row = dict(scenario=name, plan=pname, units=units, round=r,
+                                   error=str(e)[-400:])
+                    row["wall_s"] = time.time() - s
+                    rows.append(row)
+                    peaks = [round(b / 2**30, 2) for b in row.get("peak_memory_bytes") or []]
+                    print(f"{name} {pname} {units} r{r}: "
+                          f"{1e3 * row.get('step_time_s', float('nan')):.1f} ms peak {peaks} "
+                          f"err {row.get('error')} ({row['wall_s']:.0f} s)", flush=True)
+                    Path(args.out).write_text(json.dumps(rows, indent=1))
+    summary = {}
+    for row in rows:
+        if row.get("step_times_s"):
+            summary.setdefault((row["scenario"], row["plan"], row["units"]), []).extend(
+                row["step_times_s"])
+    for key, ts in summary.items():
+        print(*key, f"median {1e3 * statistics.median(ts):.1f} ms over {len(ts)} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
