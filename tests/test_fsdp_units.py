@@ -81,3 +81,21 @@ def test_units_rule_from_the_environment(monkeypatch):
     monkeypatch.setenv("AUTOPLACE_FSDP_UNITS", "layers")
     with pytest.raises(ValueError, match="valid: blocks, modules"):
         fsdp_units_rule("fsdp")
+
+
+def test_bench_fsdp_units_runs_both_rules(tmp_path):
+    """scripts/bench_fsdp_units.py on CPU: both rules run and train alike."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "units.json"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_fsdp_units.py"
+    subprocess.run([sys.executable, str(script), "--out", str(out), "--scenarios", "tiny",
+                    "--rounds", "1", "--steps", "3", "--plans", "fsdp"], check=True,
+                   capture_output=True, timeout=300)
+    rows = json.loads(out.read_text())
+    assert [(r["plan"], r["units"]) for r in rows] == [("fsdp", "blocks"), ("fsdp", "modules")]
+    assert all(r["error"] is None and len(r["step_times_s"]) == 1 for r in rows)
+    assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-5)
