@@ -18,7 +18,10 @@
    A family not measured yet is measured even when predicted slow.
    Each time a plan whose microbatches flow through several devices measures fastest
    so far, the same plan with twice and half its microbatches is measured next (budget
-   permitting): the simulator ranks microbatch counts least reliably.
+   permitting): the simulator ranks microbatch counts least reliably. A sharded plan
+   whose FSDP2 units are blocks and whose measured peak is above ``UNITS_NEAR_CAP`` of
+   the usable memory is measured next with a unit per module (``parallel.shard_units``):
+   less memory held, more collectives, which wins only near a cap.
 5. If the runner-up measured within 5% of the fastest, both run once more and each is
    judged by the mean of its two runs (pipelines vary by up to 20% from run to run).
    Return the plan that was fastest measured, with ``measured`` and the per-family
@@ -58,12 +61,14 @@ def family(plan: Plan) -> str:
     """The execution family of a plan: its measured/simulated error is shared in a family."""
     p = plan.parallel
     if p.pipeline > 1:
-        return "pipeline" if p.data == 1 else f"dp-{p.shard}+pipeline"
+        return "pipeline" if p.data == 1 else (
+            f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "") + "+pipeline")
     local = "placement" if plan.devices_per_replica > 1 else "single"
     if local == "placement" and p.microbatches > 1:
         local = "placement+mb"  # microbatches flowing through a one-process placement
     if p.data > 1:
-        return f"dp-{p.shard}" + ("+placement" if plan.devices_per_replica > 1 else "")
+        return (f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "")
+                + ("+placement" if plan.devices_per_replica > 1 else ""))
     return local + ("+graphs" if p.graphs else "")
 
 
@@ -220,6 +225,12 @@ TIGHT_MEMORY = 1.10
 #: with 2 microbatches measured 1.2% behind a pipeline, and with 4 it had measured 5%
 #: ahead of both on another machine)
 NEAR_BEST = 1.05
+#: a sharded plan with FSDP2 units by blocks whose measured peak is above this share of
+#: the usable memory is measured with a unit per module next (``parallel.shard_units``):
+#: on 2x H200 under GNMT-4's 4.4 GiB cap FSDP2 by blocks peaked at 95% of it and ran
+#: 87.3 ms, by modules 74% and 66.5 ms, while without the cap blocks ran 46.6 ms and
+#: modules 61.2 (bench/results/raw/2026-11-27-h200x2-s23-fsdp-units-cap.json)
+UNITS_NEAR_CAP = 0.90
 
 
 def _step_of(rep: Any) -> float | None:
@@ -259,6 +270,16 @@ def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[di
         if not row["oom"]:
             out.append(_candidate(row))
     return out
+
+
+def _units_twin(c: dict[str, Any], graph: Any, cluster: Any) -> dict[str, Any] | None:
+    """``c``'s plan with an FSDP2 unit per module holding parameters, where ``c`` is a
+    sharded plan with units by blocks (see :data:`UNITS_NEAR_CAP`)."""
+    par = c["plan"].parallel
+    if par.shard == "none" or par.shard_units != "blocks":
+        return None
+    return _candidate(_sim_row(graph, cluster, f"{c['planner']} by modules",
+                               c["plan"].with_parallel(shard_units="modules")))
 
 
 def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, progress,
@@ -403,13 +424,18 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         measured.append(c)
         remember(c, rep)
         say(f"  measured {step * 1e3:.2f} ms (sim x{c['measured'] / c['sim']:.2f})")
+        variants = []
         if best_so_far is None or c["measured"] < NEAR_BEST * best_so_far:  # (near) fastest
-            for v in _microbatch_variants(c, graph, cluster):
-                v = by_sig.setdefault(signature(v["plan"]), v)
-                if not v.get("tried") and not v.get("variant"):
-                    v["variant"] = True
-                    front.append(v)
-                    say(f"  then its microbatch variant {v['plan'].split()}")
+            variants = [("microbatch variant", v) for v in _microbatch_variants(c, graph, cluster)]
+        twin = _units_twin(c, graph, cluster) if _peak(c) > UNITS_NEAR_CAP * usable else None
+        if twin is not None:
+            variants.append(("twin with a unit per module", twin))
+        for what, v in variants:
+            v = by_sig.setdefault(signature(v["plan"]), v)
+            if not v.get("tried") and not v.get("variant"):
+                v["variant"] = True
+                front.append(v)
+                say(f"  then its {what} {v['plan'].split()}")
         # a family whose best member was measured may hold others worth trying
         if len(measured) < 2 * top_k + 3:
             for other in cands:

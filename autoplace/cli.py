@@ -101,6 +101,8 @@ class PlanConfig(ModelArgs, ClusterArgs):
         "--planner auto also reads and saves the simulator's calibration there")
     graphs: bool = opt(False, "replay each run of ops on one device as a CUDA graph on "
                               "GPUs (plans run in one process; auto tries this itself)")
+    shard_units: str | None = opt(None, "FSDP2 units of a sharded plan: blocks, or modules "
+                                        "(also a unit per embedding / head: less memory held)")
 
 
 @dataclass(kw_only=True)
@@ -405,6 +407,12 @@ def cmd_plan(cfg: PlanConfig) -> int:
         except AutoplaceError as e:
             raise AutoplaceError(f"--graphs: {plan.planner.get('name', 'this')} planner's "
                                  f"plan ({plan.split()}) {e}") from None
+    if cfg.shard_units:
+        try:
+            plan = plan.with_parallel(shard_units=cfg.shard_units)
+        except AutoplaceError as e:
+            raise AutoplaceError(f"--shard-units: {plan.planner.get('name', 'this')} planner's "
+                                 f"plan ({plan.split()}): {e}") from None
     from autoplace.sim import simulate
 
     res = simulate(graph, plan, cluster)

@@ -15,14 +15,16 @@ order (stage ``s`` on local device ``s``); every stage runs in its own process
 under ``torch.distributed.pipelining``. With ``pipeline == 1`` and several local
 devices, the replica runs in one process (any DAG placement; microbatches flow
 through it); with ``parallel.graphs`` (one process, ``data == 1``) each run of ops on one
-device replays as a CUDA graph on GPUs.
+device replays as a CUDA graph on GPUs. ``parallel.shard_units`` (sharded plans only)
+picks FSDP2's units: ``blocks`` (the default) or ``modules``.
 
 JSON (``"format": "autoplace.plan/1"``), never pickle::
 
     {"format": "autoplace.plan/1",
      "groups": {"op": 0, ...}, "placement": [0, 1, ...],
      "parallel": {"data": 1, "pipeline": 1, "microbatches": 1,
-                  "schedule": "gpipe", "shard": "none"},   # + "graphs": true when on
+                  "schedule": "gpipe", "shard": "none"},   # + "graphs": true when on,
+                                                           # + "shard_units": "modules"
      "recompute": [3, 4],
      "model": {"spec": "gpt-tiny", "options": {}, "fingerprint": "...", "num_ops": 123},
      "cluster": {...}, "predicted": {...} | null, "measured": {...} | null,
@@ -50,6 +52,8 @@ __all__ = ["ParallelConfig", "Plan", "PLAN_FORMAT", "SCHEDULES", "SHARD_MODES"]
 PLAN_FORMAT = "autoplace.plan/1"
 SCHEDULES = ("gpipe", "1f1b")
 SHARD_MODES = ("none", "zero2", "fsdp")
+#: FSDP2 units of a sharded plan (executor.data.wrap_data_parallel)
+SHARD_UNITS = ("blocks", "modules")
 _TOP_KEYS = {"format", "groups", "placement", "parallel", "recompute", "model", "cluster",
              "predicted", "measured", "planner"}
 
@@ -68,6 +72,10 @@ class ParallelConfig:
         graphs: on GPUs, replay each run of ops on one device of each microbatch as a
             CUDA graph (:func:`autoplace.executor.local.build_local`); only for plans run
             in one process per replica (``pipeline == 1``, ``data == 1``).
+        shard_units: FSDP2 units of a sharded plan: ``blocks`` (every child of an
+            ``nn.ModuleList`` / ``nn.Sequential``, then the root with the rest) or
+            ``modules`` (also every other module holding parameters, embeddings and
+            heads, a unit of its own: less memory held, more collectives).
     """
 
     data: int = 1
@@ -76,6 +84,7 @@ class ParallelConfig:
     schedule: str = "gpipe"
     shard: str = "none"
     graphs: bool = False
+    shard_units: str = "blocks"
 
     def __post_init__(self) -> None:
         for name in ("data", "pipeline", "microbatches"):
@@ -92,6 +101,12 @@ class ParallelConfig:
             )
         if not isinstance(self.graphs, bool):
             raise PlanError(f"parallel.graphs must be true or false, got {self.graphs!r}")
+        if self.shard_units not in SHARD_UNITS:
+            raise PlanError(f"parallel.shard_units {self.shard_units!r} is not valid; valid: "
+                            f"{', '.join(SHARD_UNITS)}")
+        if self.shard_units != "blocks" and self.shard == "none":
+            raise PlanError("parallel.shard_units applies only to a sharded plan (shard "
+                            f"zero2 or fsdp), got shard={self.shard!r}")
         if self.graphs and (self.pipeline > 1 or self.data > 1):
             raise PlanError(
                 "parallel.graphs is valid only for a plan run in one process (pipeline = 1 "
@@ -108,13 +123,16 @@ class ParallelConfig:
                "schedule": self.schedule, "shard": self.shard}
         if self.graphs:  # written only when on: plans without it read as before
             out["graphs"] = True
+        if self.shard_units != "blocks":  # likewise
+            out["shard_units"] = self.shard_units
         return out
 
     @classmethod
     def from_json(cls, d: Any) -> ParallelConfig:
         if not isinstance(d, dict):
             raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
-        unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs"}
+        unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs",
+                            "shard_units"}
         if unknown:
             raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
         return cls(**d)
@@ -122,7 +140,8 @@ class ParallelConfig:
     def describe(self) -> str:
         parts = []
         if self.data > 1:
-            parts.append(f"dp={self.data}" + ("" if self.shard == "none" else f"/{self.shard}"))
+            parts.append(f"dp={self.data}" + ("" if self.shard == "none" else f"/{self.shard}")
+                         + ("" if self.shard_units == "blocks" else f"/{self.shard_units}"))
         if self.pipeline > 1:
             parts.append(f"pp={self.pipeline}/{self.schedule}")
         if self.microbatches > 1:

@@ -404,3 +404,42 @@ def test_a_memory_cap_has_a_calibration_of_its_own(setup, tmp_path):
     cal.save(cap_path)
     assert Calibration.load(tmp_path, graph, capped).time_factor("dp-none") == pytest.approx(2.0)
     assert not Calibration.load(tmp_path, graph, cluster).samples
+
+
+def test_a_sharded_plan_near_the_cap_is_measured_with_a_unit_per_module(setup, tmp_path):
+    """FSDP2 by blocks that peaks above UNITS_NEAR_CAP of the cap is measured next with a
+    unit per module (GNMT-4 on 2x H200: 87.3 ms at 95% of the cap by blocks, 66.5 ms by
+    modules); the twin wins where it measures faster and is a family of its own. A
+    sharded plan with room gets no twin."""
+    from autoplace.auto import UNITS_NEAR_CAP
+
+    graph, cluster = setup
+    usable = min(d.usable_memory_bytes for d in cluster.devices)
+
+    def run(peak_share):
+        log = []
+
+        def measure(plan):
+            log.append(plan)
+            par = plan.parallel
+            if par.shard == "fsdp":
+                modules = par.shard_units == "modules"
+                return RunReport(plan=plan.describe(), step_time_s=0.010 if modules else 0.030,
+                                 peak_memory_bytes=[int((0.7 if modules else peak_share)
+                                                        * usable)] * 2)
+            return RunReport(plan=plan.describe(), step_time_s=0.050, peak_memory_bytes=[1, 1])
+
+        plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph,
+                         planners=["single", "expert", "fsdp"], measure=measure,
+                         progress=False, cache_dir=tmp_path / str(peak_share))
+        return plan, log
+
+    plan, log = run(0.97)
+    assert plan.parallel.shard == "fsdp" and plan.parallel.shard_units == "modules"
+    assert family(plan) == "dp-fsdp+modules" and plan.planner["chosen"].endswith("by modules")
+    i = next(i for i, p in enumerate(log) if p.parallel.shard == "fsdp")
+    assert log[i].parallel.shard_units == "blocks"
+    assert log[i + 1].parallel.shard_units == "modules" and log[i + 1].groups == log[i].groups
+    plan, log = run(UNITS_NEAR_CAP - 0.05)
+    assert not any(p.parallel.shard_units == "modules" for p in log)
+    assert plan.parallel.shard == "fsdp" and plan.parallel.shard_units == "blocks"

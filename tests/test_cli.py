@@ -76,6 +76,24 @@ def test_plan_with_cuda_graphs(tmp_path):
     assert not bad.exists()
 
 
+def test_plan_with_fsdp_units_by_module(tmp_path):
+    """--shard-units modules marks a sharded plan; DDP or a bad value get a clear error."""
+    path = tmp_path / "f.json"
+    p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "fsdp",
+            "--shard-units", "modules", "-o", str(path))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(path.read_text())["parallel"]["shard_units"] == "modules"
+    assert "dp=2/fsdp/modules" in p.stdout
+    bad = tmp_path / "ddp.json"
+    p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "ddp",
+            "--shard-units", "modules", "-o", str(bad))
+    assert_clean_error(p, "--shard-units", "ddp", "only to a sharded plan")
+    p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "fsdp",
+            "--shard-units", "layers", "-o", str(bad))
+    assert_clean_error(p, "--shard-units", "valid: blocks, modules")
+    assert not bad.exists()
+
+
 def test_corrupt_plan(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "autoplace.plan/1", "groups": ')

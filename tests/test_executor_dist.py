@@ -57,10 +57,12 @@ def test_pipeline_lstm_tuples_cross_the_cut():
                   cluster=CPU2, steps=3, warmup=1))
 
 
-@pytest.mark.parametrize("shard", ["none", "fsdp", "zero2"])
+@pytest.mark.parametrize("shard", ["none", "fsdp", "zero2", "fsdp/modules"])
 def test_data_parallel(tiny, shard):
     wl, graph = tiny
-    r = execute(wl, single(graph, data=2, shard=shard), cluster=CPU2, steps=3, warmup=1)
+    shard, _, units = shard.partition("/")
+    r = execute(wl, single(graph, data=2, shard=shard, shard_units=units or "blocks"),
+                cluster=CPU2, steps=3, warmup=1)
     check(r)
     assert r.devices == ["cpu", "cpu"]
 

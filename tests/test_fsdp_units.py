@@ -8,7 +8,9 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
+from autoplace.errors import PlanError
 from autoplace.executor.data import fsdp_units_rule, wrap_data_parallel
+from autoplace.plan import ParallelConfig
 
 
 class Block(nn.Module):
@@ -49,38 +51,52 @@ def mesh():
         dist.destroy_process_group()
 
 
-def _units(shard: str, mesh) -> dict[str, bool]:
+def _units(shard: str, mesh, units: str = "blocks") -> dict[str, bool]:
     from torch.distributed.fsdp import FSDPModule
 
     torch.manual_seed(0)
     model = Net()
     program = fx.symbolic_trace(model)
-    wrap_data_parallel(program, model, shard, mesh=mesh)
+    wrap_data_parallel(program, model, shard, mesh=mesh, units=units)
     return {name: isinstance(mod, FSDPModule) for name, mod in program.named_modules()
             if name in ("embed", "head", "tied", "tied_too", "blocks.0.fc", "blocks.1.norm")}
 
 
-def test_fsdp_gives_other_modules_units_of_their_own(mesh):
-    assert _units("fsdp", mesh) == {"embed": True, "head": True, "tied": False,
-                                    "tied_too": False, "blocks.0.fc": True,
-                                    "blocks.1.norm": True}
+BLOCKS = {"embed": False, "head": False, "tied": False, "tied_too": False,
+          "blocks.0.fc": True, "blocks.1.norm": True}
 
 
-def test_zero2_keeps_blocks_and_root(mesh, monkeypatch):
-    assert _units("zero2", mesh) == {"embed": False, "head": False, "tied": False,
-                                     "tied_too": False, "blocks.0.fc": True,
-                                     "blocks.1.norm": True}
+@pytest.mark.parametrize("shard", ["fsdp", "zero2"])
+def test_blocks_and_root(mesh, shard):
+    assert _units(shard, mesh) == BLOCKS
+
+
+@pytest.mark.parametrize("shard", ["fsdp", "zero2"])
+def test_modules_give_other_modules_units_of_their_own(mesh, shard):
+    # shared parameters stay in the root group
+    assert _units(shard, mesh, "modules") == {**BLOCKS, "embed": True, "head": True}
+
+
+def test_units_rule_from_the_environment(mesh, monkeypatch):
+    assert fsdp_units_rule() == "blocks" and fsdp_units_rule("modules") == "modules"
     monkeypatch.setenv("AUTOPLACE_FSDP_UNITS", "modules")
-    assert _units("zero2", mesh)["head"] is True
-
-
-def test_units_rule_from_the_environment(monkeypatch):
-    assert fsdp_units_rule("fsdp") == "modules" and fsdp_units_rule("zero2") == "blocks"
-    monkeypatch.setenv("AUTOPLACE_FSDP_UNITS", "blocks")
-    assert fsdp_units_rule("fsdp") == "blocks"
+    assert fsdp_units_rule("blocks") == "modules"
+    assert _units("fsdp", mesh)["head"] is True
     monkeypatch.setenv("AUTOPLACE_FSDP_UNITS", "layers")
     with pytest.raises(ValueError, match="valid: blocks, modules"):
-        fsdp_units_rule("fsdp")
+        fsdp_units_rule()
+
+
+def test_plan_field():
+    par = ParallelConfig(data=2, shard="fsdp", shard_units="modules")
+    assert par.to_json()["shard_units"] == "modules"
+    assert ParallelConfig.from_json(par.to_json()) == par
+    assert "shard_units" not in ParallelConfig(data=2, shard="fsdp").to_json()
+    assert par.describe() == "dp=2/fsdp/modules"
+    with pytest.raises(PlanError, match="valid: blocks, modules"):
+        ParallelConfig(data=2, shard="fsdp", shard_units="layers")
+    with pytest.raises(PlanError, match="only to a sharded plan"):
+        ParallelConfig(data=2, shard_units="modules")
 
 
 def test_bench_fsdp_units_runs_both_rules(tmp_path):

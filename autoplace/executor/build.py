@@ -117,7 +117,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                 mesh = init_device_mesh(devices[0].type, (par.data,))
             model = wrap_data_parallel(program, workload.model, par.shard, mesh=mesh,
                                        device=devices[0],
-                                       param_dtype=_param_dtype(workload, devices[0]))
+                                       param_dtype=_param_dtype(workload, devices[0]),
+                                       units=par.shard_units)
 
         params = [q for q in program.parameters() if q.requires_grad] if manual else []
 
@@ -156,7 +157,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         if par.shard != "none":
             model = wrap_data_parallel(stage_mod, workload.model, par.shard,
                                        group=dp_group, mesh=mesh["dp"], device=device,
-                                       param_dtype=_param_dtype(workload, device))
+                                       param_dtype=_param_dtype(workload, device),
+                                       units=par.shard_units)
     elif not distributed:
         raise PlanError("a pipeline plan must run under torchrun (one process per stage)")
     manual_dp = par.data > 1 and par.shard == "none"

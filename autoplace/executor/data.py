@@ -6,15 +6,16 @@ first), then the root. A captured program calls leaf modules, never the block
 containers, so a block is sharded as the list of modules its program calls
 (``fully_shard([...])``: one all-gather per block, when its first module runs);
 parameters read directly (``get_attr``) or shared between blocks stay in the root
-group, which is gathered when the program starts. Under ``fsdp`` every other called
-module holding parameters (embeddings, an output head) is a unit of its own too, so it is
-gathered only around its own use and its gradient reduce-scattered as soon as it is
-complete; in the root group it would stay gathered for the whole forward and again the
-whole backward, with its unsharded gradient held until the backward ends (GNMT-4 on
-2x H200 under a 4.4 GiB cap: peak 4.16 -> 3.23 GiB, step 96.5 -> 70.6 ms,
-``scripts/bench_fsdp_units.py``). ``zero2`` keeps every unit gathered from forward to
-backward anyway and measured slower with the extra units (91.6 -> 108 ms), so it keeps
-blocks + root. ``AUTOPLACE_FSDP_UNITS=blocks|modules`` overrides the rule.
+group, which is gathered when the program starts. With ``units="modules"`` (a plan's
+``parallel.shard_units``) every other called module holding parameters (embeddings, an
+output head) is a unit of its own too: gathered only around its own use, its gradient
+reduce-scattered as soon as it is complete, where in the root group it stays gathered for
+the whole forward and again the whole backward, its unsharded gradient held until the
+backward ends. It is a trade, measured on GNMT-4 over 2x H200 (``scripts/
+bench_fsdp_units.py``): FSDP2 peaked at 3.23 GiB instead of 4.16 and ran 66.5 ms instead of
+87.3 under a 4.4 GiB cap, but 61.2 ms instead of 46.6 without it; ZeRO-2 57.4 against 48.0
+uncapped. ``auto`` measures the ``modules`` twin of a sharded plan that peaked near the
+cap. ``AUTOPLACE_FSDP_UNITS=blocks|modules`` overrides the plan.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
+
+from autoplace.plan import SHARD_UNITS
 
 __all__ = ["allreduce_grads", "block_paths", "fsdp_units_rule", "wrap_data_parallel"]
 
@@ -41,20 +44,16 @@ def block_paths(model: nn.Module) -> list[str]:
     return sorted(out, key=lambda p: -p.count("."))
 
 
-#: the values of ``AUTOPLACE_FSDP_UNITS``
-UNIT_RULES = ("blocks", "modules")
-
-
-def fsdp_units_rule(shard: str) -> str:
-    """``modules`` (blocks, then every other module holding parameters) or ``blocks``
-    (blocks + root) for a sharding mode; ``AUTOPLACE_FSDP_UNITS`` overrides it."""
+def fsdp_units_rule(units: str = "blocks") -> str:
+    """The plan's unit rule (``parallel.shard_units``: ``blocks`` or ``modules``), unless
+    ``AUTOPLACE_FSDP_UNITS`` overrides it (experiments: ``scripts/bench_fsdp_units.py``)."""
     env = os.environ.get("AUTOPLACE_FSDP_UNITS")
     if env:
-        if env not in UNIT_RULES:
+        if env not in SHARD_UNITS:
             raise ValueError(f"AUTOPLACE_FSDP_UNITS={env!r} is not valid; valid: "
-                             f"{', '.join(UNIT_RULES)}")
+                             f"{', '.join(SHARD_UNITS)}")
         return env
-    return "modules" if shard == "fsdp" else "blocks"
+    return units
 
 
 def _called_modules(program: nn.Module) -> dict[str, nn.Module]:
@@ -77,6 +76,7 @@ def wrap_data_parallel(
     mesh: Any = None,
     device: torch.device | None = None,
     param_dtype: torch.dtype | None = None,
+    units: str = "blocks",
 ) -> nn.Module:
     """``program`` replicated over ``group`` (DDP) or sharded over ``mesh`` (FSDP2).
 
@@ -93,6 +93,7 @@ def wrap_data_parallel(
             dtype), reduce gradients in fp32. Without it FSDP2 gathers fp32 parameters and
             autocast keeps a low-precision copy of every gathered block until the forward
             ends, so resharding frees little and the all-gathers move twice the bytes.
+        units: FSDP2 only: ``blocks`` or ``modules`` (the plan's ``parallel.shard_units``).
     """
     if shard == "none":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -138,7 +139,7 @@ def wrap_data_parallel(
             fully_shard([called[t] for t in members], mesh=mesh, reshard_after_forward=reshard,
                         **kw)
             claimed.update(members)
-    if fsdp_units_rule(shard) == "modules":
+    if fsdp_units_rule(units) == "modules":
         for target in sorted(called):
             if target not in claimed and unit_of_its_own(target):
                 fully_shard(called[target], mesh=mesh, reshard_after_forward=reshard, **kw)
