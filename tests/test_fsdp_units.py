@@ -18,9 +18,10 @@ class Block(nn.Module):
         super().__init__()
         self.fc = nn.Linear(8, 8)
         self.norm = nn.LayerNorm(8)
+        self.down = nn.Sequential(nn.Linear(8, 8))  # a list inside a block (resnet's downsample)
 
     def forward(self, x):
-        return self.norm(torch.relu(self.fc(x)))
+        return self.norm(torch.relu(self.fc(x))) + self.down(x)
 
 
 class Net(nn.Module):
@@ -28,6 +29,7 @@ class Net(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(16, 8)
         self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.leaves = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))  # GNMT's LSTMs
         self.head = nn.Linear(8, 16)
         self.tied = nn.Linear(8, 8)
         self.tied_too = nn.Linear(8, 8)
@@ -37,6 +39,8 @@ class Net(nn.Module):
         h = self.embed(x)
         for b in self.blocks:
             h = b(h)
+        for leaf in self.leaves:
+            h = leaf(h)
         return self.head(self.tied_too(self.tied(h)))
 
 
@@ -52,18 +56,29 @@ def mesh():
 
 
 def _units(shard: str, mesh, units: str = "blocks") -> dict[str, bool]:
+    """Which modules are FSDP2 units' members, and (``groups``) which share one unit."""
     from torch.distributed.fsdp import FSDPModule
 
     torch.manual_seed(0)
     model = Net()
     program = fx.symbolic_trace(model)
     wrap_data_parallel(program, model, shard, mesh=mesh, units=units)
-    return {name: isinstance(mod, FSDPModule) for name, mod in program.named_modules()
-            if name in ("embed", "head", "tied", "tied_too", "blocks.0.fc", "blocks.1.norm")}
+    mods = dict(program.named_modules())
+    out = {name: isinstance(mods[name], FSDPModule) for name in NAMES}
+    state = {n: id(mods[n]._get_fsdp_state()) for n in NAMES if out[n]}
+    out["groups"] = sorted(sorted(n for n in state if state[n] == s) for s in set(state.values()))
+    return out
 
 
+NAMES = ("embed", "head", "tied", "tied_too", "blocks.0.fc", "blocks.0.down.0", "blocks.1.norm",
+         "leaves.0", "leaves.1")
 BLOCKS = {"embed": False, "head": False, "tied": False, "tied_too": False,
-          "blocks.0.fc": True, "blocks.1.norm": True}
+          "blocks.0.fc": True, "blocks.0.down.0": True, "blocks.1.norm": True,
+          "leaves.0": True, "leaves.1": True,
+          # a block claims the lists inside it; a list's child that is itself a called
+          # module is a unit of its own
+          "groups": [["blocks.0.down.0", "blocks.0.fc"], ["blocks.1.norm"], ["leaves.0"],
+                     ["leaves.1"]]}
 
 
 @pytest.mark.parametrize("shard", ["fsdp", "zero2"])
@@ -74,7 +89,9 @@ def test_blocks_and_root(mesh, shard):
 @pytest.mark.parametrize("shard", ["fsdp", "zero2"])
 def test_modules_give_other_modules_units_of_their_own(mesh, shard):
     # shared parameters stay in the root group
-    assert _units(shard, mesh, "modules") == {**BLOCKS, "embed": True, "head": True}
+    assert _units(shard, mesh, "modules") == {
+        **BLOCKS, "embed": True, "head": True,
+        "groups": sorted([*BLOCKS["groups"], ["embed"], ["head"]])}
 
 
 def test_units_rule_from_the_environment(mesh, monkeypatch):

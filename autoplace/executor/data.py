@@ -4,7 +4,10 @@ No model-specific code. FSDP2 shards "blocks" found by one generic rule: every
 child of an ``nn.ModuleList`` / ``nn.Sequential`` that holds parameters (deepest
 first), then the root. A captured program calls leaf modules, never the block
 containers, so a block is sharded as the list of modules its program calls
-(``fully_shard([...])``: one all-gather per block, when its first module runs);
+(``fully_shard([...])``: one all-gather per block, when its first module runs); a child
+that is itself a called module (an ``nn.LSTM`` in a ``ModuleList``) is a unit of its own
+unless a block around it claimed it (until session 23 it fell into the root group, so
+GNMT-4's FSDP2 gathered the whole model as one unit);
 parameters read directly (``get_attr``) or shared between blocks stay in the root
 group, which is gathered when the program starts. With ``units="modules"`` (a plan's
 ``parallel.shard_units``) every other called module holding parameters (embeddings, an
@@ -139,6 +142,12 @@ def wrap_data_parallel(
             fully_shard([called[t] for t in members], mesh=mesh, reshard_after_forward=reshard,
                         **kw)
             claimed.update(members)
+    # a list's child that is itself a called module (GNMT's LSTMs in a ModuleList) and no
+    # container block claimed: a unit of its own (it has no called modules inside)
+    for block in block_paths(model):
+        if block in called and block not in claimed and unit_of_its_own(block):
+            fully_shard(called[block], mesh=mesh, reshard_after_forward=reshard, **kw)
+            claimed.add(block)
     if fsdp_units_rule(units) == "modules":
         for target in sorted(called):
             if target not in claimed and unit_of_its_own(target):
