@@ -227,9 +227,10 @@ TIGHT_MEMORY = 1.10
 NEAR_BEST = 1.05
 #: a sharded plan with FSDP2 units by blocks whose measured peak is above this share of
 #: the usable memory is measured with a unit per module next (``parallel.shard_units``):
-#: on 2x H200 under GNMT-4's 4.4 GiB cap FSDP2 by blocks peaked at 95% of it and ran
-#: 87.3 ms, by modules 74% and 66.5 ms, while without the cap blocks ran 46.6 ms and
-#: modules 61.2 (bench/results/raw/2026-11-27-h200x2-s23-fsdp-units-cap.json)
+#: on 2x H200 under GNMT-4's 4.4 GiB cap FSDP2 as one unit (what blocks were on GNMT-4
+#: then, executor.data) peaked at 95% of it and ran 87.3 ms, by modules 74% and 66.5 ms,
+#: while without the cap one unit ran 46.6 ms and modules 61.2
+#: (bench/results/raw/2026-11-27-h200x2-s23-fsdp-units-cap.json)
 UNITS_NEAR_CAP = 0.90
 
 

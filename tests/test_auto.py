@@ -408,7 +408,7 @@ def test_a_memory_cap_has_a_calibration_of_its_own(setup, tmp_path):
 
 def test_a_sharded_plan_near_the_cap_is_measured_with_a_unit_per_module(setup, tmp_path):
     """FSDP2 by blocks that peaks above UNITS_NEAR_CAP of the cap is measured next with a
-    unit per module (GNMT-4 on 2x H200: 87.3 ms at 95% of the cap by blocks, 66.5 ms by
+    unit per module (GNMT-4 on 2x H200: 87.3 ms at 95% of the cap as one unit, 66.5 ms by
     modules); the twin wins where it measures faster and is a family of its own. A
     sharded plan with room gets no twin."""
     from autoplace.auto import UNITS_NEAR_CAP

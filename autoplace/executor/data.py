@@ -14,11 +14,12 @@ group, which is gathered when the program starts. With ``units="modules"`` (a pl
 output head) is a unit of its own too: gathered only around its own use, its gradient
 reduce-scattered as soon as it is complete, where in the root group it stays gathered for
 the whole forward and again the whole backward, its unsharded gradient held until the
-backward ends. It is a trade, measured on GNMT-4 over 2x H200 (``scripts/
-bench_fsdp_units.py``): FSDP2 peaked at 3.23 GiB instead of 4.16 and ran 66.5 ms instead of
-87.3 under a 4.4 GiB cap, but 61.2 ms instead of 46.6 without it; ZeRO-2 57.4 against 48.0
-uncapped. ``auto`` measures the ``modules`` twin of a sharded plan that peaked near the
-cap. ``AUTOPLACE_FSDP_UNITS=blocks|modules`` overrides the plan.
+backward ends. It is a trade, measured on GNMT-4 over 2x H200 before the fix above, so
+against the whole model as one unit (``scripts/bench_fsdp_units.py``): by modules FSDP2
+peaked at 3.23 GiB instead of 4.16 and ran 66.5 ms instead of 87.3 under a 4.4 GiB cap,
+but 61.2 ms instead of 46.6 without it (22 all-gathers a step instead of 2). ``auto``
+measures the ``modules`` twin of a sharded plan that peaked near the cap.
+``AUTOPLACE_FSDP_UNITS=blocks|modules`` overrides the plan.
 """
 
 from __future__ import annotations
