@@ -44,6 +44,9 @@ def main() -> int:
     p.add_argument("--cap", default=None,
                    help="memory cap of every scenario (default: its own; gnmt4-capped's "
                         "measured one is 4.37182GiB)")
+    p.add_argument("--trace", default=None,
+                   help="also record each run's timed steps with torch.profiler under this "
+                        "folder (summarise with scripts/trace_summary.py)")
     p.add_argument("--uncapped", action="store_true",
                    help="also run every variant without the scenario's memory cap")
     args = p.parse_args()
@@ -71,8 +74,10 @@ def main() -> int:
                 os.environ["AUTOPLACE_FSDP_UNITS"] = units
                 s = time.time()
                 try:
+                    trace = (f"{args.trace}/{name}-{pname}-{units}-{cname}-r{r}"
+                             if args.trace else None)
                     rep = run_plan(plan, spec, cluster=cluster, steps=args.steps,
-                                   warmup=2, reference=False, timeout_s=120)
+                                   warmup=2, reference=False, timeout_s=120, trace_dir=trace)
                     row = dict(scenario=name, plan=pname, units=units, cap=cname, round=r,
                                step_time_s=rep.step_time_s, step_times_s=rep.step_times_s,
                                peak_memory_bytes=rep.peak_memory_bytes, loss=rep.loss,
