@@ -60,15 +60,14 @@ def parse_duration(text: str | float | int) -> float:
 def family(plan: Plan) -> str:
     """The execution family of a plan: its measured/simulated error is shared in a family."""
     p = plan.parallel
+    dp = f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "")
     if p.pipeline > 1:
-        return "pipeline" if p.data == 1 else (
-            f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "") + "+pipeline")
+        return "pipeline" if p.data == 1 else f"{dp}+pipeline"
     local = "placement" if plan.devices_per_replica > 1 else "single"
     if local == "placement" and p.microbatches > 1:
         local = "placement+mb"  # microbatches flowing through a one-process placement
     if p.data > 1:
-        return (f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "")
-                + ("+placement" if plan.devices_per_replica > 1 else ""))
+        return dp + ("+placement" if plan.devices_per_replica > 1 else "")
     return local + ("+graphs" if p.graphs else "")
 
 

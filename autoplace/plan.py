@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from autoplace.cluster import Cluster
     from autoplace.graph import OpGraph
 
-__all__ = ["ParallelConfig", "Plan", "PLAN_FORMAT", "SCHEDULES", "SHARD_MODES"]
+__all__ = ["ParallelConfig", "Plan", "PLAN_FORMAT", "SCHEDULES", "SHARD_MODES", "SHARD_UNITS"]
 
 PLAN_FORMAT = "autoplace.plan/1"
 SCHEDULES = ("gpipe", "1f1b")
