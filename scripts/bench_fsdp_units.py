@@ -59,11 +59,11 @@ def main() -> int:
             p.error(f"{name}'s cap is measured by bench_plans.py; pass --cap")
         wl = workloads.get(sc["model"], **sc["options"])
         spec = {"spec": sc["model"], "options": sc["options"]}
-        clusters = {"capped": resolve("detect", parse_bytes(cap) if cap else None)}
-        if args.uncapped and cap:
+        clusters = {"capped": resolve("detect", parse_bytes(cap))} if cap else {}
+        if args.uncapped or not cap:
             clusters["uncapped"] = resolve("detect")
         g = capture_workload(wl)
-        fsdp = baselines.get("fsdp")(g, clusters["capped"])
+        fsdp = baselines.get("fsdp")(g, next(iter(clusters.values())))
         plans = {"fsdp": fsdp, "zero2": fsdp.with_parallel(shard="zero2")}
         plans = {k: plans[k] for k in args.plans.split(",")}
         for r in range(args.rounds):

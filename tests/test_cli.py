@@ -77,7 +77,7 @@ def test_plan_with_cuda_graphs(tmp_path):
 
 
 def test_plan_with_fsdp_units_by_module(tmp_path):
-    """--shard-units modules marks a sharded plan; DDP or a bad value get a clear error."""
+    """--shard-units modules marks a sharded plan; DDP gets a clear error."""
     path = tmp_path / "f.json"
     p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "fsdp",
             "--shard-units", "modules", "-o", str(path))
@@ -88,10 +88,7 @@ def test_plan_with_fsdp_units_by_module(tmp_path):
     p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "ddp",
             "--shard-units", "modules", "-o", str(bad))
     assert_clean_error(p, "--shard-units", "ddp", "only to a sharded plan")
-    p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "fsdp",
-            "--shard-units", "layers", "-o", str(bad))
-    assert_clean_error(p, "--shard-units", "valid: blocks, modules")
-    assert not bad.exists()
+    assert not bad.exists()  # a bad value: tests/test_fsdp_units.py::test_plan_field
 
 
 def test_corrupt_plan(tmp_path):
