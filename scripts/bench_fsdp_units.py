@@ -4,7 +4,7 @@ other module holding parameters.
     python scripts/bench_fsdp_units.py --out fsdp-units.json [--scenarios gnmt4-capped,gpt1b-16GB]
 
 For each scenario of ``scripts/bench_plans.py`` (its workload and memory cap) runs the
-hand-written FSDP2 plan and its ZeRO-2 twin under each rule (``AUTOPLACE_FSDP_UNITS``),
+hand-written FSDP2 plan and its ZeRO-2 twin under each unit rule (``parallel.shard_units``),
 with ``--uncapped`` also without the cap, in interleaved order, on the devices present,
 and records every run's step times, peak memory and losses.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import sys
 import time
@@ -71,13 +70,13 @@ def main() -> int:
                     plans.items(), args.units.split(","), clusters.items()):
                 if time.time() - t0 > args.deadline_s:
                     break
-                os.environ["AUTOPLACE_FSDP_UNITS"] = units
                 s = time.time()
                 try:
                     trace = (f"{args.trace}/{name}-{pname}-{units}-{cname}-r{r}"
                              if args.trace else None)
-                    rep = run_plan(plan, spec, cluster=cluster, steps=args.steps,
-                                   warmup=2, reference=False, timeout_s=120, trace_dir=trace)
+                    rep = run_plan(plan.with_parallel(shard_units=units), spec, cluster=cluster,
+                                   steps=args.steps, warmup=2, reference=False, timeout_s=120,
+                                   trace_dir=trace)
                     row = dict(scenario=name, plan=pname, units=units, cap=cname, round=r,
                                step_time_s=rep.step_time_s, step_times_s=rep.step_times_s,
                                peak_memory_bytes=rep.peak_memory_bytes, loss=rep.loss,
@@ -95,7 +94,7 @@ def main() -> int:
     summary = {}
     for row in rows:
         if row.get("step_times_s"):
-            key = (row["scenario"], row["plan"], row["units"], row.get("cap", "capped"))
+            key = (row["scenario"], row["plan"], row["units"], row["cap"])
             summary.setdefault(key, []).extend(row["step_times_s"])
     for key, ts in summary.items():
         print(*key, f"median {1e3 * statistics.median(ts):.1f} ms over {len(ts)} steps")

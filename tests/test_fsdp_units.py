@@ -9,7 +9,7 @@ import torch.fx as fx
 from torch import nn
 
 from autoplace.errors import PlanError
-from autoplace.executor.data import fsdp_units_rule, wrap_data_parallel
+from autoplace.executor.data import wrap_data_parallel
 from autoplace.plan import ParallelConfig
 
 
@@ -92,16 +92,6 @@ def test_modules_give_other_modules_units_of_their_own(mesh, shard):
     assert _units(shard, mesh, "modules") == {
         **BLOCKS, "embed": True, "head": True,
         "groups": sorted([*BLOCKS["groups"], ["embed"], ["head"]])}
-
-
-def test_units_rule_from_the_environment(mesh, monkeypatch):
-    assert fsdp_units_rule() == "blocks" and fsdp_units_rule("modules") == "modules"
-    monkeypatch.setenv("AUTOPLACE_FSDP_UNITS", "modules")
-    assert fsdp_units_rule("blocks") == "modules"
-    assert _units("fsdp", mesh)["head"] is True
-    monkeypatch.setenv("AUTOPLACE_FSDP_UNITS", "layers")
-    with pytest.raises(ValueError, match="valid: blocks, modules"):
-        fsdp_units_rule()
 
 
 def test_plan_field():

@@ -19,12 +19,10 @@ against the whole model as one unit (``scripts/bench_fsdp_units.py``): by module
 peaked at 3.23 GiB instead of 4.16 and ran 66.5 ms instead of 87.3 under a 4.4 GiB cap,
 but 61.2 ms instead of 46.6 without it (22 all-gathers a step instead of 2). ``auto``
 measures the ``modules`` twin of a sharded plan that peaked near the cap.
-``AUTOPLACE_FSDP_UNITS=blocks|modules`` overrides the plan.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -32,9 +30,7 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
-from autoplace.plan import SHARD_UNITS
-
-__all__ = ["allreduce_grads", "block_paths", "fsdp_units_rule", "wrap_data_parallel"]
+__all__ = ["allreduce_grads", "block_paths", "wrap_data_parallel"]
 
 
 def block_paths(model: nn.Module) -> list[str]:
@@ -46,18 +42,6 @@ def block_paths(model: nn.Module) -> list[str]:
                 if any(True for _ in child.parameters()):
                     out.append(f"{name}.{child_name}" if name else child_name)
     return sorted(out, key=lambda p: -p.count("."))
-
-
-def fsdp_units_rule(units: str = "blocks") -> str:
-    """The plan's unit rule (``parallel.shard_units``: ``blocks`` or ``modules``), unless
-    ``AUTOPLACE_FSDP_UNITS`` overrides it (experiments: ``scripts/bench_fsdp_units.py``)."""
-    env = os.environ.get("AUTOPLACE_FSDP_UNITS")
-    if env:
-        if env not in SHARD_UNITS:
-            raise ValueError(f"AUTOPLACE_FSDP_UNITS={env!r} is not valid; valid: "
-                             f"{', '.join(SHARD_UNITS)}")
-        return env
-    return units
 
 
 def _called_modules(program: nn.Module) -> dict[str, nn.Module]:
@@ -135,8 +119,13 @@ def wrap_data_parallel(
         return bool(params) and not any(counts.get(id(p), 1) > 1 or id(p) in getattr_params
                                         for p in params)
 
+    def shard_alone(target: str) -> None:
+        fully_shard(called[target], mesh=mesh, reshard_after_forward=reshard, **kw)
+        claimed.add(target)
+
+    blocks = block_paths(model)
     claimed: set[str] = set()
-    for block in block_paths(model):
+    for block in blocks:
         members = [t for t in sorted(called) if t.startswith(block + ".")
                    and t not in claimed and unit_of_its_own(t)]
         if members:
@@ -145,15 +134,13 @@ def wrap_data_parallel(
             claimed.update(members)
     # a list's child that is itself a called module (GNMT's LSTMs in a ModuleList) and no
     # container block claimed: a unit of its own (it has no called modules inside)
-    for block in block_paths(model):
+    for block in blocks:
         if block in called and block not in claimed and unit_of_its_own(block):
-            fully_shard(called[block], mesh=mesh, reshard_after_forward=reshard, **kw)
-            claimed.add(block)
-    if fsdp_units_rule(units) == "modules":
+            shard_alone(block)
+    if units == "modules":
         for target in sorted(called):
             if target not in claimed and unit_of_its_own(target):
-                fully_shard(called[target], mesh=mesh, reshard_after_forward=reshard, **kw)
-                claimed.add(target)
+                shard_alone(target)
     fully_shard(program, mesh=mesh, reshard_after_forward=reshard, **kw)
     return program
 
