@@ -20,8 +20,9 @@
    so far, the same plan with twice and half its microbatches is measured next (budget
    permitting): the simulator ranks microbatch counts least reliably. A sharded plan
    whose FSDP2 units are blocks and whose measured peak is above ``UNITS_NEAR_CAP`` of
-   the usable memory is measured next with a unit per module (``parallel.shard_units``):
-   less memory held, more collectives, which wins only near a cap.
+   the usable memory, or whose timed steps made the allocator retry (it hit the cap), is
+   measured next with a unit per module (``parallel.shard_units``): less memory held,
+   more collectives, which wins only near a cap.
 5. If the runner-up measured within 5% of the fastest, both run once more and each is
    judged by the mean of its two runs (pipelines vary by up to 20% from run to run).
    Return the plan that was fastest measured, with ``measured`` and the per-family
@@ -423,11 +424,14 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         c["report"] = rep
         measured.append(c)
         remember(c, rep)
-        say(f"  measured {step * 1e3:.2f} ms (sim x{c['measured'] / c['sim']:.2f})")
+        retries = getattr(rep, "allocator_retries", 0)
+        say(f"  measured {step * 1e3:.2f} ms (sim x{c['measured'] / c['sim']:.2f})"
+            + (f"; {retries} allocator retries: it ran at the memory cap" if retries else ""))
         variants = []
         if best_so_far is None or c["measured"] < NEAR_BEST * best_so_far:  # (near) fastest
             variants = [("microbatch variant", v) for v in _microbatch_variants(c, graph, cluster)]
-        twin = _units_twin(c, graph, cluster) if _peak(c) > UNITS_NEAR_CAP * usable else None
+        twin = (_units_twin(c, graph, cluster)
+                if _peak(c) > UNITS_NEAR_CAP * usable or retries else None)
         if twin is not None:
             variants.append(("twin with a unit per module", twin))
         for what, v in variants:

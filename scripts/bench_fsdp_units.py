@@ -80,7 +80,8 @@ def main() -> int:
                     row = dict(scenario=name, plan=pname, units=units, cap=cname, round=r,
                                step_time_s=rep.step_time_s, step_times_s=rep.step_times_s,
                                peak_memory_bytes=rep.peak_memory_bytes, loss=rep.loss,
-                               oom=rep.oom, error=rep.error)
+                               oom=rep.oom, error=rep.error,
+                               allocator=rep.extra.get("allocator", {}))
                 except Exception as e:  # noqa: BLE001 - recorded, the others still run
                     row = dict(scenario=name, plan=pname, units=units, cap=cname,
                                round=r, error=str(e)[-400:])
@@ -89,6 +90,7 @@ def main() -> int:
                 peaks = [round(b / 2**30, 2) for b in row.get("peak_memory_bytes") or []]
                 print(f"{name} {pname} {units} {cname} r{r}: "
                       f"{1e3 * row.get('step_time_s', float('nan')):.1f} ms peak {peaks} "
+                      f"allocator {row.get('allocator')} "
                       f"err {row.get('error')} ({row['wall_s']:.0f} s)", flush=True)
                 Path(args.out).write_text(json.dumps(rows, indent=1))
     summary = {}

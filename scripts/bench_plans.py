@@ -225,7 +225,9 @@ def run_phases(rep) -> str:
     return (f" [{x['wall_s']:.1f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in parts
                                                    if v is not None)
             + (f"; warm-up steps {warm}" if warm else "")
-            + (f"; {left / 2**20:.0f} MiB still allocated after it" if left else "") + "]")
+            + (f"; {left / 2**20:.0f} MiB still allocated after it" if left else "")
+            + (f"; {rep.allocator_retries} allocator retries"
+               if getattr(rep, "allocator_retries", 0) else "") + "]")
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -403,6 +405,8 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                                               None),
                     "oom": any(r.get("oom") for r in d["runs"]) if d["runs"] else d["sim"].oom,
                     "oom_measured": any(r.get("oom") for r in d["runs"]),
+                    # the allocator's retries in each run's timed steps (it hit the cap)
+                    "alloc_retries": [r.get("alloc_retries", 0) for r in d["runs"]],
                     "error": err,
                     "search_time_s": search.get(k),
                 })
@@ -432,7 +436,8 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
         d["runs"].append({"median": rep_.step_time_s if not rep_.error else None,
                           "steps": list(rep_.step_times_s) if not rep_.error else [],
                           "peak": list(rep_.peak_memory_bytes), "oom": rep_.oom,
-                          "error": rep_.error})
+                          "error": rep_.error,
+                          "alloc_retries": getattr(rep_, "allocator_retries", 0)})
         say(f"  rep {rep}{source} {'/'.join(d['planners'])}: "
             + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
                if not rep_.error else f"error: {short_error(rep_.error)}")

@@ -26,16 +26,31 @@ judged against every stored run):
     python scripts/replay_suite.py --profiles bench/results/raw \
         bench/results/2026-11-27-h200x2-s20b-suite.json:s20b \
         bench/results/2026-11-27-h200x4-s21-suite.json:s21x4
+
+``--carried-calibration`` (several suites, in the order they ran) adds held-out fidelity as
+a user gets it: auto saves its calibration (:mod:`autoplace.calibration`) in the profile
+cache and the next run of the same model on the same cluster starts from it. For each
+scenario it takes the calibration of the same graph, device kind and count and memory cap
+saved by the most recent *earlier* suite on the command line that has one
+(``--profiles``' ``<fingerprint>-<kind>x<n>[-cap<G>GiB]-<tag>.calibration.json``; never the
+suite's own, which was fitted to these very measurements), corrects every plan's simulated
+time by it (``Calibration.step_time``) and prints the median error and Kendall tau of those
+beside the others (``-`` where no earlier suite has a calibration), and totals over the
+scenarios that had one, uncalibrated and carried, on the same scenarios. A suite's
+calibration files carry its tag, or its tag less a trailing ``x<devices>`` (the 4-GPU suites
+s21x4 and s21bx4 tagged their profiles ``-s21x4`` but their calibrations ``-h200x4-s21``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +123,59 @@ def scenario_cluster(result: dict[str, Any], rec: dict[str, Any]):
     return base.with_memory_cap(int(cap)) if cap else base
 
 
-def replay(result: dict[str, Any], profiles: str | None) -> list[dict[str, Any]]:
-    """Every rebuilt plan of every scenario with its stored, current and measured times."""
+def calibration_tags(tag: str | None, num_devices: int) -> list[str]:
+    """The tags a suite's calibration files may carry: its own, and without a trailing
+    ``x<devices>`` (the calibration's name holds the device count already: suite s21x4's
+    files are ``...-h200x4-s21.calibration.json``)."""
+    if not tag:
+        return []
+    suffix = f"x{num_devices}"
+    return [tag, tag[:-len(suffix)]] if tag.endswith(suffix) and tag != suffix else [tag]
+
+
+def carried_calibration(folder: str | Path, graph, cluster, earlier: list[list[str]],
+                        own: list[str]):
+    """``(Calibration, tag)``: the calibration of ``graph`` on ``cluster`` in ``folder``
+    (bench/results/raw's layout, ``<calibration_path's name less .calibration.json>-<tag>
+    .calibration.json``) saved by the last suite of ``earlier`` (each suite's
+    :func:`calibration_tags`, in command-line order) that has a usable one, never one of
+    ``own`` tags; None without one. Read by ``Calibration.load`` from a temporary copy under
+    the untagged name (a file it rejects, with its warning, counts as none)."""
+    from autoplace.calibration import Calibration, calibration_path
+
+    untagged = calibration_path(folder, graph, cluster)
+    stem = untagged.name.removesuffix(".calibration.json")
+    for tags in reversed(earlier):
+        for t in tags:
+            f = untagged.with_name(f"{stem}-{t}.calibration.json")
+            if t in own or not f.exists():
+                continue
+            tmp = tempfile.mkdtemp(prefix="autoplace-replay-cal-")
+            try:
+                shutil.copy(f, calibration_path(tmp, graph, cluster))
+                cal = Calibration.load(tmp, graph, cluster)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if cal.samples:
+                return cal, t
+    return None
+
+
+def _carried_in(profiles: str | None, earlier: list[list[str]], own: list[str], graph,
+                cluster):
+    """:func:`carried_calibration` in ``profiles`` (None without a folder)."""
+    return carried_calibration(profiles, graph, cluster, earlier, own) if profiles else None
+
+
+CarriedLookup = Callable[[Any, Any], Any]
+"""``(graph, cluster) -> (Calibration, tag) | None``: a scenario's carried calibration."""
+
+
+def replay(result: dict[str, Any], profiles: str | None,
+           carried: CarriedLookup | None = None) -> list[dict[str, Any]]:
+    """Every rebuilt plan of every scenario with its stored, current and measured times;
+    with ``carried`` also each plan's time corrected by the scenario's carried calibration
+    (``sim_carried_s``, None without one) and the calibration's tag (``carried_from``)."""
     import bench_plans as bp
 
     from autoplace.sim import simulate
@@ -122,6 +188,7 @@ def replay(result: dict[str, Any], profiles: str | None) -> list[dict[str, Any]]
             continue
         cl = scenario_cluster(result, rec)
         graph, profiled, plans = rebuild_plans(rec["name"], cl, profiles, kind)
+        found = carried(graph, cl) if carried is not None else None
         rows = []
         for r in rec["plans"]:
             src = r["planner"] if r["planner"] in plans else next(
@@ -139,8 +206,14 @@ def replay(result: dict[str, Any], profiles: str | None) -> list[dict[str, Any]]
                          "measured_peak_bytes": max(r["peak_memory_bytes"])
                          if r.get("peak_memory_bytes") else None,
                          "same_split": plan.split() == r["parallel"]})
-        out.append({"name": rec["name"], "profiled": profiled, "plans": rows,
-                    **fidelity(rows)})
+            if carried is not None:
+                rows[-1]["sim_carried_s"] = (found[0].step_time(plan, sim.step_time_s)
+                                             if found else None)
+        sc_out = {"name": rec["name"], "profiled": profiled, "plans": rows}
+        if carried is not None:
+            sc_out.update(carried_from=found[1] if found else None,
+                          carried_time_factors=found[0].time_factors if found else None)
+        out.append({**sc_out, **fidelity(rows, carried is not None)})
     return out
 
 
@@ -154,14 +227,18 @@ def distinct_measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return pts
 
 
-def fidelity(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median |sim - real| / real and Kendall tau, stored and now, over distinct measured
-    plans (a plan credited to several planners counts once)."""
+def fidelity(rows: list[dict[str, Any]], carried: bool = False) -> dict[str, Any]:
+    """Median |sim - real| / real and Kendall tau, stored and now (and with ``carried`` the
+    carried-calibrated times, None where the rows have none), over distinct measured plans
+    (a plan credited to several planners counts once)."""
     from scipy.stats import kendalltau
 
     pts = distinct_measured(rows)
     res: dict[str, Any] = {"measured_plans": len(pts)}
-    for k in ("stored", "now"):
+    for k in ("stored", "now", "carried")[:3 if carried else 2]:
+        if any(p.get(f"sim_{k}_s") is None for p in pts):
+            res[f"error_{k}"] = res[f"tau_{k}"] = None
+            continue
         xs = [p[f"sim_{k}_s"] for p in pts]
         ys = [p["measured_s"] for p in pts]
         res[f"error_{k}"] = (statistics.median(abs(x - y) / y for x, y in zip(xs, ys))
@@ -180,8 +257,11 @@ def main(argv: list[str] | None = None) -> int:
                          "bench/results/raw's *-TAG.profile.json); default: analytic costs")
     ap.add_argument("--tag", default=None, help="the profiles' tag in bench/results/raw")
     ap.add_argument("--json", default=None, help="also write the replay here")
+    ap.add_argument("--carried-calibration", action="store_true",
+                    help="also each scenario's fidelity with the calibration (in --profiles) "
+                         "saved by the most recent earlier suite on the command line")
     args = ap.parse_args(argv)
-    if len(args.results) > 1:
+    if len(args.results) > 1 or args.carried_calibration:
         return _summary(args)
     path, tag = _path_tag(args.results[0], args.tag)
     result = read_suite(path)
@@ -223,11 +303,11 @@ def _path_tag(item: str, default: str | None) -> tuple[str, str | None]:
     return item, default
 
 
-def _replay_with(result: dict[str, Any], profiles: str | None, tag: str | None
-                 ) -> list[dict[str, Any]]:
+def _replay_with(result: dict[str, Any], profiles: str | None, tag: str | None,
+                 carried: CarriedLookup | None = None) -> list[dict[str, Any]]:
     folder = _profile_dir(profiles, tag)
     try:
-        return replay(result, folder)
+        return replay(result, folder, carried)
     finally:
         if folder is not None and folder != profiles:
             shutil.rmtree(folder, ignore_errors=True)
@@ -236,29 +316,48 @@ def _replay_with(result: dict[str, Any], profiles: str | None, tag: str | None
 def _summary(args: argparse.Namespace) -> int:
     """One line per scenario of several suites, and the totals over all of them."""
     rows: list[tuple[str, dict[str, Any]]] = []
+    earlier: list[list[str]] = []  # the calibration tags of the suites replayed so far
     for item in args.results:
         path, tag = _path_tag(item, args.tag)
         result = read_suite(path)
         if result is None:
             return 2
-        for sc in _replay_with(result, args.profiles, tag):
+        own = calibration_tags(tag, int(result["num_devices"]))
+        carried = (functools.partial(_carried_in, args.profiles, list(earlier), own)
+                   if args.carried_calibration else None)
+        for sc in _replay_with(result, args.profiles, tag, carried):
             rows.append((Path(path).stem, sc))
+        earlier.append(own)
 
     def f(x, spec):
         return format(x, spec) if x is not None else "-"
 
-    print(f"{'suite':>32} {'scenario':>13} {'plans':>5}  error stored / now   tau stored / now")
+    cc = args.carried_calibration
+    print(f"{'suite':>32} {'scenario':>13} {'plans':>5}  error stored / now   tau stored / now"
+          + ("   error / tau carried  from" if cc else ""))
     for name, sc in rows:
         print(f"{name:>32} {sc['name']:>13} {sc['measured_plans']:>5}  "
               f"{f(sc['error_stored'], '6.3f')} / {f(sc['error_now'], '6.3f')}   "
-              f"{f(sc['tau_stored'], '5.2f')} / {f(sc['tau_now'], '5.2f')}")
-    for k in ("stored", "now"):
+              f"{f(sc['tau_stored'], '5.2f')} / {f(sc['tau_now'], '5.2f')}"
+              + (f"   {f(sc['error_carried'], '6.3f'):>6} / {f(sc['tau_carried'], '5.2f'):>5}"
+                 f"        {sc['carried_from'] or '-'}" if cc else ""))
+
+    def totals(label: str, k: str, scs: list[dict[str, Any]]) -> None:
         errs = [abs(p[f"sim_{k}_s"] - p["measured_s"]) / p["measured_s"]
-                for _, sc in rows for p in distinct_measured(sc["plans"])]
-        taus = [sc[f"tau_{k}"] for _, sc in rows if sc[f"tau_{k}"] is not None]
-        print(f"{k}: median error {f(statistics.median(errs) if errs else None, '.3f')} over "
+                for sc in scs for p in distinct_measured(sc["plans"])]
+        taus = [sc[f"tau_{k}"] for sc in scs if sc[f"tau_{k}"] is not None]
+        print(f"{label}: median error {f(statistics.median(errs) if errs else None, '.3f')} over "
               f"{len(errs)} measured plans; mean Kendall tau {f(statistics.mean(taus) if taus else None, '.3f')} "
               f"over {len(taus)} scenarios, {sum(t >= 0.8 for t in taus)} of them >= 0.8")
+
+    for k in ("stored", "now"):
+        totals(k, k, [sc for _, sc in rows])
+    if cc:
+        with_cal = [sc for _, sc in rows if sc["carried_from"]]
+        print(f"the {len(with_cal)} of {len(rows)} scenarios with an earlier suite's "
+              "calibration:")
+        totals("  uncalibrated (now)", "now", with_cal)
+        totals("  carried calibration", "carried", with_cal)
     if args.json:
         Path(args.json).write_text(json.dumps([{"suite": n, **sc} for n, sc in rows], indent=1))
     return 0

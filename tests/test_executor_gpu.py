@@ -207,3 +207,11 @@ def test_pool_job_frees_an_out_of_memory_run_before_the_next(gpus):
         assert ok.extra["expandable_segments"] is True
         free = pool.run(split(graph), wl, opts, cluster=gpus)
         assert free.error is None and free.extra["expandable_segments"] is False
+        # the allocator's counters of the timed steps, for both devices of the plan
+        for rep in (ok, free):
+            alloc = rep.extra["allocator"]
+            assert sorted(alloc) == ["0", "1"]
+            for d in alloc.values():
+                assert d["alloc_retries"] >= 0 and d["device_allocs"] >= 0
+                assert d["reserved_peak_bytes"] > 0
+        assert free.allocator_retries == 0  # a whole H100 / H200 for gpt-small

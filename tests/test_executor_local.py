@@ -306,6 +306,24 @@ def test_a_run_reports_where_its_time_went():
     x = r.extra
     assert len(x["warmup_step_s"]) == 2 and len(r.step_times_s) == 1
     assert 0 < x["steps_s"] <= x["run_s"] and x["build_s"] >= 0 and x["teardown_s"] >= 0
+    # the caching allocator's counters are CUDA's: a CPU run has none, and no retries
+    assert "allocator" not in x and r.allocator_retries == 0
+
+
+def test_allocator_retries_are_summed_over_devices_and_shown():
+    """``extra["allocator"]`` (what the timed steps cost the CUDA caching allocator, per
+    device) survives JSON, and its retries (the plan ran into its memory cap) are summed
+    and said in the summary."""
+    alloc = {"0": {"alloc_retries": 3, "device_allocs": 5, "device_frees": 2,
+                   "reserved_peak_bytes": 2**30},
+             "1": {"alloc_retries": 4, "device_allocs": 0, "device_frees": 0,
+                   "reserved_peak_bytes": 2**30}}
+    r = RunReport(plan="dp=2/fsdp", step_time_s=0.1, peak_memory_bytes=[1, 1],
+                  extra={"allocator": alloc})
+    back = RunReport.from_json(json.loads(r.dumps()))
+    assert back.allocator_retries == 7
+    assert "7 allocator retries" in back.summary()
+    assert "allocator" not in RunReport(plan="x", step_time_s=0.1).summary()
 
 
 def test_global_batch_pins_only_with_cuda_and_keeps_pinned_apart(monkeypatch):

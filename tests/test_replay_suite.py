@@ -94,3 +94,64 @@ def test_replay_refuses_a_file_that_is_no_suite(tmp_path, capsys):
     bad.write_text(json.dumps({"plan": 1}))
     assert replay_suite.main([str(bad)]) == 2
     assert "not a bench_plans.py result" in capsys.readouterr().err
+
+
+def test_carried_calibration_comes_from_the_latest_earlier_suite_never_its_own(tmp_path,
+                                                                               capsys):
+    """Suites in order ax2, b, c, d, d; calibration files tagged a (ax2's, the device
+    count dropped as the 4-GPU suites' were), b and d, with DDP's factor 2, 3 and 7: the
+    first suite has none, b carries a's, c b's (the latest earlier one), d b's (c saved
+    none, its own d never counts, nor does it when an earlier suite had the same tag);
+    every plan's time is Calibration.step_time of the carried one."""
+    import bench_plans as bp
+    import replay_suite
+
+    from autoplace import baselines, workloads
+    from autoplace.calibration import Calibration, calibration_path
+    from autoplace.capture import capture_workload
+    from autoplace.cluster import preset
+    from autoplace.sim import simulate
+
+    cl = preset("cpu-x2")
+    sc = bp.SCENARIOS["tiny"]
+    g = capture_workload(workloads.get(sc["model"], device="meta", **sc["options"]))
+    plans = dict(bp.hand_written(g, cl))
+    for k in ("expert", "m-etf"):
+        plans[k] = baselines.get(k)(g, cl)
+    untagged = calibration_path(tmp_path, g, cl)
+    cals = {}
+    for tag, factor in (("a", 2.0), ("b", 3.0), ("d", 7.0)):
+        cal = Calibration.empty(g, cl)
+        s = simulate(g, plans["ddp"], cl).step_time_s
+        cal.record(plans["ddp"], "ddp", s, 1.0, factor * s)
+        cal.save(untagged.with_name(untagged.name.replace(".calibration.json",
+                                                          f"-{tag}.calibration.json")))
+        cals[tag] = cal
+    assert not untagged.exists()  # only tagged files: the suites' own lookups are tagged
+
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(_stored_suite()))
+    out_json = tmp_path / "carried.json"
+    assert replay_suite.main([f"{path}:{t}" for t in ("ax2", "b", "c", "d", "d")]
+                             + ["--profiles", str(tmp_path), "--carried-calibration",
+                                "--json", str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())
+    assert [r["carried_from"] for r in rows] == [None, "a", "b", "b", "b"]
+    assert rows[0]["error_carried"] is None and rows[0]["tau_carried"] is None
+    assert all(p["sim_carried_s"] is None for p in rows[0]["plans"])
+    for r in rows[1:]:
+        cal = cals[r["carried_from"]]
+        for p in r["plans"]:
+            src = p["planner"] if p["planner"] in plans else "expert"  # auto is expert's
+            assert p["sim_carried_s"] == pytest.approx(cal.step_time(plans[src], p["sim_now_s"]))
+        ddp = next(p for p in r["plans"] if p["planner"] == "ddp")
+        factor = {"a": 2.0, "b": 3.0}[r["carried_from"]]
+        assert ddp["sim_carried_s"] == pytest.approx(factor * ddp["sim_now_s"])
+        assert any(p["sim_carried_s"] == pytest.approx(p["sim_now_s"]) for p in r["plans"])
+    # ddp measured at half its simulated time: a factor above 1 makes its error worse
+    assert rows[1]["error_carried"] >= rows[1]["error_now"]
+    out = capsys.readouterr().out
+    assert "the 4 of 5 scenarios with an earlier suite's calibration:" in out
+    n = 4 * rows[1]["measured_plans"]
+    assert f"  uncalibrated (now): median error 0.091 over {n} measured plans" in out
+    assert f"  carried calibration: median error {rows[1]['error_carried']:.3f} over {n}" in out

@@ -25,7 +25,8 @@ from autoplace.executor.pipeline import build_stage, example_values, make_schedu
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
-__all__ = ["Built", "build_rank", "micro_batch_size"]
+__all__ = ["ALLOCATOR_COUNTERS", "Built", "allocator_counts", "allocator_delta", "build_rank",
+           "micro_batch_size"]
 
 
 @dataclass
@@ -232,27 +233,66 @@ def reset_memory_caps(devices: list[torch.device]) -> None:
             torch.cuda.set_per_process_memory_fraction(1.0, d)
 
 
+#: ``torch.cuda.memory_stats`` counters :func:`allocator_counts` reads, by the name a
+#: report gives them: the allocator's retries after a failed allocation (each frees every
+#: cached block, synchronising the device first), and its ``cudaMalloc`` / ``cudaFree``
+#: calls (segments mapped / unmapped with expandable segments).
+ALLOCATOR_COUNTERS = {"alloc_retries": "num_alloc_retries",
+                      "device_allocs": "num_device_alloc",
+                      "device_frees": "num_device_free"}
+
+
+def allocator_counts(built: Built) -> dict[int, dict[str, int]]:
+    """The caching allocator's cumulative counters per CUDA device of this rank (keyed by
+    cluster device index; CPU devices are left out). Two snapshots' difference
+    (:func:`allocator_delta`) is what a span of steps cost the allocator: under a memory
+    cap, retries during the timed steps mean the plan runs at the cap and pays for it
+    (a retry frees the cache and synchronises the device)."""
+    out: dict[int, dict[str, int]] = {}
+    for d, i in zip(built.devices, built.cluster_indices):
+        if d.type == "cuda":
+            stats = torch.cuda.memory_stats(d)
+            out[i] = {k: int(stats.get(v, 0)) for k, v in ALLOCATOR_COUNTERS.items()}
+    return out
+
+
+def allocator_delta(before: dict[int, dict[str, int]], after: dict[int, dict[str, int]],
+                    built: Built) -> dict[int, dict[str, int]]:
+    """``after - before`` per device and counter, with each device's peak reserved memory."""
+    out: dict[int, dict[str, int]] = {}
+    for d, i in zip(built.devices, built.cluster_indices):
+        if i in after:
+            out[i] = {k: after[i][k] - before.get(i, {}).get(k, 0) for k in after[i]}
+            out[i]["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved(d))
+    return out
+
+
 def gather_results(built: Built, losses: list[torch.Tensor], times: list[float],
                    plan: Plan, distributed: bool = True,
-                   ) -> tuple[list[float], list[float], list[int]]:
-    """(loss per step, step time per step (max over ranks), peak memory per cluster device).
+                   allocator: dict[int, dict[str, int]] | None = None,
+                   ) -> tuple[list[float], list[float], list[int], dict[int, dict[str, int]]]:
+    """(loss per step, step time per step (max over ranks), peak memory per cluster device,
+    ``allocator`` (this rank's :func:`allocator_delta`) of every rank merged).
 
     ``distributed=False``: this process ran the whole plan; gather nothing.
     """
     peaks = {i: (torch.cuda.max_memory_allocated(d) if d.type == "cuda" else 0)
              for d, i in zip(built.devices, built.cluster_indices)}
+    allocator = dict(allocator or {})
     loss_t = (torch.stack(losses) if losses else torch.zeros(0)).to(built.devices[0])
     if not distributed or not (dist.is_available() and dist.is_initialized()):
-        return loss_t.cpu().tolist(), times, [peaks.get(i, 0) for i in range(plan.num_devices)]
+        return (loss_t.cpu().tolist(), times,
+                [peaks.get(i, 0) for i in range(plan.num_devices)], allocator)
     if not built.has_loss:
         loss_t = torch.zeros_like(loss_t)
     dist.all_reduce(loss_t)
     loss_t = loss_t / plan.parallel.data
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (times, peaks))
-    step_times = [max(t[i] for t, _ in gathered) for i in range(len(times))]
+    dist.all_gather_object(gathered, (times, peaks, allocator))
+    step_times = [max(t[i] for t, _, _ in gathered) for i in range(len(times))]
     all_peaks: dict[int, int] = {}
-    for _, pk in gathered:
+    for _, pk, al in gathered:
         all_peaks.update(pk)
-    return loss_t.cpu().tolist(), step_times, [all_peaks.get(i, 0)
-                                               for i in range(plan.num_devices)]
+        allocator.update(al)
+    return (loss_t.cpu().tolist(), step_times,
+            [all_peaks.get(i, 0) for i in range(plan.num_devices)], allocator)

@@ -36,7 +36,10 @@ class RunReport:
         global_batch_size: samples per step.
         steps: steps run (warm-up included).
         warmup: steps not timed.
-        extra: anything else a caller wants recorded.
+        extra: anything else a caller wants recorded; on CUDA devices ``"allocator"``:
+            per cluster device index (a string), what the timed steps cost the caching
+            allocator (``alloc_retries``, ``device_allocs``, ``device_frees``) and its
+            peak reserved memory (``reserved_peak_bytes``).
     """
 
     step_time_s: float = float("nan")
@@ -92,6 +95,15 @@ class RunReport:
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1)
 
+    @property
+    def allocator_retries(self) -> int:
+        """The caching allocator's retries during the timed steps, over every device
+        (``extra["allocator"]``, from :func:`autoplace.executor.build.allocator_delta`):
+        more than zero means the plan ran into its memory cap, freeing the allocator's
+        cache and synchronising the device each time. 0 where not measured (CPU)."""
+        return sum(int(d.get("alloc_retries", 0))
+                   for d in self.extra.get("allocator", {}).values())
+
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.dumps())
 
@@ -101,9 +113,11 @@ class RunReport:
             return f"{self.plan}: FAILED: {self.error}"
         diff = "" if self.max_loss_rel_diff is None else f", loss rel diff {self.max_loss_rel_diff:.2e}"
         mem = "/".join(f"{b / 2**30:.1f}" for b in self.peak_memory_bytes)
+        retries = (f", {self.allocator_retries} allocator retries (at the memory cap)"
+                   if self.allocator_retries else "")
         return (
             f"{self.plan}: {self.step_time_s * 1e3:.1f} ms/step, {self.samples_per_s:.1f} samples/s, "
-            f"peak {mem} GiB{diff}"
+            f"peak {mem} GiB{diff}{retries}"
         )
 
 

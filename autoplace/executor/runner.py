@@ -387,7 +387,10 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         tracer = _Tracer(opts, built.devices, rank, start)
         pin = any(d.type == "cuda" for d in built.devices)
         cache = False if plan.parallel.graphs else None  # a capture needs autocast uncached
+        counts_before = build.allocator_counts(built)  # replaced at the first timed step
         for step in range(start, opts.steps):
+            if step == max(start, opts.warmup):
+                counts_before = build.allocator_counts(built)
             tracer.step(step)
             _maybe_fail(step, rank)
             inputs, targets = global_batch(workload, step, opts.seed, pin=pin)
@@ -407,8 +410,11 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         report.extra["steps_s"] = round(time.perf_counter() - t_steps, 3)
         if tracer.close():
             report.extra["trace"] = tracer.path
-        report.loss, step_times, report.peak_memory_bytes = build.gather_results(
-            built, losses, times, plan, distributed)
+        allocator = build.allocator_delta(counts_before, build.allocator_counts(built), built)
+        report.loss, step_times, report.peak_memory_bytes, allocator = build.gather_results(
+            built, losses, times, plan, distributed, allocator)
+        if allocator:  # CUDA devices only: what the timed steps cost the caching allocator
+            report.extra["allocator"] = {str(i): allocator[i] for i in sorted(allocator)}
         report.step_times_s = step_times[max(0, opts.warmup - start):]
         report.extra["warmup_step_s"] = [round(t, 4) for t in
                                          step_times[:max(0, opts.warmup - start)]]
