@@ -407,6 +407,9 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                     "oom_measured": any(r.get("oom") for r in d["runs"]),
                     # the allocator's retries in each run's timed steps (it hit the cap)
                     "alloc_retries": [r.get("alloc_retries", 0) for r in d["runs"]],
+                    # the allocator's peak reserved memory of a device (allocated + cached)
+                    "reserved_peak_bytes": max((max(r["reserved"]) for r in d["runs"]
+                                                if r.get("reserved")), default=None),
                     "error": err,
                     "search_time_s": search.get(k),
                 })
@@ -437,7 +440,9 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                           "steps": list(rep_.step_times_s) if not rep_.error else [],
                           "peak": list(rep_.peak_memory_bytes), "oom": rep_.oom,
                           "error": rep_.error,
-                          "alloc_retries": getattr(rep_, "allocator_retries", 0)})
+                          "alloc_retries": getattr(rep_, "allocator_retries", 0),
+                          "reserved": [d.get("reserved_peak_bytes", 0) for d in
+                                       rep_.extra.get("allocator", {}).values()]})
         say(f"  rep {rep}{source} {'/'.join(d['planners'])}: "
             + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
                if not rep_.error else f"error: {short_error(rep_.error)}")
@@ -467,6 +472,13 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     rec["wall_s"] = time.perf_counter() - t_scenario
     record()
     say(f"{name} done in {rec['wall_s']:.0f} s")
+
+
+def retried(row: dict[str, Any]) -> str:
+    """`` (cap hit: N allocator retries)`` where a plan's timed steps made the allocator
+    retry (it ran into the memory cap: each retry frees the cache and synchronises)."""
+    n = sum(row.get("alloc_retries") or [])
+    return f" (cap hit: {n} allocator retries)" if n else ""
 
 
 def markdown(out: dict[str, Any], figure: str | None = None) -> str:
@@ -504,7 +516,8 @@ def markdown(out: dict[str, Any], figure: str | None = None) -> str:
                 f"{f'{sp[0] * 1e3:.1f}-{sp[1] * 1e3:.1f}' if sp else ''} | "
                 f"{r['sim_step_time_s'] * 1e3:.1f} | "
                 f"{r.get('calibrated_sim_step_time_s', r['sim_step_time_s']) * 1e3:.1f} | "
-                f"{' / '.join(f'{b / 2**30:.1f}' for b in peak) if peak else ''} | "
+                f"{' / '.join(f'{b / 2**30:.1f}' for b in peak) if peak else ''}"
+                f"{retried(r)} | "
                 f"{r['search_time_s']:.1f} |" if r['search_time_s'] is not None else
                 f"| {r['planner']} | {r['parallel']} | {m} | | | | | |")
         beyond = tau_beyond_spread(sc["plans"])

@@ -34,6 +34,9 @@ def test_bench_plans_cpu_smoke(tmp_path):
     # two repetitions each: auto's run of a plan counts as its first
     assert all(len(r["rep_medians_s"]) == 2 for r in rows.values() if not r["error"])
     assert sc["auto_vs_best_manual"] > 0 and sc["auto_vs_lower_bound"] > 0
+    # the allocator's counters are CUDA's: on CPU no retries, no reserved memory, per run
+    assert all(r["alloc_retries"] == [0] * len(r["rep_medians_s"]) and
+               r["reserved_peak_bytes"] is None for r in rows.values() if not r["error"])
     md = next(tmp_path.glob("*.md")).read_text()
     assert "tiny" in md
     # the figure: every plan measured, and simulated against measured
@@ -62,3 +65,15 @@ def test_tau_beyond_spread_counts_only_pairs_the_measurement_separates():
     # separated pairs: a-c, a-d, b-c, b-d, c-d; concordant a-c, a-d, b-c, b-d; discordant c-d
     assert pairs == 5 and tau == (4 - 1) / 5
     assert bp.tau_beyond_spread(rows[:2]) == (None, 0)
+
+
+def test_a_plan_that_hit_its_cap_says_so_in_the_table():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_plans", ROOT / "scripts" / "bench_plans.py")
+    bp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bp)
+
+    assert bp.retried({"alloc_retries": [0, 0]}) == ""
+    assert bp.retried({"alloc_retries": [15, 12]}) == " (cap hit: 27 allocator retries)"
+    assert bp.retried({}) == ""  # results stored before the counters existed
