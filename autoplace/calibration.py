@@ -94,7 +94,9 @@ class Calibration:
     num_devices: int
     samples: list[dict[str, Any]] = field(default_factory=list)
     """One per measured plan: ``family``, ``planner``, ``sim_step_time_s``,
-    ``measured_step_time_s``, ``sim_peak_bytes``, ``measured_peak_bytes``, ``time``."""
+    ``measured_step_time_s``, ``sim_peak_bytes``, ``measured_peak_bytes``, ``time``; from a
+    CUDA run also ``measured_reserved_bytes`` (the allocator's peak reserved memory) and
+    ``alloc_retries`` (its retries at the memory cap in the timed steps, every device)."""
 
     @classmethod
     def empty(cls, graph: OpGraph, cluster: Cluster) -> Calibration:
@@ -153,6 +155,7 @@ class Calibration:
         A run that ran out of memory has no step time; its peak is recorded as just
         above ``usable_bytes`` (the cap it exceeded), a lower bound on the real peak.
         """
+        alloc: dict[str, Any] = {}
         if isinstance(report, (int, float)):
             step, peak, oom = float(report), None, False
         else:
@@ -160,6 +163,7 @@ class Calibration:
             peaks = [p for p in (getattr(report, "peak_memory_bytes", None) or []) if p]
             peak = max(peaks) if peaks else None
             oom = bool(getattr(report, "oom", False))
+            alloc = (getattr(report, "extra", None) or {}).get("allocator") or {}
         self.samples.append({
             "family": _family(plan), "planner": planner, "parallel": plan.split(),
             "searched": searched(plan),
@@ -170,6 +174,11 @@ class Calibration:
                                     None if oom or peak is None else float(peak)),
             "oom": oom, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         })
+        if alloc:  # what the allocator did (CUDA): the data a model of the cap would need
+            self.samples[-1]["measured_reserved_bytes"] = float(max(
+                d.get("reserved_peak_bytes", 0) for d in alloc.values()))
+            self.samples[-1]["alloc_retries"] = sum(
+                int(d.get("alloc_retries", 0)) for d in alloc.values())
 
     # ---------------------------------------------------------------- io
     def save(self, path: str | Path) -> None:

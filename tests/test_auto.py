@@ -125,6 +125,15 @@ def test_calibration_factors_and_defaults(setup):
     assert cal.time_factor("dp-none") == pytest.approx(2.0)
     assert cal.time_factor("pipeline") == 1.0  # a family never measured: the simulator as is
     assert cal.memory_factor("pipeline") == 1.0  # no memory measured
+    assert "alloc_retries" not in cal.samples[0]  # a bare time: no allocator counters
+    # a CUDA run's allocator counters go with its sample: peak reserved, retries summed
+    alloc = {"0": {"alloc_retries": 30, "reserved_peak_bytes": 4.7e9},
+             "1": {"alloc_retries": 28, "reserved_peak_bytes": 4.6e9}}
+    cal.record(plan, "ddp", sim.step_time_s, max(sim.peak_memory_bytes),
+               RunReport(plan="dp=2", step_time_s=0.1, peak_memory_bytes=[3, 4],
+                         extra={"allocator": alloc}))
+    assert cal.samples[-1]["alloc_retries"] == 58
+    assert cal.samples[-1]["measured_reserved_bytes"] == 4.7e9
 
 
 def test_a_searched_plan_does_not_correct_the_planners_plans(setup):
