@@ -11,15 +11,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 
-def _stored_suite():
-    """A suite result as bench_plans.py writes it (CPU, the 'tiny' scenario), with
-    'measured' times 10% above the simulated ones except one plan measured faster."""
+def _tiny_plans():
+    """The 'tiny' scenario's graph (meta device), the CPU cluster and the hand-written,
+    expert and m-ETF plans, as bench_plans.py builds them."""
     import bench_plans as bp
 
     from autoplace import baselines, workloads
     from autoplace.capture import capture_workload
     from autoplace.cluster import preset
-    from autoplace.sim import simulate
 
     cl = preset("cpu-x2")
     sc = bp.SCENARIOS["tiny"]
@@ -27,6 +26,15 @@ def _stored_suite():
     plans = dict(bp.hand_written(g, cl))
     for k in ("expert", "m-etf"):
         plans[k] = baselines.get(k)(g, cl)
+    return g, cl, plans
+
+
+def _stored_suite():
+    """A suite result as bench_plans.py writes it (CPU, the 'tiny' scenario), with
+    'measured' times 10% above the simulated ones except one plan measured faster."""
+    from autoplace.sim import simulate
+
+    g, cl, plans = _tiny_plans()
     rows = []
     for k, p in plans.items():
         s = simulate(g, p, cl).step_time_s
@@ -103,21 +111,12 @@ def test_carried_calibration_comes_from_the_latest_earlier_suite_never_its_own(t
     first suite has none, b carries a's, c b's (the latest earlier one), d b's (c saved
     none, its own d never counts, nor does it when an earlier suite had the same tag);
     every plan's time is Calibration.step_time of the carried one."""
-    import bench_plans as bp
     import replay_suite
 
-    from autoplace import baselines, workloads
     from autoplace.calibration import Calibration, calibration_path
-    from autoplace.capture import capture_workload
-    from autoplace.cluster import preset
     from autoplace.sim import simulate
 
-    cl = preset("cpu-x2")
-    sc = bp.SCENARIOS["tiny"]
-    g = capture_workload(workloads.get(sc["model"], device="meta", **sc["options"]))
-    plans = dict(bp.hand_written(g, cl))
-    for k in ("expert", "m-etf"):
-        plans[k] = baselines.get(k)(g, cl)
+    g, cl, plans = _tiny_plans()
     untagged = calibration_path(tmp_path, g, cl)
     cals = {}
     for tag, factor in (("a", 2.0), ("b", 3.0), ("d", 7.0)):
