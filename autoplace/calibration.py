@@ -155,7 +155,6 @@ class Calibration:
         A run that ran out of memory has no step time; its peak is recorded as just
         above ``usable_bytes`` (the cap it exceeded), a lower bound on the real peak.
         """
-        alloc: dict[str, Any] = {}
         if isinstance(report, (int, float)):
             step, peak, oom = float(report), None, False
         else:
@@ -163,7 +162,6 @@ class Calibration:
             peaks = [p for p in (getattr(report, "peak_memory_bytes", None) or []) if p]
             peak = max(peaks) if peaks else None
             oom = bool(getattr(report, "oom", False))
-            alloc = (getattr(report, "extra", None) or {}).get("allocator") or {}
         self.samples.append({
             "family": _family(plan), "planner": planner, "parallel": plan.split(),
             "searched": searched(plan),
@@ -174,11 +172,10 @@ class Calibration:
                                     None if oom or peak is None else float(peak)),
             "oom": oom, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         })
-        if alloc:  # what the allocator did (CUDA): the data a model of the cap would need
-            self.samples[-1]["measured_reserved_bytes"] = float(max(
-                d.get("reserved_peak_bytes", 0) for d in alloc.values()))
-            self.samples[-1]["alloc_retries"] = sum(
-                int(d.get("alloc_retries", 0)) for d in alloc.values())
+        reserved = getattr(report, "reserved_peak_bytes", None)
+        if reserved is not None:  # what the allocator did (CUDA): data a model of the cap needs
+            self.samples[-1]["measured_reserved_bytes"] = float(reserved)
+            self.samples[-1]["alloc_retries"] = report.allocator_retries
 
     # ---------------------------------------------------------------- io
     def save(self, path: str | Path) -> None:

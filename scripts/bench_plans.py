@@ -408,7 +408,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                     # the allocator's retries in each run's timed steps (it hit the cap)
                     "alloc_retries": [r.get("alloc_retries", 0) for r in d["runs"]],
                     # the allocator's peak reserved memory of a device (allocated + cached)
-                    "reserved_peak_bytes": max((max(r["reserved"]) for r in d["runs"]
+                    "reserved_peak_bytes": max((r["reserved"] for r in d["runs"]
                                                 if r.get("reserved")), default=None),
                     "error": err,
                     "search_time_s": search.get(k),
@@ -441,8 +441,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                           "peak": list(rep_.peak_memory_bytes), "oom": rep_.oom,
                           "error": rep_.error,
                           "alloc_retries": getattr(rep_, "allocator_retries", 0),
-                          "reserved": [d.get("reserved_peak_bytes", 0) for d in
-                                       rep_.extra.get("allocator", {}).values()]})
+                          "reserved": getattr(rep_, "reserved_peak_bytes", None)})
         say(f"  rep {rep}{source} {'/'.join(d['planners'])}: "
             + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
                if not rep_.error else f"error: {short_error(rep_.error)}")

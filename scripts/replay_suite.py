@@ -133,16 +133,19 @@ def calibration_tags(tag: str | None, num_devices: int) -> list[str]:
     return [tag, tag[:-len(suffix)]] if tag.endswith(suffix) and tag != suffix else [tag]
 
 
-def carried_calibration(folder: str | Path, graph, cluster, earlier: list[list[str]],
+def carried_calibration(folder: str | Path | None, graph, cluster, earlier: list[list[str]],
                         own: list[str]):
     """``(Calibration, tag)``: the calibration of ``graph`` on ``cluster`` in ``folder``
     (bench/results/raw's layout, ``<calibration_path's name less .calibration.json>-<tag>
     .calibration.json``) saved by the last suite of ``earlier`` (each suite's
     :func:`calibration_tags`, in command-line order) that has a usable one, never one of
-    ``own`` tags; None without one. Read by ``Calibration.load`` from a temporary copy under
-    the untagged name (a file it rejects, with its warning, counts as none)."""
+    ``own`` tags; None without one (or without a folder). Read by ``Calibration.load`` from a
+    temporary copy under the untagged name (a file it rejects, with its warning, counts as
+    none)."""
     from autoplace.calibration import Calibration, calibration_path
 
+    if folder is None:
+        return None
     untagged = calibration_path(folder, graph, cluster)
     stem = untagged.name.removesuffix(".calibration.json")
     for tags in reversed(earlier):
@@ -159,12 +162,6 @@ def carried_calibration(folder: str | Path, graph, cluster, earlier: list[list[s
             if cal.samples:
                 return cal, t
     return None
-
-
-def _carried_in(profiles: str | None, earlier: list[list[str]], own: list[str], graph,
-                cluster):
-    """:func:`carried_calibration` in ``profiles`` (None without a folder)."""
-    return carried_calibration(profiles, graph, cluster, earlier, own) if profiles else None
 
 
 CarriedLookup = Callable[[Any, Any], Any]
@@ -323,7 +320,8 @@ def _summary(args: argparse.Namespace) -> int:
         if result is None:
             return 2
         own = calibration_tags(tag, int(result["num_devices"]))
-        carried = (functools.partial(_carried_in, args.profiles, list(earlier), own)
+        carried = (functools.partial(carried_calibration, args.profiles, earlier=list(earlier),
+                                     own=own)
                    if args.carried_calibration else None)
         for sc in _replay_with(result, args.profiles, tag, carried):
             rows.append((Path(path).stem, sc))

@@ -322,6 +322,8 @@ def test_allocator_retries_are_summed_over_devices_and_shown():
                   extra={"allocator": alloc})
     back = RunReport.from_json(json.loads(r.dumps()))
     assert back.allocator_retries == 7
+    assert back.reserved_peak_bytes == 2**30
+    assert RunReport(plan="x", step_time_s=0.1).reserved_peak_bytes is None  # CPU
     assert "7 allocator retries" in back.summary()
     assert "allocator" not in RunReport(plan="x", step_time_s=0.1).summary()
 

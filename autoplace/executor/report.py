@@ -104,6 +104,14 @@ class RunReport:
         return sum(int(d.get("alloc_retries", 0))
                    for d in self.extra.get("allocator", {}).values())
 
+    @property
+    def reserved_peak_bytes(self) -> int | None:
+        """The allocator's largest peak reserved memory (allocated + cached) of a device
+        (``extra["allocator"]``); None where not measured (CPU)."""
+        reserved = [int(d["reserved_peak_bytes"]) for d in
+                    self.extra.get("allocator", {}).values() if "reserved_peak_bytes" in d]
+        return max(reserved) if reserved else None
+
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.dumps())
 

@@ -387,7 +387,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         tracer = _Tracer(opts, built.devices, rank, start)
         pin = any(d.type == "cuda" for d in built.devices)
         cache = False if plan.parallel.graphs else None  # a capture needs autocast uncached
-        counts_before = build.allocator_counts(built)  # replaced at the first timed step
+        counts_before = None  # the allocator's counters at the first timed step
         for step in range(start, opts.steps):
             if step == max(start, opts.warmup):
                 counts_before = build.allocator_counts(built)
@@ -410,7 +410,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         report.extra["steps_s"] = round(time.perf_counter() - t_steps, 3)
         if tracer.close():
             report.extra["trace"] = tracer.path
-        allocator = build.allocator_delta(counts_before, build.allocator_counts(built), built)
+        counts_after = build.allocator_counts(built)
+        allocator = build.allocator_delta(counts_before or counts_after, counts_after, built)
         report.loss, step_times, report.peak_memory_bytes, allocator = build.gather_results(
             built, losses, times, plan, distributed, allocator)
         if allocator:  # CUDA devices only: what the timed steps cost the caching allocator
