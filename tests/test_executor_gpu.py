@@ -134,6 +134,34 @@ def test_graphed_placement_trains_like_the_reference(gpus, name, exact_convs):
     assert all(p._replay is not None for p in pieces)
 
 
+def test_placed_lstms_keep_one_flat_weight_buffer(gpus):
+    """LSTMs placed on the second GPU are re-flattened (``reflatten_rnns``): cuDNN does not
+    warn that their weights "need to be compacted at every call", and each LSTM's weights
+    share one storage on its device."""
+    import warnings
+
+    from autoplace.executor.local import build_local
+
+    wl = workloads.get("gnmt-2")
+    g = capture_graph(wl)
+    n = len(g.order)
+    # everything from the middle on runs on cuda:1, so its LSTMs move there
+    plan = Plan.from_groups(g, {op: int(i >= n // 2) for i, op in enumerate(g.order)}, [0, 1])
+    devices = [torch.device("cuda:0"), torch.device("cuda:1")]
+    prog = build_local(g.module, plan, devices, wl.loss_fn)
+    lstms = [m for m in g.module.modules() if isinstance(m, torch.nn.LSTM)]
+    assert {w.device for m in lstms for w in m._flat_weights} == {torch.device("cuda:0"),
+                                                                  torch.device("cuda:1")}
+    for m in lstms:
+        assert len({w.untyped_storage().data_ptr() for w in m._flat_weights}) == 1
+    x, y = wl.make_batch(wl.batch_size, "cuda:0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prog(x, y).backward()
+        torch.cuda.synchronize()
+    assert not [w for w in caught if "contiguous chunk" in str(w.message)]
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("name", ["gpt-tiny", "rnnlm"])
 def test_pipeline_on_two_gpus(gpus, name, schedule):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import operator
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -442,13 +442,19 @@ def _param_homes(gm: fx.GraphModule, dev_of: dict[str, int]) -> dict[int, int]:
 
 def place_parameters(gm: fx.GraphModule, homes: dict[int, int],
                      devices: list[torch.device]) -> None:
-    """Move every parameter and buffer of ``gm`` to its home device (unused: device 0)."""
+    """Move every parameter and buffer of ``gm`` to its home device (unused: device 0).
+
+    Parameters move one at a time (``p.data``, so optimizers and hooks keep the same
+    objects); a recurrent module (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) that moved is
+    re-flattened afterwards (:func:`reflatten_rnns`), as ``Module.to`` does."""
+    moved: set[int] = set()
     for mod in gm.modules():
         for p in list(mod._parameters.values()):
             if p is not None:
                 dev = devices[homes.get(id(p), 0)]
                 if p.device != dev:
                     p.data = p.data.to(dev)
+                    moved.add(id(mod))
         for name, b in list(mod._buffers.items()):
             if b is not None:
                 dev = devices[homes.get(id(b), 0)]
@@ -467,6 +473,31 @@ def place_parameters(gm: fx.GraphModule, homes: dict[int, int],
                     new = obj.to(dev)
                     homes[id(new)] = homes.get(id(obj), 0)
                     setattr(owner, last, new)
+    reflatten_rnns(m for m in gm.modules() if id(m) in moved)
+
+
+def reflatten_rnns(modules: Iterable[nn.Module]) -> int:
+    """Re-pack the weights of each recurrent module among ``modules`` whose weights all
+    sit on one CUDA device into cuDNN's single flat buffer (``flatten_parameters()``);
+    returns how many were packed.
+
+    Moved one parameter at a time, an LSTM's weights no longer share that buffer: cuDNN
+    then warns that they "need to be compacted at every call" and copies them at every
+    forward, in time and in memory kept for backward. ``Module.to`` re-flattens
+    (``RNNBase._apply``); moving ``p.data`` does not. Off CUDA a no-op."""
+    n = 0
+    for mod in modules:
+        if not isinstance(mod, nn.RNNBase):
+            continue
+        # the list the module packs may be stale: tracing leaves the fake tensors it ran
+        # on there until the next forward; Module.to refreshes it the same way
+        mod._init_flat_weights()
+        ws = [w for w in mod._flat_weights if isinstance(w, torch.Tensor)]
+        if not ws or ws[0].device.type != "cuda" or any(w.device != ws[0].device for w in ws):
+            continue
+        mod.flatten_parameters()
+        n += 1
+    return n
 
 
 def _graph_units(gm: fx.GraphModule, b: _Builder, m: int
