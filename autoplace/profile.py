@@ -10,7 +10,10 @@ require grad, so it builds its own small autograd graph; then
 * backward: ``torch.autograd.grad`` of the op's float outputs with respect to its
   float inputs and its own parameters, repeated with ``retain_graph=True``.
 
-Each is the median of ``repeats`` samples; each sample loops until it lasts
+Each is the median of ``repeats`` samples on CPU, the fastest of them on GPUs (work of
+other processes on the same GPU only ever adds time: on a 2x H200 machine the benchmark's
+pool jobs, starting NCCL on the GPUs while it profiled, once inflated gpt-1b's
+small-batch backward 1.8x and with it every op's fixed part); each sample loops until it lasts
 ~0.2 ms on CPU, ~1 ms on GPU (at most 100 calls), which hides the timer's
 resolution. Whole training steps run first until the device is warm (GPU clocks
 ramp up from idle). The interpreter's own per-node overhead (~15-20 µs on CPU) is
@@ -190,7 +193,8 @@ def _sync(dev: torch.device) -> None:
 
 def _time_call(fn: Callable[[], Any], dev: torch.device, repeats: int,
                host: list[float] | None = None) -> float:
-    """Median seconds per call of ``fn`` over ``repeats`` looped samples.
+    """Seconds per call of ``fn``: the median of ``repeats`` looped samples on a CPU, the
+    fastest on a GPU (interference from other processes there only adds time).
 
     With a list ``host``, also appends the median host seconds per call: on a GPU the
     time the loop took to *issue* its calls (CUDA launches are asynchronous), which is
@@ -230,7 +234,7 @@ def _time_call(fn: Callable[[], Any], dev: torch.device, repeats: int,
             issue.append(samples[-1])  # a CPU op runs on the thread that calls it
     if host is not None and issue:
         host.append(statistics.median(issue))
-    return statistics.median(samples)
+    return min(samples) if dev.type == "cuda" else statistics.median(samples)
 
 
 def _grad_overhead(dev: torch.device, repeats: int, host: list[float] | None = None
@@ -730,8 +734,8 @@ def measure_links(
     Each pair copies float32 buffers of ``sizes`` bytes into a preallocated tensor on
     the destination (``copy_``, so a CPU-to-CPU pair really copies), timed on the
     destination's stream (which waits for the copy), and fits
-    ``t = alpha + bytes / bandwidth`` by least squares over the medians. Default sizes
-    reach 64 MiB on GPUs, where an 8 MiB copy over NVLink (about 20 us) is too close to
+    ``t = alpha + bytes / bandwidth`` by least squares over the timings
+    (:func:`_time_call`). Default sizes reach 64 MiB on GPUs, where an 8 MiB copy over NVLink (about 20 us) is too close to
     its launch latency for the slope to mean anything.
 
     Returns:

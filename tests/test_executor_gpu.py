@@ -5,6 +5,8 @@ Run through the device tool: ``pytest -m gpu tests/test_executor_gpu.py``.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -235,6 +237,7 @@ def test_pool_job_frees_an_out_of_memory_run_before_the_next(gpus):
         assert ok.extra["expandable_segments"] is True
         free = pool.run(split(graph), wl, opts, cluster=gpus)
         assert free.error is None and free.extra["expandable_segments"] is False
+        assert not any("job_retired" in r.extra for r in (base, oom, ok, free))
         # the allocator's counters of the timed steps, for both devices of the plan
         for rep in (ok, free):
             alloc = rep.extra["allocator"]
@@ -243,3 +246,36 @@ def test_pool_job_frees_an_out_of_memory_run_before_the_next(gpus):
                 assert d["alloc_retries"] >= 0 and d["device_allocs"] >= 0
                 assert d["reserved_peak_bytes"] > 0
         assert free.allocator_retries == 0  # a whole H100 / H200 for gpt-small
+
+
+def test_pool_job_that_keeps_memory_ends_and_is_replaced(gpus, monkeypatch):
+    """A one-process pool job that still holds more than ``RETIRE_HELD_BYTES`` on a GPU
+    after a run (here a model that keeps a tensor) says so and ends; the pool starts a
+    fresh job at once, and the next run of the layout runs there, as its first run."""
+    from pathlib import Path
+
+    from autoplace.executor.pool import PlanPool
+    from autoplace.executor.runner import RunOptions
+    from autoplace.executor.worker import RETIRE_HELD_BYTES
+
+    tests_dir = str(Path(__file__).resolve().parent)  # the jobs import tests/assets
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [tests_dir, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    wl = workloads.get("assets.zoo_user_workload:leaky_regression",
+                       leak_bytes=RETIRE_HELD_BYTES + (256 << 20))
+    graph = capture_graph(wl)
+    opts = RunOptions(steps=2, warmup=1, reference=False)
+    with PlanPool(gpus, timeout_s=120) as pool:
+        first = pool.run(single(graph), wl, opts, cluster=gpus)
+        assert first.error is None, first.error
+        assert "GiB still reserved" in first.extra["job_retired"]
+        assert first.extra["leftover_reserved_bytes"] > RETIRE_HELD_BYTES
+        assert pool.replaced == 1
+        second = pool.run(single(graph), wl, opts, cluster=gpus)
+        assert second.error is None, second.error
+        assert second.extra["pool_run"] == 1  # a fresh job
+        healthy = workloads.get("assets.zoo_user_workload:leaky_regression")
+        third = pool.run(single(graph), healthy, opts, cluster=gpus)
+        assert third.error is None and third.extra["pool_run"] == 1
+        fourth = pool.run(single(graph), healthy, opts, cluster=gpus)
+        assert "job_retired" not in fourth.extra and fourth.extra["pool_run"] == 2

@@ -14,7 +14,10 @@ exception) ends the job: a peer may be waiting in a collective that will never
 complete, so the failing rank writes its report (``rep-K.json.rank<R>``) and exits, and
 torchrun stops the rest. A run past ``timeout_s`` has its job killed. Either way the
 driver reads what there is and starts the replacement job at once, in the background.
-A one-process job survives its own out-of-memory runs.
+A one-process job survives its own out-of-memory runs. A job that still holds memory on
+a GPU after a run (more than ``worker.RETIRE_HELD_BYTES`` once collected and the cache
+emptied: CUDA-graph pools of a failed capture, a model that keeps tensors) reports it as
+``extra["job_retired"]`` and ends; the driver starts its replacement at once.
 
 Every plan runs in a job, one-process plans too (in a one-process job); a job serves
 one layout (number of processes and the first device of each), and the pool keeps one
@@ -184,6 +187,16 @@ class PlanPool:
         limit = self.timeout_s + (self.start_timeout_s if job.fresh else 0.0)
         report = self._wait(layout, job, k, limit)
         job.fresh = False
+        if report.extra.get("job_retired") and self._jobs.get(layout) is job:
+            # the job ends by itself after this report (it holds memory it cannot give
+            # back); its replacement starts now, in the background
+            try:
+                job.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._kill(job.proc)
+            self._close(layout, polite=False)
+            self._start(layout)
+            self.replaced += 1
         return report
 
     def ready(self, plan: Plan, cluster: Cluster | None = None) -> bool:

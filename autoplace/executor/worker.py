@@ -82,6 +82,25 @@ def _fail(path: Path, rank: int, report) -> None:
     os._exit(1)
 
 
+#: A pool job whose process still holds more than this on a GPU after a run, collected
+#: and with the allocator's cache emptied, ends after reporting it (``job_retired``), and a
+#: fresh job serves the next run. Healthy runs leave 64-200 MiB (cuBLAS workspaces, NCCL).
+#: On 2x H200 an out-of-memory CUDA-graph capture under GNMT-4's cap left 4.3 GiB of graph
+#: pools reserved in its one-process job: every later plan of that job ran out of memory.
+RETIRE_HELD_BYTES = 1 << 30
+
+
+def held_after_run(devices: list[str]) -> int:
+    """The most memory the caching allocator still reserves on one of ``devices`` (CUDA
+    devices of the run; others count 0): call after a collection and ``empty_cache``."""
+    held = 0
+    for d in devices:
+        dev = torch.device(d)
+        if dev.type == "cuda" and torch.cuda.is_available():
+            held = max(held, torch.cuda.memory_reserved(dev))
+    return held
+
+
 def _next_command(folder: Path, k: int, parent_pid: int) -> dict:
     """Rank 0: wait for the driver's ``cmd-K.json`` (a stop when the driver is gone)."""
     path = folder / f"cmd-{k}.json"
@@ -182,6 +201,12 @@ def serve(config: Path) -> int:
                 torch.cuda.empty_cache()
                 report.extra["leftover_allocated_bytes"] = torch.cuda.memory_allocated(device)
                 report.extra["leftover_reserved_bytes"] = torch.cuda.memory_reserved(device)
+                held = held_after_run(report.devices or [str(device)])
+                if held > RETIRE_HELD_BYTES:
+                    report.extra["job_retired"] = (
+                        f"{held / 2**30:.2f} GiB still reserved on a GPU after the run and "
+                        f"a collection (at most {RETIRE_HELD_BYTES / 2**30:g} GiB): the job "
+                        "ends and a fresh one serves the next run")
             report.extra["post_s"] = round(time.perf_counter() - t_post, 3)
         except Exception:  # as a one-shot run: the log names the rank and the error
             traceback.print_exc()
@@ -189,8 +214,15 @@ def serve(config: Path) -> int:
             os._exit(1)
         if report.error and dist.get_world_size() > 1:  # out of memory: peers may wait
             _fail(out, rank, report)
+        # every rank ends the job if one of them holds memory it cannot give back
+        retire = torch.tensor([1 if "job_retired" in report.extra else 0])
+        dist.all_reduce(retire, op=dist.ReduceOp.MAX, group=cmd_group)
+        if retire.item() and "job_retired" not in report.extra:
+            report.extra["job_retired"] = "another rank still held memory after the run"
         if rank == 0:
             write_atomic(out, report.dumps())
+        if retire.item():
+            break
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -42,3 +42,27 @@ def untraceable(batch_size: int = 3) -> Workload:
         loss_fn=lambda out, y: out.float().mean(),
         batch_size=batch_size,
     )
+
+
+#: what :func:`leaky_regression`'s loss keeps, per process
+KEPT: list[torch.Tensor] = []
+
+
+def leaky_regression(features: int = 4, batch_size: int = 3,
+                     leak_bytes: int = 0) -> Workload:
+    """:func:`tiny_regression` whose loss, at its first call on a GPU in a process, keeps a
+    ``leak_bytes`` tensor there for good: a model that holds memory after its run."""
+    from functools import partial
+
+    def loss(out, y):
+        if out.device.type == "cuda" and leak_bytes and not KEPT:
+            KEPT.append(torch.empty(leak_bytes, dtype=torch.uint8, device=out.device))
+        return F.mse_loss(out, y)
+
+    return Workload(
+        name="leaky-regression",
+        model=nn.Linear(features, 1),
+        make_batch=partial(_batch, features=features),
+        loss_fn=loss,
+        batch_size=batch_size,
+    )
