@@ -735,8 +735,9 @@ def measure_links(
     the destination (``copy_``, so a CPU-to-CPU pair really copies), timed on the
     destination's stream (which waits for the copy), and fits
     ``t = alpha + bytes / bandwidth`` by least squares over the timings
-    (:func:`_time_call`). Default sizes reach 64 MiB on GPUs, where an 8 MiB copy over NVLink (about 20 us) is too close to
-    its launch latency for the slope to mean anything.
+    (:func:`_time_call`). Default sizes reach 64 MiB on GPUs, where an 8 MiB copy over
+    NVLink (about 20 us) is too close to its launch latency for the slope to mean
+    anything.
 
     Returns:
         ``(alpha_s, bandwidth)``: n x n lists (diagonal 0 and inf) for
