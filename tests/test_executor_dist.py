@@ -1,8 +1,8 @@
 """Multi-process plans under torchrun on CPU/gloo: pipeline, DDP, FSDP2, dp x pp, failures.
 
-Representative workloads only (each run starts processes): gpt-tiny for every
-mode, rnnlm (LSTM tuples crossing the cut) for 1F1B, gnmt-2 (two inputs, a skip
-across the cut) for dp x pp.
+Representative workloads only (each run starts processes; the zoo matrix shares one pool
+job): gpt-tiny for every mode, rnnlm (LSTM tuples crossing the cut) for 1F1B, gnmt-2 (two
+inputs, a skip across the cut) for dp x pp.
 """
 
 from __future__ import annotations
@@ -126,13 +126,28 @@ ZOO_SMALL = {
 }
 
 
+@pytest.fixture(scope="module")
+def zoo_pool():
+    """One torchrun job of two ranks for the whole matrix (as auto and the bench run plans):
+    each run still builds its workload, trains it and checks it against the reference, but
+    the processes start once, not twenty times."""
+    from autoplace.executor.pool import PlanPool
+
+    with PlanPool(CPU2, timeout_s=240) as pool:
+        yield pool
+
+
 @pytest.mark.parametrize("mode", ["gpipe", "1f1b", "ddp", "fsdp"])
 @pytest.mark.parametrize("name", list(ZOO_SMALL))
-def test_zoo_workload_multiprocess(name, mode):
+def test_zoo_workload_multiprocess(name, mode, zoo_pool):
+    from autoplace.executor.runner import RunOptions
+
     wl = workloads.get(name, **ZOO_SMALL[name])
     graph = capture_graph(wl)
     if mode in ("gpipe", "1f1b"):
         plan = split(graph, pipeline=2, microbatches=4, schedule=mode)
     else:
         plan = single(graph, data=2, shard="none" if mode == "ddp" else "fsdp")
-    check(execute(wl, plan, cluster=CPU2, steps=3, warmup=1))
+    r = zoo_pool.run(plan, wl, RunOptions(steps=3, warmup=1, reference=True), cluster=CPU2)
+    check(r)
+    assert r.reference_loss and len(r.step_times_s) == 2
