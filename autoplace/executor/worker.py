@@ -119,7 +119,9 @@ def serve(config: Path) -> int:
     Each rank keeps the workload it built (by spec and weights file) between runs and
     trains a copy each time. A run that fails on a rank ends the job (see the pool): an
     out-of-memory run writes this rank's report first; any other exception is printed
-    to the job's log, as in a one-shot run.
+    to the job's log, as in a one-shot run. A run after which a rank's allocator still
+    reserves more than :data:`RETIRE_HELD_BYTES` on one of the run's GPUs also ends the
+    job, after its report (``extra["job_retired"]``).
     """
     import traceback
     from datetime import timedelta
