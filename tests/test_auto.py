@@ -415,6 +415,34 @@ def test_a_memory_cap_has_a_calibration_of_its_own(setup, tmp_path):
     assert not Calibration.load(tmp_path, graph, cluster).samples
 
 
+def test_a_cap_within_one_percent_reads_the_same_calibration(setup, tmp_path):
+    """A cap measured at every run (the bench's GNMT-4 cap: 4.37182 then 4.3712 GiB) moves
+    by a few MiB: the nearest saved cap within CAP_MATCH_REL is read; one 5% away is not, nor
+    the uncapped one, and saving writes the cluster's own name."""
+    from autoplace.calibration import CAP_MATCH_REL
+
+    graph, cluster = setup
+
+    def capped(gib):
+        return replace(cluster, devices=tuple(replace(d, memory_cap_bytes=int(gib * 2**30))
+                                              for d in cluster.devices))
+
+    a, b, far = capped(4.37182), capped(4.3712), capped(4.37182 * 1.05)
+    cal = Calibration.load(tmp_path, graph, a)
+    plan = baselines.get("ddp")(graph, a)
+    sim = simulate(graph, plan, a)
+    cal.record(plan, "ddp", sim.step_time_s, max(sim.peak_memory_bytes), 2.0 * sim.step_time_s)
+    cal.save(calibration_path(tmp_path, graph, a))
+    near = Calibration.load(tmp_path, graph, b)
+    assert abs(4.3712 / 4.37182 - 1) < CAP_MATCH_REL
+    assert near.time_factor("dp-none") == pytest.approx(2.0)
+    assert not Calibration.load(tmp_path, graph, far).samples
+    assert not Calibration.load(tmp_path, graph, cluster).samples
+    near.save(calibration_path(tmp_path, graph, b))
+    assert sorted(p.name.split("-cap")[1] for p in tmp_path.glob("*-cap*.calibration.json")) \
+        == ["4.3712GiB.calibration.json", "4.37182GiB.calibration.json"]
+
+
 def test_a_sharded_plan_near_the_cap_is_measured_with_a_unit_per_module(setup, tmp_path):
     """FSDP2 by blocks that peaks above UNITS_NEAR_CAP of the cap is measured next with a
     unit per module (GNMT-4 on 2x H200: 87.3 ms at 95% of the cap as one unit, 66.5 ms by
