@@ -28,7 +28,6 @@ plain JSON; a corrupt or foreign file is ignored with a warning, never trusted.
 
 from __future__ import annotations
 
-import glob
 import json
 import re
 import statistics
@@ -67,17 +66,20 @@ def calibration_path(cache_dir: str | Path, graph: OpGraph, cluster: Cluster) ->
 CAP_MATCH_REL = 0.01
 
 
-def _same_cap_regime(path: Path) -> Path | None:
-    """For a capped calibration ``path`` that does not exist, the calibration of the same
-    graph and cluster whose cap is nearest to it within :data:`CAP_MATCH_REL`, if any."""
+def same_cap_regime(path: Path, tag: str = "") -> Path | None:
+    """For a capped calibration ``path`` (:func:`calibration_path`'s name) that does not
+    exist, the file beside it of the same graph and cluster whose cap is nearest to
+    ``path``'s within :data:`CAP_MATCH_REL`, if any; with ``tag``, among the files named
+    ``...-cap<G>GiB-<tag>.calibration.json`` (``scripts/replay_suite.py``'s stored ones)."""
     m = re.fullmatch(r"(.+)-cap([0-9.e+-]+)GiB\.calibration\.json", path.name)
     if m is None or not path.parent.is_dir():
         return None
     stem, cap = m.group(1), float(m.group(2))
+    suffix = f"-{re.escape(tag)}" if tag else ""
+    pat = re.compile(re.escape(stem) + r"-cap([0-9.e+-]+)GiB" + suffix + r"\.calibration\.json")
     best: tuple[float, Path] | None = None
-    for other in path.parent.glob(f"{glob.escape(stem)}-cap*GiB.calibration.json"):
-        mo = re.fullmatch(re.escape(stem) + r"-cap([0-9.e+-]+)GiB\.calibration\.json",
-                          other.name)
+    for other in path.parent.iterdir():
+        mo = pat.fullmatch(other.name)
         if mo is None:
             continue
         try:
@@ -223,7 +225,7 @@ class Calibration:
             return empty
         path = calibration_path(cache_dir, graph, cluster)
         if not path.exists():
-            path = _same_cap_regime(path)
+            path = same_cap_regime(path)
             if path is None:
                 return empty
         try:

@@ -142,7 +142,7 @@ def carried_calibration(folder: str | Path | None, graph, cluster, earlier: list
     ``own`` tags; None without one (or without a folder). Read by ``Calibration.load`` from a
     temporary copy under the untagged name (a file it rejects, with its warning, counts as
     none)."""
-    from autoplace.calibration import Calibration, calibration_path
+    from autoplace.calibration import Calibration, calibration_path, same_cap_regime
 
     if folder is None:
         return None
@@ -152,7 +152,7 @@ def carried_calibration(folder: str | Path | None, graph, cluster, earlier: list
         for t in tags:
             f = untagged.with_name(f"{stem}-{t}.calibration.json")
             if t not in own and not f.exists():
-                f = _nearest_cap(untagged, t) or f  # a cap measured anew each run
+                f = same_cap_regime(untagged, t) or f  # a cap measured anew each run
             if t in own or not f.exists():
                 continue
             tmp = tempfile.mkdtemp(prefix="autoplace-replay-cal-")
@@ -164,30 +164,6 @@ def carried_calibration(folder: str | Path | None, graph, cluster, earlier: list
             if cal.samples:
                 return cal, t
     return None
-
-
-def _nearest_cap(untagged: Path, tag: str) -> Path | None:
-    """The ``tag``-ged calibration of ``untagged``'s graph and cluster whose cap is nearest
-    to ``untagged``'s within ``calibration.CAP_MATCH_REL`` (as ``Calibration.load`` reads an
-    untagged one), or None."""
-    import re
-
-    from autoplace.calibration import CAP_MATCH_REL
-
-    m = re.fullmatch(r"(.+)-cap([0-9.e+-]+)GiB\.calibration\.json", untagged.name)
-    if m is None or not untagged.parent.is_dir():
-        return None
-    stem, cap = m.group(1), float(m.group(2))
-    pat = re.compile(re.escape(stem) + r"-cap([0-9.e+-]+)GiB-" + re.escape(tag)
-                     + r"\.calibration\.json")
-    best = None
-    for f in untagged.parent.iterdir():
-        mo = pat.fullmatch(f.name)
-        if mo:
-            rel = abs(float(mo.group(1)) - cap) / cap
-            if rel <= CAP_MATCH_REL and (best is None or rel < best[0]):
-                best = (rel, f)
-    return best[1] if best else None
 
 
 CarriedLookup = Callable[[Any, Any], Any]

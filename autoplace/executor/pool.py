@@ -193,10 +193,8 @@ class PlanPool:
             try:
                 job.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self._kill(job.proc)
-            self._close(layout, polite=False)
-            self._start(layout)
-            self.replaced += 1
+                pass  # _replace kills it
+            self._replace(layout)
         return report
 
     def ready(self, plan: Plan, cluster: Cluster | None = None) -> bool:
@@ -251,6 +249,12 @@ class PlanPool:
         self.starts += 1
         return _Job(proc, folder, log_path, log)
 
+    def _replace(self, layout: tuple[str, ...]) -> None:
+        """End ``layout``'s job (killed if still alive) and start its replacement."""
+        self._close(layout, polite=False)
+        self._start(layout)
+        self.replaced += 1
+
     def _close(self, layout: tuple[str, ...], *, polite: bool = True) -> None:
         self._end(self._jobs.pop(layout), polite=polite)
 
@@ -297,9 +301,7 @@ class PlanPool:
         # the job ended (or is stopped now) without rank 0's report; its replacement
         # starts at once, so the next run of this layout need not wait for a start
         rc = job.proc.poll()
-        self._close(layout, polite=False)
-        self._start(layout)
-        self.replaced += 1
+        self._replace(layout)
         for path in sorted(job.dir.glob(f"rep-{k}.json.rank*")):  # a failing rank's
             return RunReport.from_json(json.loads(path.read_text()))
         text = job.log_path.read_text(errors="replace")
