@@ -72,12 +72,6 @@ class OpNode:
             (fitted like ``fwd_fixed_s``: a cuDNN LSTM launches fewer kernels on a small
             batch); absent: all of it.
         bwd_host_fixed_s: the same for ``bwd_host_s``.
-        separate_weights_extra_s: per device kind, ``[forward, backward, forward host,
-            backward host]`` seconds the op takes *beyond* its times above when its
-            parameters are separate tensors, as FSDP2 and ZeRO-2 gather them, rather than
-            the module's own (a cuDNN RNN's weights are then no longer one flat buffer and
-            are copied into one at every call); profiled for recurrent modules on GPUs,
-            absent elsewhere (no extra). Batch-independent: added as they are.
         workspace_bytes: memory the op holds only while it runs, beyond its outputs;
             on the ``output`` op, the peak of the loss's forward and backward
             (:func:`autoplace.capture.loss_workspace_bytes`), which the simulator
@@ -103,7 +97,6 @@ class OpNode:
     bwd_host_s: dict[str, float] = field(default_factory=dict)
     fwd_host_fixed_s: dict[str, float] = field(default_factory=dict)
     bwd_host_fixed_s: dict[str, float] = field(default_factory=dict)
-    separate_weights_extra_s: dict[str, list[float]] = field(default_factory=dict)
     workspace_bytes: int = 0
 
     @property
@@ -267,16 +260,6 @@ class OpGraph:
         ``device_kind`` (NaN where unknown: then all of it)."""
         return np.array([(op.bwd_host_fixed_s if backward else op.fwd_host_fixed_s).get(
             device_kind, np.nan) for op in self], dtype=np.float64)
-
-    def separate_weights_extras(self, device_kind: str) -> np.ndarray:
-        """``[n, 4]``: each op's :attr:`OpNode.separate_weights_extra_s` on ``device_kind``
-        (forward, backward, forward host, backward host seconds; 0 where not profiled)."""
-        out = np.zeros((len(self), 4), dtype=np.float64)
-        for i, op in enumerate(self):
-            extra = op.separate_weights_extra_s.get(device_kind)
-            if extra:
-                out[i] = [max(float(x), 0.0) for x in extra[:4]]
-        return out
 
     # ------------------------------------------------------------ fingerprint
     @property

@@ -67,17 +67,6 @@ their batch-independent parts like the device times'. Recorded as ``fwd_host_s``
 ``bwd_host_s`` / ``fwd_host_fixed_s`` / ``bwd_host_fixed_s``; measured on 2x H200
 machines, 26-33 us per op on average, a cuDNN LSTM's far more.
 
-Recurrent modules with separate weights (GPUs). A cuDNN RNN runs on one flat buffer of
-its weights (``flatten_parameters``); FSDP2 and ZeRO-2 hand a module its gathered
-parameters as separate tensors, and cuDNN then copies them into a buffer at every call,
-forward and backward (a trace of FSDP2 on GNMT-4, 2x H200: 2.2 ms of host time per LSTM
-forward against 0.65 profiled flat). So each ``nn.RNNBase`` call is timed a second time
-on a copy of the module whose weights are a storage each (:func:`separate_weights`), and
-what that adds to its forward, backward and their host times (never below 0, scaled by
-the pass's calibration factors) is recorded as ``separate_weights_extra_s``; the
-simulator adds it to the op in sharded data-parallel plans only. Measured at the full
-batch and used at any share of it (a copy of the weights does not shrink with the batch).
-
 Results are cached as JSON per (graph fingerprint, device kind) in ``cache_dir``;
 records written before the fixed parts existed still load, without them.
 """
@@ -89,8 +78,6 @@ import json
 import math
 import statistics
 import time
-import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -263,17 +250,14 @@ class _Timer(fx.Interpreter):
     """Runs each node on detached inputs and times its forward and backward."""
 
     def __init__(self, gm: fx.GraphModule, dev: torch.device, repeats: int,
-                 subtract: bool, separate: bool = False) -> None:
+                 subtract: bool) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.dev, self.repeats, self.subtract = dev, repeats, subtract
-        self.time_separate = separate and dev.type == "cuda"
         self.fwd: dict[str, float] = {}
         self.bwd: dict[str, float] = {}
         # host seconds to issue each op (a placeholder's are 0)
         self.fwd_host: dict[str, float] = {}
         self.bwd_host: dict[str, float] = {}
-        # per recurrent module on a GPU: what separate weight tensors add (raw seconds)
-        self.separate: dict[str, list[float]] = {}
         grad_host: list[float] = []
         self.grad_overhead = _grad_overhead(dev, repeats, grad_host)
         # one backward call's own setup; a real backward pays it once per step
@@ -329,7 +313,6 @@ class _Timer(fx.Interpreter):
         wrt = leaves + [p for p in params if p.requires_grad]
         outs = _grad_outputs(out)
         self.bwd[n.name] = 0.0
-        t = 0.0
         if outs and wrt:
             gos = [torch.ones_like(t) for t in outs]
 
@@ -341,11 +324,6 @@ class _Timer(fx.Interpreter):
             self.bwd[n.name] = max(t - self.grad_overhead, 0.0) if self.subtract else t
             if host:
                 self.bwd_host[n.name] = max(host[0] - self.grad_overhead_host, 0.0)
-        if self.time_separate and n.op == "call_module" and isinstance(fn, nn.RNNBase):
-            flat = (self.fwd[n.name], t, self.fwd_host.get(n.name, 0.0),
-                    self.bwd_host.get(n.name, 0.0) + self.grad_overhead_host)
-            self.separate[n.name] = _separate_weights_extra(
-                fn, args, kwargs, leaves, flat, self.dev, self.repeats)
         return out
 
     def _callable(self, n: fx.Node) -> Callable[..., Any]:
@@ -354,47 +332,6 @@ class _Timer(fx.Interpreter):
         if n.op == "call_method":
             return lambda obj, *a, **k: getattr(obj, n.target)(*a, **k)
         return n.target
-
-
-def separate_weights(module: nn.RNNBase) -> nn.RNNBase:
-    """A copy of recurrent ``module`` whose weights are separate tensors (a storage each),
-    as FSDP2 and ZeRO-2 hand them to it after an all-gather, not views of the one flat
-    buffer ``flatten_parameters`` makes: cuDNN then copies them into a buffer of its own
-    at every call (and warns that they "need to be compacted at every call")."""
-    import copy
-
-    sep = copy.deepcopy(module)
-    for name in sep._flat_weights_names:
-        w = getattr(sep, name, None)
-        if isinstance(w, torch.Tensor):
-            # RNNBase.__setattr__ keeps _flat_weights pointing at what is set here
-            setattr(sep, name, nn.Parameter(w.detach().clone(), requires_grad=w.requires_grad))
-    sep._flat_weight_refs = [weakref.ref(w) if w is not None else None
-                             for w in sep._flat_weights]
-    return sep
-
-
-def _separate_weights_extra(module: nn.RNNBase, args: Any, kwargs: Any,
-                            leaves: list[torch.Tensor], flat: tuple[float, float, float, float],
-                            dev: torch.device, repeats: int) -> list[float]:
-    """``[forward, backward, forward host, backward host]`` raw seconds that
-    :func:`separate_weights` adds to one call of ``module`` on ``args`` (never below 0),
-    against ``flat``, the same four timed on the module itself."""
-    sep = separate_weights(module)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the compaction warning, once per call
-        hf: list[float] = []
-        tf = _time_call(lambda: sep(*args, **kwargs), dev, repeats, hf)
-        outs = _grad_outputs(sep(*args, **kwargs))
-        wrt = leaves + [p for p in sep.parameters() if p.requires_grad]
-        tb, hb = 0.0, [0.0]
-        if outs and wrt:
-            gos = [torch.ones_like(o) for o in outs]
-            hb = []
-            tb = _time_call(lambda: torch.autograd.grad(outs, wrt, gos, retain_graph=True,
-                                                        allow_unused=True), dev, repeats, hb)
-    got = (tf, tb, hf[0] if hf else 0.0, hb[0] if hb else 0.0)
-    return [max(a - b, 0.0) for a, b in zip(got, flat)]
 
 
 def _is_inplace(n: fx.Node, gm: fx.GraphModule) -> bool:
@@ -436,9 +373,8 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
                 f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
             ) from e
         host: dict[str, dict[str, float]] | None = {} if dev.type == "cuda" else None
-        separate: dict[str, list[float]] = {}
         fwd, bwd, calib = _timed_pass(gm, flat, dev, repeats, calibrate,
-                                      f"the profile of {graph.name!r}", host, separate)
+                                      f"the profile of {graph.name!r}", host)
         scale_f, scale_b = calib["fwd_scale"], calib["bwd_scale"]
         fwd = {k: v * scale_f for k, v in fwd.items()}
         bwd = {k: v * scale_b for k, v in bwd.items()}
@@ -455,25 +391,21 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
         "fwd_time_s": fwd,
         "bwd_time_s": bwd,
         **({"fwd_host_s": host["fwd"], "bwd_host_s": host["bwd"]} if host else {}),
-        **({"separate_weights_extra_s": separate} if separate else {}),
         **scaling,
     }
 
 
 def _timed_pass(gm: fx.GraphModule, flat: tuple, dev: torch.device, repeats: int,
-                calibrate: bool, what: str, host: dict[str, dict[str, float]] | None = None,
-                separate: dict[str, list[float]] | None = None
+                calibrate: bool, what: str, host: dict[str, dict[str, float]] | None = None
                 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Raw per-op forward / backward seconds on ``flat`` and the calibration factors.
 
     With a dict ``host`` (GPUs): also each op's host seconds to issue its forward and its
     backward, under ``host["fwd"]`` / ``host["bwd"]``, scaled down where their sums
     exceed the host time of issuing a whole forward or a whole backward (the factors and
-    the whole times are recorded in the calibration). With a dict ``separate`` (GPUs):
-    also, per recurrent module, what separate weight tensors add to its four times
-    (:func:`separate_weights`), scaled by the same factors.
+    the whole times are recorded in the calibration).
     """
-    timer = _Timer(gm, dev, repeats, subtract=not calibrate, separate=separate is not None)
+    timer = _Timer(gm, dev, repeats, subtract=not calibrate)
     timer.run(*flat)
     fwd, bwd = timer.fwd, timer.bwd
     calib: dict[str, float] = {"fwd_scale": 1.0, "bwd_scale": 1.0}
@@ -503,11 +435,6 @@ def _timed_pass(gm: fx.GraphModule, flat: tuple, dev: torch.device, repeats: int
         host["bwd"] = {k: v * sb for k, v in timer.bwd_host.items()}
         calib.update(whole_fwd_host_s=whole_f, whole_bwd_host_s=whole_b, sum_fwd_host_s=sum_f,
                      sum_bwd_host_s=sum_b, fwd_host_scale=sf, bwd_host_scale=sb)
-    if separate is not None:
-        scales = (calib["fwd_scale"], calib["bwd_scale"], calib.get("fwd_host_scale", 1.0),
-                  calib.get("bwd_host_scale", 1.0))
-        for name, extra in timer.separate.items():
-            separate[name] = [x * f for x, f in zip(extra, scales)]
     return fwd, bwd, calib
 
 
@@ -720,12 +647,7 @@ def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
     ff, bf = cached.get("fwd_fixed_s") or {}, cached.get("bwd_fixed_s") or {}
     hf, hb = cached.get("fwd_host_s") or {}, cached.get("bwd_host_s") or {}
     hff, hbf = cached.get("fwd_host_fixed_s") or {}, cached.get("bwd_host_fixed_s") or {}
-    sep = cached.get("separate_weights_extra_s") or {}
     for op in graph:
-        if op.name in sep:
-            op.separate_weights_extra_s[kind] = [float(x) for x in sep[op.name]][:4]
-        else:
-            op.separate_weights_extra_s.pop(kind, None)
         op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
         op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
         # fixed parts where the record has them (older records have none: the simulator

@@ -47,7 +47,6 @@ from autoplace.sim_model import (
     replica_group,
     replicas_identical,
     scaled,
-    separate_weights,
     state_memory,
     update_time,
 )
@@ -141,9 +140,6 @@ def op_times(ga, lp: LocalPlan, tables: CostTables, base: int) -> tuple[list[flo
     oh = tables.overhead[cdev]
     tf = scaled(tables.fwd[kind, ar], tables.fwd_fixed[kind, ar], oh, share)
     tb = scaled(tables.bwd[kind, ar], tables.bwd_fixed[kind, ar], oh, share)
-    if separate_weights(lp.d, lp.shard):  # per call, whatever the share of the batch
-        tf = tf + tables.separate_extra[kind, ar, 0]
-        tb = tb + tables.separate_extra[kind, ar, 1]
     if lp.recompute:
         rc = np.isin(np.asarray(lp.group), list(lp.recompute))
         tb = tb + np.where(rc, tf, 0.0)
@@ -157,7 +153,7 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     tf, tb = op_times(ga, lp, tables, base)
     ids = [base + j for j in range(k)]
     hf_op, hb_op = host_times(tables, np.asarray(dev, dtype=np.int64) + base, np.arange(n),
-                              1.0 / (m * lp.d), separate_weights(lp.d, lp.shard))
+                              1.0 / (m * lp.d))
     if plan.parallel.graphs:
         hf_op = hb_op = graphed_host(np.asarray(dev), ga.param_count)
     hf_op, hb_op = hf_op.tolist(), hb_op.tolist()

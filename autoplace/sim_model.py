@@ -126,9 +126,6 @@ class CostTables:
     host_bwd: np.ndarray  # [num_kinds, n] the same for its backward
     host_fwd_fixed: np.ndarray  # [num_kinds, n] their batch-independent parts, NaN = all
     host_bwd_fixed: np.ndarray
-    #: [num_kinds, n, 4] what separate weight tensors (FSDP2 / ZeRO-2) add to each op's
-    #: forward, backward, forward host and backward host seconds (0: nothing profiled)
-    separate_extra: np.ndarray
     kind_of_device: np.ndarray  # [N] index into kinds
     overhead: np.ndarray  # [N] launch overhead, seconds
     host: np.ndarray  # [N] host seconds to issue one op (``host_dispatch_s``)
@@ -160,7 +157,6 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         host_bwd=np.stack([graph.bwd_host_times(k) for k in kinds]),
         host_fwd_fixed=np.stack([graph.host_fixed_times(k) for k in kinds]),
         host_bwd_fixed=np.stack([graph.host_fixed_times(k, backward=True) for k in kinds]),
-        separate_extra=np.stack([graph.separate_weights_extras(k) for k in kinds]),
         kind_of_device=np.array([kinds.index(d.kind) for d in cluster.devices], dtype=np.int64),
         overhead=np.array([d.launch_overhead_s for d in cluster.devices], dtype=np.float64),
         host=np.array([d.host_dispatch_s for d in cluster.devices], dtype=np.float64),
@@ -175,32 +171,19 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
 
 
 def host_times(tables: CostTables, cdev: np.ndarray, ops: np.ndarray,
-               share: np.ndarray | float = 1.0, separate: bool = False
-               ) -> tuple[np.ndarray, np.ndarray]:
+               share: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Host seconds to issue the forward and the backward of op ``ops[i]`` on cluster
     device ``cdev[i]`` (arrays of one shape) for ``share`` of the batch: the profiled
     per-op times where the graph has them for the device's kind (affine in the share
-    above their fixed parts, like device times), else the device's ``host_dispatch_s``;
-    with ``separate`` (a sharded plan's gathered parameters) plus what separate weight
-    tensors add (``CostTables.separate_extra``)."""
+    above their fixed parts, like device times), else the device's ``host_dispatch_s``."""
     kind = tables.kind_of_device[cdev]
     base = tables.host[cdev]
     out = []
-    for j, (full, fixed) in enumerate(((tables.host_fwd, tables.host_fwd_fixed),
-                                       (tables.host_bwd, tables.host_bwd_fixed))):
+    for full, fixed in ((tables.host_fwd, tables.host_fwd_fixed),
+                        (tables.host_bwd, tables.host_bwd_fixed)):
         h = scaled(full[kind, ops], fixed[kind, ops], np.inf, share)
-        h = np.where(np.isnan(h), base, h)
-        if separate:
-            h = h + tables.separate_extra[kind, ops, 2 + j]
-        out.append(h)
+        out.append(np.where(np.isnan(h), base, h))
     return out[0], out[1]
-
-
-def separate_weights(d: int, shard: str) -> bool:
-    """Whether a replica of ``d``-way data parallelism sharded ``shard`` runs its modules
-    on separate gathered weight tensors (FSDP2 and ZeRO-2 when ``d > 1``; the executor
-    leaves a one-replica plan unwrapped)."""
-    return d > 1 and shard in ("fsdp", "zero2")
 
 
 #: host seconds to replay one graphed piece (``parallel.graphs``): the autograd call and

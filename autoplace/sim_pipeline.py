@@ -34,7 +34,6 @@ from autoplace.sim_model import (
     host_times,
     replica_group,
     replicas_identical,
-    separate_weights,
 )
 
 __all__ = ["schedule_actions", "simulate_pipeline"]
@@ -102,8 +101,7 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
     # each stage's process issues its ops one by one from Python (forward, then the
     # backward it waits for): a microbatch takes at least that host time
     stage_of = np.asarray(lp.dev, dtype=np.int64)
-    hf, hb = host_times(tables, stage_of + base, np.arange(ga.n), 1.0 / (m * lp.d),
-                        separate_weights(lp.d, lp.shard))
+    hf, hb = host_times(tables, stage_of + base, np.arange(ga.n), 1.0 / (m * lp.d))
     issue_f = np.bincount(stage_of, weights=hf, minlength=p)
     issue_b = np.bincount(stage_of, weights=hb, minlength=p)
     for s in range(p):

@@ -2,34 +2,54 @@
 
     python scripts/bench_rnn_sharded.py --out rnn-sharded.json
 
-The simulator charges a recurrent module in a sharded data-parallel plan what the profile
-measured on a copy of the module whose weights are a storage each
-(``autoplace.profile.separate_weights``: cuDNN then copies them into a flat buffer at every
-call). This script checks that stand-in against the real thing: one LSTM at GNMT-4's size
-(hidden 1024, 50 steps, a data-parallel replica's 64 sequences), its forward and backward
-timed (device time from CUDA events, host time to issue the calls) as
+Why: FSDP2 on GNMT-4 measures 1.3-1.5x what the simulator predicts, and a trace showed
+the step host-bound in its LSTM calls. One guess was that FSDP2's gathered parameters,
+separate tensors, leave cuDNN to copy an LSTM's weights into one flat buffer at every call
+(as one-process placements did before ``executor.local.reflatten_rnns``). This script
+measures one LSTM at GNMT-4's size (hidden 1024, 50 steps, a data-parallel replica's 64
+sequences), forward and backward (device time from CUDA events, host time to issue the
+calls), as
 
 * ``flat``: the module's own weights, one flat buffer (DDP, one-process placements),
-* ``separate``: the profile's stand-in,
+* ``separate``: a copy whose weights are a storage each (the guess),
 * ``fsdp2`` / ``zero2``: under ``fully_shard`` on a one-rank NCCL group, resharded after
-  forward (FSDP) or not (ZeRO-2): the same calls, FSDP2's gathers and hooks included,
+  forward (FSDP) or not (ZeRO-2): FSDP2's gathers and hooks included,
 
 and records whether cuDNN warned that the weights "need to be compacted at every call".
-Writes JSON (``--out``) and prints a table.
+Writes JSON (``--out``) and prints a table. On 2x H200 (session 26,
+``bench/results/raw/2026-11-28-h200-s26-rnn-sharded.json``) FSDP2 was not compacted: the
+guess was wrong, and FSDP2's own per-unit work is what it adds.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import tempfile
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
 from torch import nn
+
+
+def separate_weights(module: nn.RNNBase) -> nn.RNNBase:
+    """A copy of recurrent ``module`` whose weights are a storage each, not views of the one
+    flat buffer ``flatten_parameters`` makes (cuDNN then copies them at every call)."""
+    sep = copy.deepcopy(module)
+    for name in sep._flat_weights_names:
+        w = getattr(sep, name, None)
+        if isinstance(w, torch.Tensor):
+            # RNNBase.__setattr__ keeps _flat_weights pointing at what is set here
+            setattr(sep, name, nn.Parameter(w.detach().clone(), requires_grad=w.requires_grad))
+    # its forward re-flattens weights it sees changed: mark these as seen
+    sep._flat_weight_refs = [weakref.ref(w) if w is not None else None
+                             for w in sep._flat_weights]
+    return sep
 
 
 def timed(step, dev: torch.device, iters: int, rounds: int) -> dict[str, float]:
@@ -68,8 +88,6 @@ def main() -> int:
 
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-
-    from autoplace.profile import separate_weights
 
     dev = torch.device("cuda:0")
     torch.cuda.set_device(dev)
