@@ -16,7 +16,9 @@ calls), as
   forward (FSDP) or not (ZeRO-2): FSDP2's gathers and hooks included,
 
 and records whether cuDNN warned that the weights "need to be compacted at every call".
-Writes JSON (``--out``) and prints a table. On 2x H200 (session 26,
+Writes JSON (``--out``) and prints a table. Alone it runs one rank on GPU 0; under
+``torchrun --nproc-per-node N`` every rank runs the same and FSDP2 shards over the N GPUs
+(rank 0 reports). On 2x H200 (session 26,
 ``bench/results/raw/2026-11-28-h200-s26-rnn-sharded.json``) FSDP2 was not compacted: the
 guess was wrong, and FSDP2's own per-unit work is what it adds.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -89,11 +92,17 @@ def main() -> int:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    dev = torch.device("cuda:0")
-    torch.cuda.set_device(dev)
-    store = Path(tempfile.mkdtemp()) / "store"
-    dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
-    mesh = dist.device_mesh.init_device_mesh("cuda", (1,))
+    if "RANK" in os.environ:  # under torchrun: one rank per GPU, FSDP2 over all of them
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        rank, world, dev = 0, 1, torch.device("cuda:0")
+        torch.cuda.set_device(dev)
+        store = Path(tempfile.mkdtemp()) / "store"
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
+    mesh = dist.device_mesh.init_device_mesh("cuda", (world,))
     torch.manual_seed(0)
     x = torch.randn(args.steps, args.batch, args.hidden, device=dev, requires_grad=True)
     base = nn.LSTM(args.hidden, args.hidden).to(dev)
@@ -127,14 +136,15 @@ def main() -> int:
             warnings.simplefilter("ignore")
             rows[name] = {**timed(step, dev, args.iters, args.rounds), "compacted": compacted}
         r = rows[name]
-        print(f"{name:9s} step {r['step_ms']:7.3f} ms  host fwd {r['fwd_host_ms']:6.3f} "
-              f"bwd {r['bwd_host_ms']:6.3f} ms  compacted at every call: {compacted}",
-              flush=True)
+        if rank == 0:
+                print(f"{name:9s} step {r['step_ms']:7.3f} ms  host fwd {r['fwd_host_ms']:6.3f} "
+                  f"bwd {r['bwd_host_ms']:6.3f} ms  compacted at every call: {compacted}",
+                  flush=True)
     dist.destroy_process_group()
     result = {"card": torch.cuda.get_device_name(dev), "torch_version": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "hidden": args.hidden, "seq": args.steps,
-              "batch": args.batch, "rows": rows}
-    if args.out:
+              "date": time.strftime("%Y-%m-%d"), "world_size": world, "hidden": args.hidden,
+              "seq": args.steps, "batch": args.batch, "rows": rows}
+    if args.out and rank == 0:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 
