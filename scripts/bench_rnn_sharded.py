@@ -1,4 +1,4 @@
-"""What an LSTM call costs on the weights FSDP2 and ZeRO-2 hand it, measured on one GPU.
+"""What an LSTM call costs on the weights FSDP2 and ZeRO-2 hand it, on one GPU or several.
 
     python scripts/bench_rnn_sharded.py --out rnn-sharded.json
 
@@ -137,7 +137,7 @@ def main() -> int:
             rows[name] = {**timed(step, dev, args.iters, args.rounds), "compacted": compacted}
         r = rows[name]
         if rank == 0:
-                print(f"{name:9s} step {r['step_ms']:7.3f} ms  host fwd {r['fwd_host_ms']:6.3f} "
+            print(f"{name:9s} step {r['step_ms']:7.3f} ms  host fwd {r['fwd_host_ms']:6.3f} "
                   f"bwd {r['bwd_host_ms']:6.3f} ms  compacted at every call: {compacted}",
                   flush=True)
     dist.destroy_process_group()
