@@ -41,10 +41,12 @@ import re
 import traceback
 import warnings
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx.graph import _PyTreeCodeGen
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -52,7 +54,7 @@ from autoplace import _op_rules as rules
 from autoplace.errors import AutoplaceError, CaptureError
 from autoplace.graph import OpGraph, OpNode
 
-__all__ = ["capture", "capture_workload"]
+__all__ = ["capture", "capture_workload", "model_output", "program_inputs", "random_ops"]
 
 _AUTOCAST_DTYPES = ("bfloat16", "float16")
 
@@ -166,6 +168,59 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
+def program_inputs(gm: fx.GraphModule, inputs: Sequence[Any]) -> list[Any]:
+    """The values of ``gm``'s placeholders for a workload's ``inputs`` tuple.
+
+    A torch.fx trace takes the model's positional inputs as they are; an exported graph
+    takes their pytree leaves (``None`` is one: an optional input left out keeps its
+    placeholder, and nested tuples, lists and dicts are flattened), as its own
+    ``forward`` does before it runs the nodes.
+    """
+    if isinstance(gm.graph._codegen, _PyTreeCodeGen):
+        return list(pytree.tree_leaves(tuple(inputs)))
+    return list(inputs)
+
+
+def model_output(gm: fx.GraphModule, value: Any) -> Any:
+    """What the model returns, from the value of ``gm``'s output node (a program built
+    from ``gm``'s nodes computes that value): an exported graph's outputs are the leaves
+    of the model's output, which it puts back together (a Hugging Face ``ModelOutput``,
+    a dict) in its own ``forward``; a torch.fx trace's output node is the output."""
+    cg = gm.graph._codegen
+    if isinstance(cg, _PyTreeCodeGen):
+        return cg.process_outputs(list(value) if isinstance(value, (tuple, list)) else value)
+    return value
+
+
+_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                    nn.FeatureAlphaDropout)
+_DROPOUT_FUNCTIONS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                      "feature_alpha_dropout", "native_dropout", "feature_dropout"}
+
+
+def random_ops(gm: fx.GraphModule) -> list[str]:
+    """Names of the ops of ``gm`` that draw random numbers in training: dropout with a
+    nonzero probability (a module, ``F.dropout`` or ``aten.dropout`` / ``native_dropout``
+    as an exported graph records it). A plan runs them on other shares of the batch and in
+    another order than the unpartitioned model, so its losses then match the reference's
+    only statistically."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            mod = gm.get_submodule(n.target)
+            if isinstance(mod, _DROPOUT_MODULES) and mod.p > 0:
+                out.append(n.name)
+        elif n.op == "call_function":
+            name = getattr(n.target, "__name__", str(n.target)).split(".")[0]
+            if name in _DROPOUT_FUNCTIONS:
+                p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+                train = n.kwargs.get("training", n.kwargs.get(
+                    "train", n.args[2] if len(n.args) > 2 else True))
+                if (not isinstance(p, (int, float)) or p > 0) and train is not False:
+                    out.append(n.name)
+    return out
+
+
 def loss_workspace_bytes(workload: Any, graph: OpGraph, batch_size: int) -> int:
     """Peak memory of the workload's loss, forward and backward, on the model's output.
 
@@ -200,7 +255,7 @@ def loss_workspace_bytes(workload: Any, graph: OpGraph, batch_size: int) -> int:
         return ts[0] if len(ts) == 1 else tuple(ts)
 
     try:
-        output = fx.map_arg(node.args[0], fake)
+        output = model_output(gm, fx.map_arg(node.args[0], fake))
         with torch.random.fork_rng(devices=[]):
             _, target = workload.make_batch(batch_size, "cpu")
         target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), target)
@@ -298,6 +353,9 @@ class _PropagationError(Exception):
     pass
 
 
+_CPU = torch.device("cpu")
+
+
 class _Prop(fx.Interpreter):
     """Runs every node on fake tensors, recording FLOPs per node from a FlopCounterMode."""
 
@@ -321,6 +379,14 @@ class _Prop(fx.Interpreter):
             ) from e
         self.flops[n.name] = float(self.counter.get_total_flops() - before)
         return out
+
+    def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple, dict]:
+        """The node's arguments with every device made ``cpu``, where the fakes live: an
+        exported graph keeps the devices it was traced on as constants (a model built on
+        ``meta``: Hugging Face's ``position_embeds.to(inputs_embeds.device)`` becomes
+        ``to(device=meta)``)."""
+        args, kwargs = super().fetch_args_kwargs_from_env(n)
+        return pytree.tree_map_only(torch.device, lambda _: _CPU, (args, kwargs))
 
 
 class _Runner(nn.Module):

@@ -489,6 +489,11 @@ def cmd_run(cfg: RunConfig) -> int:
     if report.reference_loss:
         print(f"loss {report.loss[-1]:.6f} vs reference {report.reference_loss[-1]:.6f} "
               f"(max rel diff {report.max_loss_rel_diff:.2e})")
+        if report.extra.get("random_ops"):
+            print(f"note: the model has {report.extra['random_ops']} dropout ops; the plan "
+                  "draws their random masks on other shares of the batch than the reference "
+                  "does, so the losses agree only statistically (set dropout to 0 to compare "
+                  "them exactly)")
     if report.extra.get("trace"):
         print(f"trace of the timed steps (rank 0): {report.extra['trace']}")
     if cfg.write_measured:

@@ -14,6 +14,8 @@ reference see the same data); ``loss_fn(output, targets)`` is a mean over the ba
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,15 +121,31 @@ def get(name: str, *, device: Any = None, seed: int = 0, **options: Any) -> Work
 
 
 def _import_factory(spec: str) -> Callable[..., Workload]:
+    """The factory named ``module:attr``. A module not found on ``sys.path`` is looked for
+    in the working directory too (``autoplace`` runs as a console script, whose path does
+    not hold it; ``python -m`` and the executor's torchrun workers, started in the same
+    directory, do), as uvicorn or gunicorn find an application."""
     mod_name, _, attr = spec.partition(":")
     try:
-        mod = importlib.import_module(mod_name)
+        mod = _import_module(mod_name)
     except ImportError as e:
         raise AutoplaceError(f"cannot import workload module {mod_name!r}: {e}") from None
     fn = getattr(mod, attr, None)
     if fn is None or not callable(fn):
         raise AutoplaceError(f"module {mod_name!r} has no callable {attr!r} (from {spec!r})")
     return fn
+
+
+def _import_module(mod_name: str) -> Any:
+    try:
+        return importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        top = mod_name.split(".")[0]
+        cwd = os.getcwd()
+        if e.name != top or any(os.path.abspath(p or ".") == cwd for p in sys.path):
+            raise
+        sys.path.insert(0, cwd)
+        return importlib.import_module(mod_name)
 
 
 def _load_zoo() -> None:

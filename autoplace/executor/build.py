@@ -17,11 +17,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autoplace.capture import model_output, program_inputs
 from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
-from autoplace.executor.data import allreduce_grads, wrap_data_parallel
+from autoplace.executor.data import allreduce_grads, sum_grads, wrap_data_parallel
 from autoplace.executor.local import build_local
-from autoplace.executor.pipeline import build_stage, example_values, make_schedule
+from autoplace.executor.pipeline import (
+    build_stage,
+    example_values,
+    make_schedule,
+    tied_parameters,
+)
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
@@ -62,8 +68,9 @@ def micro_batch_size(batch_size: int, plan: Plan) -> int:
     return batch_size // (d * m)
 
 
-def _replica_slice(t: torch.Tensor, replica: int, replicas: int) -> torch.Tensor:
-    return t.chunk(replicas)[replica] if replicas > 1 else t
+def _replica_slice(t: Any, replica: int, replicas: int) -> Any:
+    """This replica's share of a tensor along dim 0; any other input as it is."""
+    return t.chunk(replicas)[replica] if replicas > 1 and isinstance(t, torch.Tensor) else t
 
 
 def _param_dtype(workload: Workload, device: torch.device) -> torch.dtype | None:
@@ -164,12 +171,20 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         raise PlanError("a pipeline plan must run under torchrun (one process per stage)")
     manual_dp = par.data > 1 and par.shard == "none"
     params = [q for q in model.parameters() if q.requires_grad]
+    tied = _tie_groups(gm, plan, rank)
+    loss_fn = workload.loss_fn
+
+    def stage_loss(output, target):  # on what the model returns, as the workload wrote it
+        return loss_fn(model_output(gm, output), target)
+
     schedule = make_schedule(model, stage, p, device, par.microbatches, par.schedule,
-                             workload.loss_fn, group=group)
+                             stage_loss, group=group)
     last = stage == p - 1
 
     def pp_step(inputs, targets):
-        xs = tuple(_replica_slice(x, replica, par.data).to(device) for x in inputs)
+        # stage 0's placeholders: the captured graph's tensor inputs (others are constants)
+        xs = tuple(_replica_slice(x, replica, par.data).to(device)
+                   for x in program_inputs(gm, inputs) if isinstance(x, torch.Tensor))
         y = _replica_slice(targets, replica, par.data).to(device)
         loss = torch.zeros((), device=device)
         if stage == 0:
@@ -182,10 +197,39 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
             schedule.step()
         if manual_dp:
             allreduce_grads(params, dp_group)
+        for tie_group, tie_params in tied:
+            sum_grads(tie_params, tie_group)
         return loss
 
     return Built(model=model, state_module=model, step=pp_step, devices=[device],
                  cluster_indices=[cidx], has_loss=last, keep=[schedule])
+
+
+def _tie_groups(gm, plan: Plan, rank: int) -> list[tuple[Any, list[nn.Parameter]]]:
+    """This rank's parameters that other stages of its replica use too, with the process
+    group of those stages' ranks: ``[(group, params)]`` (:func:`tied_parameters`; every
+    rank creates every group, in one order, as ``new_group`` requires)."""
+    ties = tied_parameters(gm, plan)
+    if not ties:
+        return []
+    par = plan.parallel
+    if par.shard != "none":
+        raise PlanError(
+            f"parameter {next(iter(ties))!r} is used by pipeline stages "
+            f"{ties[next(iter(ties))]} (tied weights), which a sharded plan cannot keep "
+            f"equal; use parallel.shard='none' with this pipeline, or put those ops on one stage"
+        )
+    named = dict(gm.named_parameters())
+    p = par.pipeline
+    out = []
+    for stages in sorted({tuple(s) for s in ties.values()}):
+        members = [named[n] for n, s in sorted(ties.items()) if tuple(s) == stages]
+        for replica in range(par.data):
+            ranks = [replica * p + s for s in stages]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                out.append((group, members))
+    return out
 
 
 #: the allocator's ``expandable_segments`` as :func:`cap_allocator` last set it in this

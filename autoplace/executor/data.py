@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
-__all__ = ["allreduce_grads", "block_paths", "wrap_data_parallel"]
+__all__ = ["allreduce_grads", "block_paths", "sum_grads", "wrap_data_parallel"]
 
 
 def block_paths(model: nn.Module) -> list[str]:
@@ -198,3 +198,20 @@ def allreduce_grads(params: list[nn.Parameter], group: Any = None,
                 flat = flat.to(grads[0].device)
             for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 g.copy_(reduced)
+
+
+def sum_grads(params: list[nn.Parameter], group: Any) -> None:
+    """Replace each parameter's gradient by its sum over ``group`` (one flat all-reduce).
+
+    For a parameter copied to several pipeline stages (tied embeddings): each copy has
+    the gradient of its own stage's uses, and the parameter's gradient is their sum. A
+    copy without a gradient contributes zeros (every rank must send the same buffer).
+    """
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for p, g, summed in zip(params, grads, _unflatten_dense_tensors(flat, grads)):
+        g.copy_(summed)
+        p.grad = g

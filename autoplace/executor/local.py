@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
-from autoplace.capture import fetch_attr
+from autoplace.capture import fetch_attr, model_output, program_inputs
 from autoplace.plan import Plan
 
 __all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env", "issue_order",
@@ -109,12 +109,24 @@ def _call_module_on(module: nn.Module, device: torch.device, *args: Any, **kwarg
 
 
 class _Loss(nn.Module):
-    def __init__(self, fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> None:
+    """The workload's loss on what the model returns (``restore``: from the value of the
+    captured graph's output node, :func:`autoplace.capture.model_output`)."""
+
+    def __init__(self, fn: Callable[[Any, torch.Tensor], torch.Tensor],
+                 restore: Callable[[Any], Any] | None = None) -> None:
         super().__init__()
         self.fn = fn
+        self.restore = restore
 
     def forward(self, output: Any, target: torch.Tensor) -> torch.Tensor:
-        return self.fn(output, target)
+        return self.fn(self.restore(output) if self.restore else output, target)
+
+
+def split_value(value: Any, n: int) -> list[Any]:
+    """``n`` equal pieces of a tensor along dim 0; any other value, ``n`` times."""
+    if isinstance(value, torch.Tensor):
+        return list(value.chunk(n)) if n > 1 else [value]
+    return [value] * n
 
 
 class _Checkpointed(nn.Module):
@@ -346,9 +358,11 @@ class LocalProgram(nn.Module):
 
     def __init__(self, program: fx.GraphModule, microbatches: int,
                  input_devices: list[torch.device], target_device: torch.device,
-                 devices: list[torch.device]) -> None:
+                 devices: list[torch.device],
+                 flatten: Callable[[Sequence[Any]], list[Any]] = list) -> None:
         super().__init__()
         self.program = program
+        self.flatten = flatten
         self.microbatches = microbatches
         self.input_devices = input_devices
         self.target_device = target_device
@@ -360,8 +374,12 @@ class LocalProgram(nn.Module):
         if n % m:
             raise ValueError(f"batch of {n} does not split into {m} equal microbatches")
         flat: list[Any] = []
-        for x, dev in zip(inputs, self.input_devices):
-            flat.extend(move_to(x, dev).chunk(m) if m > 1 else [move_to(x, dev)])
+        values = self.flatten(inputs)  # the captured graph's placeholders
+        if len(values) != len(self.input_devices):
+            raise ValueError(f"{len(values)} model inputs, the captured graph takes "
+                             f"{len(self.input_devices)}")
+        for x, dev in zip(values, self.input_devices):
+            flat.extend(split_value(move_to(x, dev), m))
         flat.extend(targets.to(self.target_device).chunk(m) if m > 1
                     else [targets.to(self.target_device)])
         return self.program(*flat)
@@ -651,7 +669,7 @@ def build_local(
                 units.append([(mb, name)])
 
     out_dev = plan_dev[output.name]
-    b.attrs["_loss"] = _Loss(loss_fn)
+    b.attrs["_loss"] = _Loss(loss_fn, lambda v, gm=gm: model_output(gm, v))
     out_nodes = [a.name for a in output.all_input_nodes]
     losses: dict[int, fx.Node] = {}
 
@@ -711,4 +729,5 @@ def build_local(
     program = fx.GraphModule(dict(b.attrs), g)
     input_devices = [devices[dev_of[p.name]] for p in placeholders]
     used = sorted(set(plan_dev.values()))
-    return LocalProgram(program, m, input_devices, devices[out_dev], [devices[i] for i in used])
+    return LocalProgram(program, m, input_devices, devices[out_dev], [devices[i] for i in used],
+                        flatten=lambda xs, gm=gm: program_inputs(gm, xs))

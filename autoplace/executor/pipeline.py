@@ -25,12 +25,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.utils import _pytree as pytree
 
-from autoplace.capture import fetch_attr
+from autoplace.capture import fetch_attr, program_inputs
 from autoplace.errors import PlanError
 from autoplace.plan import Plan
 
-__all__ = ["build_stage", "example_values", "make_schedule", "stage_of_ops"]
+__all__ = ["build_stage", "example_values", "make_schedule", "stage_of_ops", "tied_parameters"]
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -70,20 +71,49 @@ def example_values(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> dict[s
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, torch.no_grad():
-        fake = [mode.from_tensor(x) for x in inputs]
+        fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+                for x in program_inputs(gm, inputs)]
         _Rec(gm).run(*fake)
     return values
 
 
 def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
-    """op name -> stage; placeholders are inputs of stage 0, get_attr ops go with their users."""
+    """op name -> stage; placeholders are inputs of stage 0, get_attr ops go with their users.
+
+    A parameter several stages use (tied input and output embeddings) is copied to each:
+    :func:`tied_parameters` names them and the executor sums their gradients over those
+    stages after every step (as Megatron-LM does for a GPT's tied embeddings), so the copies
+    stay equal. A buffer used by several stages is refused: each copy would change on its
+    own (a BatchNorm's running statistics).
+    """
+    stage, owners = _stages_and_owners(gm, plan)
+    names = _tensor_names(gm)
+    for t, s in owners.items():
+        if len(s) > 1 and t not in names["param"]:
+            raise PlanError(
+                f"buffer {names['buffer'].get(t, '?')!r} is used by pipeline stages "
+                f"{sorted(s)}; a buffer cannot be kept equal on several stages, so the ops "
+                "that use it must be on one stage"
+            )
+    return stage
+
+
+def tied_parameters(gm: fx.GraphModule, plan: Plan) -> dict[str, list[int]]:
+    """Qualified name -> the stages (more than one) whose ops use that parameter."""
+    _, owners = _stages_and_owners(gm, plan)
+    params = _tensor_names(gm)["param"]
+    return {params[t]: sorted(s) for t, s in owners.items() if len(s) > 1 and t in params}
+
+
+def _stages_and_owners(gm: fx.GraphModule, plan: Plan
+                       ) -> tuple[dict[str, int], dict[int, set[int]]]:
     stage: dict[str, int] = {}
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             stage[n.name] = 0
         elif n.op != "get_attr":
             stage[n.name] = plan.device_of(n.name)
-    owners: dict[str, set[int]] = {}
+    owners: dict[int, set[int]] = {}
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             users = {stage[u.name] for u in n.users}
@@ -93,15 +123,13 @@ def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
         elif n.op == "call_module":
             for t in _tensors_of(gm, n.target):
                 owners.setdefault(t, set()).add(stage[n.name])
-    shared = [t for t, s in owners.items() if len(s) > 1]
-    if shared:
-        raise PlanError(
-            f"a parameter or module is used by pipeline stages {sorted(owners[shared[0]])}; "
-            "torch.distributed.pipelining keeps each parameter on one stage, so ops that "
-            "share parameters must be on the same stage"
-        )
-    return stage
+    return stage, owners
 
+
+def _tensor_names(gm: fx.GraphModule) -> dict[str, dict[int, str]]:
+    """id -> qualified name of ``gm``'s parameters (``"param"``) and buffers (``"buffer"``)."""
+    return {"param": {id(p): n for n, p in gm.named_parameters(remove_duplicate=True)},
+            "buffer": {id(b): n for n, b in gm.named_buffers(remove_duplicate=True)}}
 
 
 def _tensors_of(gm: fx.GraphModule, target: str) -> list[int]:
@@ -185,9 +213,11 @@ def build_stage(
     g = fx.Graph()
     env: dict[str, Any] = {}
     leaf_in: dict[tuple[str, tuple[int, ...]], fx.Node] = {}
-    if stage == 0:
+    if stage == 0:  # tensor inputs; any other input (None, a flag) is a constant
         for p in placeholders:
-            env[p.name] = g.placeholder(p.name)
+            v = values[p.name]
+            env[p.name] = g.placeholder(p.name) if isinstance(v, torch.Tensor) \
+                else _constant(v, device)
     else:
         for name, path in crossing(stage - 1):
             ph = g.placeholder(f"{name}_{'_'.join(map(str, path)) or 'x'}")
@@ -223,17 +253,45 @@ def build_stage(
             v = g.call_function(operator.getitem, (v, i))
         return v
 
+    def leaf_of(name: str, path: tuple[int, ...]) -> Any:
+        v = values[name]
+        for i in path:
+            v = v[i]
+        return v
+
+    if stage == 0:
+        ins = [values[p.name] for p in placeholders if isinstance(values[p.name], torch.Tensor)]
+    else:
+        ins = [leaf_of(name, path) for name, path in crossing(stage - 1)]
     if stage == n_stages - 1:
         output = next(n for n in nodes if n.op == "output")
         g.output(fx.map_arg(output.args[0], ref))
+        outs_v = [v for v in pytree.tree_leaves(fx.map_arg(output.args[0], lambda a: values[a.name]))
+                  if isinstance(v, torch.Tensor)]
     else:
         # send buffers must be contiguous (gloo and NCCL p2p reject strided tensors)
-        outs = [g.call_method("contiguous", (leaf_value(name, path),))
-                for name, path in crossing(stage)]
+        crossed = crossing(stage)
+        outs = [g.call_method("contiguous", (leaf_value(name, path),)) for name, path in crossed]
         if not outs:
             raise PlanError(f"pipeline stage {stage} passes nothing to stage {stage + 1}")
         g.output(tuple(outs) if len(outs) > 1 else outs[0])
-    return fx.GraphModule(attrs, g)
+        outs_v = [leaf_of(name, path) for name, path in crossed]
+    gm_stage = fx.GraphModule(attrs, g)
+    gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
+                         tuple(_meta_like(v, grad=True) for v in outs_v))
+    return gm_stage
+
+
+def _meta_like(v: torch.Tensor, grad: bool) -> torch.Tensor:
+    """A ``meta`` tensor of ``v``'s shape and dtype (requiring grad if floating and ``grad``)."""
+    t = torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
+    return t.requires_grad_(grad and t.is_floating_point())
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The stage program inside a data-parallel wrapper (DDP's ``.module``; FSDP2 wraps in
+    place)."""
+    return getattr(module, "module", module)
 
 
 def make_schedule(
@@ -249,6 +307,12 @@ def make_schedule(
     """``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B`` for one stage on this rank."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    pstage = PipelineStage(module, stage, n_stages, device, group=group)
+    # the stage's input and output shapes, from the captured graph's fake run
+    # (build_stage): without them PipelineStage infers them by running the stage on
+    # uninitialised inputs, which an op that indexes by an input tensor cannot survive
+    # (BERT's attention mask: torch 2.13, "index ... is out of bounds")
+    io = getattr(_unwrapped(module), "stage_io", None)
+    kw: dict[str, Any] = {"input_args": io[0], "output_args": io[1]} if io else {}
+    pstage = PipelineStage(module, stage, n_stages, device, group=group, **kw)
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
     return cls(pstage, n_microbatches=microbatches, loss_fn=loss_fn)

@@ -22,10 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils import _pytree as pytree
 
+from autoplace.capture import random_ops
 from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
+from autoplace.executor.local import move_to, split_value
 from autoplace.executor.report import RunReport
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
@@ -167,7 +170,8 @@ def global_batch(workload: Workload, step: int, seed: int, batch_size: int | Non
                  targets.pin_memory())
     if key is not None:
         _BATCHES[key] = batch
-        size = lambda b: sum(t.numel() * t.element_size() for t in (*b[0], b[1]))  # noqa: E731
+        size = lambda b: sum(t.numel() * t.element_size()  # noqa: E731
+                             for t in pytree.tree_leaves(b) if isinstance(t, torch.Tensor))
         while sum(size(b) for b in _BATCHES.values()) > _BATCH_CACHE_BYTES and len(_BATCHES) > 1:
             _BATCHES.pop(next(iter(_BATCHES)))
     return batch
@@ -217,11 +221,11 @@ def reference_losses(workload: Workload, steps: int, seed: int, device: torch.de
     out = []
     for step in range(steps):
         inputs, targets = global_batch(workload, step, seed)
-        pieces = list(zip(*[x.chunk(chunks) for x in (*inputs, targets)]))
+        pieces = list(zip(*[split_value(x, chunks) for x in (*inputs, targets)]))
         total = 0.0
         with _autocast(workload, device):
             for piece in pieces:
-                *xs, y = (t.to(device) for t in piece)
+                *xs, y = (move_to(t, device) for t in piece)
                 loss = workload.loss_fn(model(*xs), y) / len(pieces)
                 loss.backward()
                 total += loss.detach()
@@ -350,6 +354,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
     graph = capture_graph(workload)
     plan.validate(graph, cluster)
     micro = build.micro_batch_size(workload.batch_size, plan)
+    if graph.module is not None and (rnd := random_ops(graph.module)):
+        report.extra["random_ops"] = len(rnd)
     start = 0
 
     if opts.reference and rank == 0:
