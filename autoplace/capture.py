@@ -33,6 +33,7 @@ keeps the cast copy). CPU and CUDA autocast lists differ in a few ops.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import operator
@@ -294,7 +295,52 @@ def _quiet():
             lg.setLevel(lvl)
 
 
+def _on_meta(model: nn.Module, args: tuple) -> bool:
+    tensors = [*model.parameters(), *model.buffers(),
+               *(t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))]
+    return any(t.is_meta for t in tensors)
+
+
+def _fake_cpu(model: nn.Module, args: tuple, mode: Any) -> tuple[nn.Module, tuple]:
+    """A copy of a ``meta`` model, and its inputs, as CPU fake tensors of ``mode``.
+
+    An exported graph depends on the device it was traced on: ``Tensor.contiguous()``
+    records a node only where the tensor is not contiguous already, and meta kernels lay
+    some outputs out differently from CPU ones (T5's attention output: three more nodes on
+    meta), so a plan made on a meta capture would name ops the executor's capture of the
+    real (CPU) model does not have. Tracing on CPU fakes gives the CPU graph without
+    memory. Parameters shared by several modules (tied embeddings) stay shared.
+    """
+    clone = copy.deepcopy(model)
+    slots = [(mod, name, id(p)) for mod in model.modules()
+             for name, p in mod._parameters.items() if p is not None]
+    with mode:
+        clone = clone.to_empty(device="cpu")
+        fargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: torch.empty_strided(tuple(t.shape), tuple(t.stride()),
+                                                        dtype=t.dtype, device="cpu"), args)
+    first: dict[int, nn.Parameter] = {}
+    for (_, name, pid), mod in zip(slots, (m for m in clone.modules()
+                                           for n, q in m._parameters.items() if q is not None)):
+        p = mod._parameters[name]
+        if pid in first and first[pid] is not p:
+            mod._parameters[name] = first[pid]
+        first.setdefault(pid, p)
+    return clone, fargs
+
+
 def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
+    if _on_meta(model, args):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        model, args = _fake_cpu(model, args, mode)
+        with mode:
+            return _export_here(model, args)
+    return _export_here(model, args)
+
+
+def _export_here(model: nn.Module, args: tuple) -> fx.GraphModule:
     with _quiet(), contextlib.redirect_stderr(io.StringIO()):  # export prints partial graphs
         try:  # batch dimension symbolic, so microbatches of any size run the module
             ep = torch.export.export(model, args, dynamic_shapes=_batch_dynamic(args),

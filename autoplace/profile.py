@@ -159,7 +159,9 @@ def profile(
             f"graph {graph.name!r} has no module to run (a graph loaded from JSON); "
             "profile a workload or a freshly captured graph"
         )
-    if any(p.is_meta for p in graph.module.parameters()):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if any(p.is_meta or isinstance(p, FakeTensor) for p in graph.module.parameters()):
         raise AutoplaceError(
             f"graph {graph.name!r} has parameters on the meta device; build the model on a "
             "real device to profile it (or use autoplace.costs.estimate_costs)"

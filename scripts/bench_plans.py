@@ -74,10 +74,24 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "branchy-mlp": dict(model="branchy-mlp", options=dict(in_dim=1024, hidden=2048, branches=8,
                                                           depth=4, num_classes=1000,
                                                           batch_size=1024), cap=None),
+    # Hugging Face models, unmodified (tests/hf_models.py, a user's module:factory; run with
+    # tests/ on PYTHONPATH): GPT-2 small, BERT-base, T5-small sizes, bf16 autocast
+    "hf-gpt2": dict(model="hf_models:gpt2", options=dict(layers=12, hidden=768, heads=12,
+                                                         vocab=50257, seq=512, batch_size=16,
+                                                         lr=3e-4, autocast_dtype="bfloat16"),
+                    cap=None),
+    "hf-bert": dict(model="hf_models:bert", options=dict(layers=12, hidden=768, heads=12,
+                                                         vocab=30522, seq=256, batch_size=32,
+                                                         lr=3e-4, autocast_dtype="bfloat16"),
+                    cap=None),
+    "hf-t5": dict(model="hf_models:t5", options=dict(layers=6, hidden=512, heads=8, vocab=32128,
+                                                     seq=128, batch_size=32, lr=3e-4,
+                                                     autocast_dtype="bfloat16"), cap=None),
     # CPU smoke scenarios
     "tiny": dict(model="gpt-tiny", options=dict(batch_size=8), cap=None),
     "tiny-mlp": dict(model="branchy-mlp", options=dict(batch_size=16), cap=None),
     "tiny-capped": dict(model="gpt-tiny", options=dict(batch_size=8), cap="auto"),
+    "tiny-hf": dict(model="hf_models:t5", options=dict(batch_size=8), cap=None),
 }
 
 
