@@ -161,3 +161,33 @@ def test_cli_finds_the_module_in_the_working_directory(tmp_path):
     r = cli("capture", "--model", "nomodule:gpt2")
     assert r.returncode != 0 and "cannot import workload module 'nomodule'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------- GPUs
+GPU_RUNS = {
+    "gpt2 local placement mb=2": ("gpt2", {}, lambda g: split(g, microbatches=2)),
+    "gpt2 1f1b (tied across the cut)": (
+        "gpt2", {}, lambda g: split(g, pipeline=2, microbatches=4, schedule="1f1b")),
+    "bert ddp": ("bert", {}, lambda g: single(g, data=2)),
+    "bert gpipe": ("bert", {}, lambda g: split(g, pipeline=2, microbatches=2)),
+    "t5 fsdp": ("t5", {}, lambda g: single(g, data=2, shard="fsdp")),
+    "t5 gpipe (tied across the cut)": ("t5", {}, lambda g: split(g, pipeline=2, microbatches=2)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("run", list(GPU_RUNS))
+def test_trains_like_the_unpartitioned_model_on_two_gpus(run):
+    """On GPUs under bf16 autocast (the reference autocasts too), at the default learning
+    rate: GPU kernels reorder reductions, so the tolerance is test_executor_gpu's (the CPU
+    runs above check the tied gradients' sum)."""
+    from autoplace.cluster import Cluster
+
+    name, options, make_plan = GPU_RUNS[run]
+    wl = workloads.get(f"hf_models:{name}", autocast_dtype="bfloat16", **options)
+    r = execute(wl, make_plan(capture_graph(wl)), cluster=Cluster.detect().subset([0, 1]),
+                steps=4, warmup=1)
+    assert r.ok, r.error
+    assert r.max_loss_rel_diff < 1e-3, (r.loss, r.reference_loss)
