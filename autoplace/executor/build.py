@@ -152,7 +152,7 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         ex_inputs, _ = workload.make_batch(micro, "cpu")
-    values = example_values(gm, ex_inputs)
+    values = example_values(gm, ex_inputs, device, workload.autocast_dtype)
     stage_mod = build_stage(gm, plan, stage, ex_inputs, device, values).to(device)
     group = dp_group = None
     model = stage_mod

@@ -33,7 +33,7 @@ from autoplace.capture import fetch_attr, model_output, program_inputs
 from autoplace.plan import Plan
 
 __all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env", "issue_order",
-           "move_to", "move_to_streamed"]
+           "move_to", "move_to_streamed", "on_device", "split_value"]
 
 _META_METHODS = {"size", "dim", "numel", "ndimension", "get_device", "element_size"}
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
@@ -120,6 +120,15 @@ class _Loss(nn.Module):
 
     def forward(self, output: Any, target: torch.Tensor) -> torch.Tensor:
         return self.fn(self.restore(output) if self.restore else output, target)
+
+
+def on_device(node: fx.Node, device: torch.device) -> None:
+    """Every device ``node`` names (``device=`` or positional, as in an exported graph's
+    ``aten.to.device(x, cpu)``) made ``device``, the one its op runs on: a capture keeps the
+    device it traced on as a constant, where the model meant its input's device."""
+    if any(isinstance(a, torch.device) for a in pytree.tree_leaves((node.args, node.kwargs))):
+        node.args, node.kwargs = pytree.tree_map_only(torch.device, lambda _: device,
+                                                      (node.args, node.kwargs))
 
 
 def split_value(value: Any, n: int) -> list[Any]:
@@ -429,8 +438,8 @@ class _Builder:
         elif node.op == "get_attr":
             self.attrs[node.target] = fetch_attr(self.gm, node.target)
         new = graph.node_copy(node, arg)
-        if "device" in new.kwargs and node.op in ("call_function", "call_method"):
-            new.kwargs = {**new.kwargs, "device": self.devices[dev]}
+        if node.op in ("call_function", "call_method"):
+            on_device(new, self.devices[dev])
         return new
 
     homes: dict[int, int]

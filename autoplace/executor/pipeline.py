@@ -18,6 +18,7 @@ the microbatch count (``scale_grads``) so they match the full-batch mean loss.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,10 +26,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx.graph import _PyTreeCodeGen
 from torch.utils import _pytree as pytree
 
 from autoplace.capture import fetch_attr, program_inputs
 from autoplace.errors import PlanError
+from autoplace.executor.local import on_device
 from autoplace.plan import Plan
 
 __all__ = ["build_stage", "example_values", "make_schedule", "stage_of_ops", "tied_parameters"]
@@ -53,15 +56,20 @@ def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def example_values(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+def example_values(gm: fx.GraphModule, inputs: Sequence[Any], device: torch.device | None = None,
+                   autocast_dtype: str | None = None) -> dict[str, Any]:
     """The value of every node of ``gm`` on ``inputs``, computed with fake tensors.
 
     Tensors come back as fake tensors (shape and dtype only); ints, sizes and other
-    Python values come back exactly.
+    Python values come back exactly. With ``device`` (a CUDA device) and ``autocast_dtype``
+    the run is on fakes of that device under the workload's autocast, so the dtypes are
+    the ones the stages will really pass (bf16 activations), and the devices the graph
+    names are that device.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     values: dict[str, Any] = {}
+    cuda = device is not None and device.type == "cuda"
 
     class _Rec(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
@@ -69,12 +77,46 @@ def example_values(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> dict[s
             values[n.name] = out
             return out
 
+        def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple, dict]:
+            args, kwargs = super().fetch_args_kwargs_from_env(n)
+            if cuda:
+                args, kwargs = pytree.tree_map_only(torch.device, lambda _: device,
+                                                    (args, kwargs))
+            return args, kwargs
+
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, torch.no_grad():
-        fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
-                for x in program_inputs(gm, inputs)]
-        _Rec(gm).run(*fake)
+    flat = program_inputs(gm, inputs)
+    if not cuda:
+        with mode, torch.no_grad():
+            fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in flat]
+            _Rec(gm).run(*fake)
+        return values
+
+    def on(t: torch.Tensor) -> torch.Tensor:
+        with mode:
+            return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype,
+                                       device=device)
+
+    tensors = {f"gm.{n}": on(t) for n, t in (*gm.named_parameters(), *gm.named_buffers())}
+    fake = [on(x) if isinstance(x, torch.Tensor) else x for x in flat]
+    runner = _Runner(gm, _Rec(gm))
+    cast = (torch.autocast("cuda", dtype=getattr(torch, autocast_dtype)) if autocast_dtype
+            else contextlib.nullcontext())
+    with mode, torch.no_grad(), cast:
+        torch.func.functional_call(runner, tensors, tuple(fake), strict=False, tie_weights=True)
     return values
+
+
+class _Runner(nn.Module):
+    """Lets ``torch.func.functional_call`` swap ``gm``'s tensors for fakes of a device."""
+
+    def __init__(self, gm: fx.GraphModule, interp: fx.Interpreter) -> None:
+        super().__init__()
+        self.gm = gm
+        self._interp = [interp]
+
+    def forward(self, *args: Any) -> Any:
+        return self._interp[0].run(*args)
 
 
 def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
@@ -241,8 +283,8 @@ def build_stage(
         if n.op == "call_module":
             attrs[n.target] = fetch_attr(gm, n.target)
         new = g.node_copy(n, ref)
-        if "device" in new.kwargs and n.op in ("call_function", "call_method"):
-            new.kwargs = {**new.kwargs, "device": device}
+        if n.op in ("call_function", "call_method"):
+            on_device(new, device)
         env[n.name] = new
 
     def leaf_value(name: str, path: tuple[int, ...]) -> Any:
@@ -277,8 +319,9 @@ def build_stage(
         g.output(tuple(outs) if len(outs) > 1 else outs[0])
         outs_v = [leaf_of(name, path) for name, path in crossed]
     gm_stage = fx.GraphModule(attrs, g)
-    gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
-                         tuple(_meta_like(v, grad=True) for v in outs_v))
+    if isinstance(gm.graph._codegen, _PyTreeCodeGen):  # an exported graph (see make_schedule)
+        gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
+                             tuple(_meta_like(v, grad=True) for v in outs_v))
     return gm_stage
 
 
@@ -307,10 +350,11 @@ def make_schedule(
     """``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B`` for one stage on this rank."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    # the stage's input and output shapes, from the captured graph's fake run
-    # (build_stage): without them PipelineStage infers them by running the stage on
-    # uninitialised inputs, which an op that indexes by an input tensor cannot survive
-    # (BERT's attention mask: torch 2.13, "index ... is out of bounds")
+    # an exported graph's stage: its input and output shapes and dtypes from the fake run
+    # (build_stage, example_values under the workload's autocast); without them
+    # PipelineStage infers them by running the stage on uninitialised inputs, which an op
+    # that indexes by an input tensor cannot survive (BERT's attention mask, torch 2.13:
+    # "index ... is out of bounds"); torch.fx captures keep PipelineStage's inference
     io = getattr(_unwrapped(module), "stage_io", None)
     kw: dict[str, Any] = {"input_args": io[0], "output_args": io[1]} if io else {}
     pstage = PipelineStage(module, stage, n_stages, device, group=group, **kw)
