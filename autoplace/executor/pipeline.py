@@ -263,7 +263,9 @@ def build_stage(
     else:
         for name, path in crossing(stage - 1):
             ph = g.placeholder(f"{name}_{'_'.join(map(str, path)) or 'x'}")
-            leaf_in[(name, path)] = g.call_function(contiguous_grad, (ph,))
+            v = _leaf_of(values, name, path)
+            leaf_in[(name, path)] = g.call_function(contiguous_grad, (ph,)) \
+                if v.is_floating_point() else g.call_method("to", (ph, v.dtype))
 
     attrs: dict[str, Any] = {}
 
@@ -296,15 +298,15 @@ def build_stage(
         return v
 
     def leaf_of(name: str, path: tuple[int, ...]) -> Any:
-        v = values[name]
-        for i in path:
-            v = v[i]
-        return v
+        return _leaf_of(values, name, path)
+
+    def sent(x: fx.Node, v: torch.Tensor) -> fx.Node:
+        return x if v.is_floating_point() else g.call_method("to", (x, WIRE_DTYPE))
 
     if stage == 0:
         ins = [values[p.name] for p in placeholders if isinstance(values[p.name], torch.Tensor)]
     else:
-        ins = [leaf_of(name, path) for name, path in crossing(stage - 1)]
+        ins = [_on_wire(leaf_of(name, path)) for name, path in crossing(stage - 1)]
     if stage == n_stages - 1:
         output = next(n for n in nodes if n.op == "output")
         g.output(fx.map_arg(output.args[0], ref))
@@ -313,16 +315,36 @@ def build_stage(
     else:
         # send buffers must be contiguous (gloo and NCCL p2p reject strided tensors)
         crossed = crossing(stage)
-        outs = [g.call_method("contiguous", (leaf_value(name, path),)) for name, path in crossed]
+        outs = [sent(g.call_method("contiguous", (leaf_value(name, path),)), leaf_of(name, path))
+                for name, path in crossed]
         if not outs:
             raise PlanError(f"pipeline stage {stage} passes nothing to stage {stage + 1}")
         g.output(tuple(outs) if len(outs) > 1 else outs[0])
-        outs_v = [leaf_of(name, path) for name, path in crossed]
+        outs_v = [_on_wire(leaf_of(name, path)) for name, path in crossed]
     gm_stage = fx.GraphModule(attrs, g)
     if isinstance(gm.graph._codegen, _PyTreeCodeGen):  # an exported graph (see make_schedule)
         gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
                              tuple(_meta_like(v, grad=True) for v in outs_v))
     return gm_stage
+
+
+#: integer and bool tensors cross between stages as float64 (exact up to 2**53) and are
+#: cast back on arrival: PipelineStage marks the buffers it receives as requiring grad, which
+#: a tensor that is not floating point cannot (torch 2.11: "only Tensors of floating point
+#: dtype can require gradients"; GPT-2's and BERT's position and mask indices)
+WIRE_DTYPE = torch.float64
+
+
+def _leaf_of(values: dict[str, Any], name: str, path: tuple[int, ...]) -> Any:
+    v = values[name]
+    for i in path:
+        v = v[i]
+    return v
+
+
+def _on_wire(v: torch.Tensor) -> torch.Tensor:
+    """``v`` as it crosses a cut (:data:`WIRE_DTYPE` unless floating point)."""
+    return v if v.is_floating_point() else v.to(WIRE_DTYPE)
 
 
 def _meta_like(v: torch.Tensor, grad: bool) -> torch.Tensor:
