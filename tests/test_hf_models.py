@@ -191,3 +191,30 @@ def test_trains_like_the_unpartitioned_model_on_two_gpus(run):
                 steps=4, warmup=1)
     assert r.ok, r.error
     assert r.max_loss_rel_diff < 1e-3, (r.loss, r.reference_loss)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "t5"])
+def test_every_input_a_stage_receives_gets_a_gradient(name):
+    """torch 2.11's PipelineStage sends a gradient back for every tensor a stage received:
+    integer ones cross as float64 and, with masks, are tied to an output (zero gradient)."""
+    from torch.utils import _pytree as pytree
+
+    from autoplace.executor.pipeline import build_stage, example_values
+
+    wl = workloads.get(f"hf_models:{name}")
+    g = capture_graph(wl)
+    plan = split(g, pipeline=2, microbatches=2)
+    inputs, _ = wl.make_batch(4, "cpu")
+    values = example_values(g.module, inputs)
+    cpu = torch.device("cpu")
+    first = build_stage(g.module, plan, 0, inputs, cpu, values)
+    second = build_stage(g.module, plan, 1, inputs, cpu, values)
+    sent = first(*[x for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)])
+    received = [t.detach().requires_grad_(True) for t in (sent if isinstance(sent, tuple)
+                                                          else (sent,))]
+    assert all(t.is_floating_point() for t in received)
+    assert any(t.dtype == torch.float64 for t in received)  # an index or mask crossed
+    out = second(*received)
+    sum(t.float().sum() for t in pytree.tree_leaves(out)
+        if isinstance(t, torch.Tensor) and t.requires_grad).backward()
+    assert all(t.grad is not None for t in received)

@@ -73,8 +73,15 @@ def _replica_slice(t: Any, replica: int, replicas: int) -> Any:
     return t.chunk(replicas)[replica] if replicas > 1 and isinstance(t, torch.Tensor) else t
 
 
-def _param_dtype(workload: Workload, device: torch.device) -> torch.dtype | None:
-    """FSDP2's gather dtype: the workload's autocast dtype where it autocasts (CUDA)."""
+def _param_dtype(workload: Workload, device: torch.device, graph=None) -> torch.dtype | None:
+    """FSDP2's gather dtype: the workload's autocast dtype where it autocasts (CUDA).
+
+    None (parameters gathered as they are) for a graph captured by torch.export: it keeps
+    dtype-dependent constants of the capture (Hugging Face T5 fills masks with float32's
+    minimum, which a bf16 tensor cannot hold: "value cannot be converted to type
+    c10::BFloat16 without overflow" on 2x H200)."""
+    if getattr(graph, "capture_method", None) == "export":
+        return None
     if device.type == "cuda" and workload.autocast_dtype:
         return getattr(torch, workload.autocast_dtype)
     return None
@@ -125,7 +132,7 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                 mesh = init_device_mesh(devices[0].type, (par.data,))
             model = wrap_data_parallel(program, workload.model, par.shard, mesh=mesh,
                                        device=devices[0],
-                                       param_dtype=_param_dtype(workload, devices[0]),
+                                       param_dtype=_param_dtype(workload, devices[0], graph),
                                        units=par.shard_units)
 
         params = [q for q in program.parameters() if q.requires_grad] if manual else []
@@ -165,7 +172,7 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         if par.shard != "none":
             model = wrap_data_parallel(stage_mod, workload.model, par.shard,
                                        group=dp_group, mesh=mesh["dp"], device=device,
-                                       param_dtype=_param_dtype(workload, device),
+                                       param_dtype=_param_dtype(workload, device, graph),
                                        units=par.shard_units)
     elif not distributed:
         raise PlanError("a pipeline plan must run under torchrun (one process per stage)")

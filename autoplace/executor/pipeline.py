@@ -56,6 +56,29 @@ def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+class _GradFor(torch.autograd.Function):
+    """Identity on ``out`` that gives each of ``inputs`` a zero gradient in backward.
+
+    torch 2.11's ``PipelineStage`` expects a gradient for every tensor a stage received,
+    to send back; an input the stage's outputs do not depend on differentiably (an index or
+    mask, a float64-encoded integer) would have none ("has gradients None and is expecting
+    to send gradients to stage 0"). Tying it to an output this way costs a zero tensor.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.specs = [(x.shape, x.dtype, x.device) for x in inputs]
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (grad, *(torch.zeros(s, dtype=d, device=dv) for s, d, dv in ctx.specs))
+
+
+def grad_for(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    return _GradFor.apply(out, *inputs)
+
+
 def example_values(gm: fx.GraphModule, inputs: Sequence[Any], device: torch.device | None = None,
                    autocast_dtype: str | None = None) -> dict[str, Any]:
     """The value of every node of ``gm`` on ``inputs``, computed with fake tensors.
@@ -260,12 +283,16 @@ def build_stage(
             v = values[p.name]
             env[p.name] = g.placeholder(p.name) if isinstance(v, torch.Tensor) \
                 else _constant(v, device)
-    else:
+    received: list[fx.Node] = []
+    value_of: dict[fx.Node, Any] = {}  # stage node -> its fake value (for _untied)
+    if stage > 0:
         for name, path in crossing(stage - 1):
             ph = g.placeholder(f"{name}_{'_'.join(map(str, path)) or 'x'}")
             v = _leaf_of(values, name, path)
             leaf_in[(name, path)] = g.call_function(contiguous_grad, (ph,)) \
                 if v.is_floating_point() else g.call_method("to", (ph, v.dtype))
+            received.append(ph)
+            value_of[ph] = value_of[leaf_in[(name, path)]] = v
 
     attrs: dict[str, Any] = {}
 
@@ -288,6 +315,7 @@ def build_stage(
         if n.op in ("call_function", "call_method"):
             on_device(new, device)
         env[n.name] = new
+        value_of[new] = values.get(n.name)
 
     def leaf_value(name: str, path: tuple[int, ...]) -> Any:
         v = env[name] if name in env else None
@@ -307,11 +335,26 @@ def build_stage(
         ins = [values[p.name] for p in placeholders if isinstance(values[p.name], torch.Tensor)]
     else:
         ins = [_on_wire(leaf_of(name, path)) for name, path in crossing(stage - 1)]
+    def tie(outs: list[Any], outs_v: list[Any]) -> list[Any]:
+        """The first floating output, made to give the received inputs no path of floating
+        values reaches a gradient (_GradFor)."""
+        loose = _untied(g, received, value_of)
+        i = next((i for i, v in enumerate(outs_v)
+                  if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
+        if loose and i is not None and isinstance(outs[i], fx.Node):
+            outs = list(outs)
+            outs[i] = g.call_function(grad_for, (outs[i], *loose))
+        return outs
+
     if stage == n_stages - 1:
         output = next(n for n in nodes if n.op == "output")
-        g.output(fx.map_arg(output.args[0], ref))
-        outs_v = [v for v in pytree.tree_leaves(fx.map_arg(output.args[0], lambda a: values[a.name]))
-                  if isinstance(v, torch.Tensor)]
+        out_args = fx.map_arg(output.args[0], ref)
+        leaves, spec = pytree.tree_flatten(out_args)
+        leaf_vals = pytree.tree_leaves(fx.map_arg(output.args[0], lambda a: values[a.name]))
+        if len(leaf_vals) == len(leaves):
+            out_args = pytree.tree_unflatten(tie(leaves, leaf_vals), spec)
+        g.output(out_args)
+        outs_v = [v for v in leaf_vals if isinstance(v, torch.Tensor)]
     else:
         # send buffers must be contiguous (gloo and NCCL p2p reject strided tensors)
         crossed = crossing(stage)
@@ -319,8 +362,9 @@ def build_stage(
                 for name, path in crossed]
         if not outs:
             raise PlanError(f"pipeline stage {stage} passes nothing to stage {stage + 1}")
-        g.output(tuple(outs) if len(outs) > 1 else outs[0])
         outs_v = [_on_wire(leaf_of(name, path)) for name, path in crossed]
+        outs = tie(outs, outs_v)
+        g.output(tuple(outs) if len(outs) > 1 else outs[0])
     gm_stage = fx.GraphModule(attrs, g)
     if isinstance(gm.graph._codegen, _PyTreeCodeGen):  # an exported graph (see make_schedule)
         gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
@@ -333,6 +377,32 @@ def build_stage(
 #: a tensor that is not floating point cannot (torch 2.11: "only Tensors of floating point
 #: dtype can require gradients"; GPT-2's and BERT's position and mask indices)
 WIRE_DTYPE = torch.float64
+
+
+def _floating(v: Any) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_floating_point()
+               for t in pytree.tree_leaves(v))
+
+
+def _untied(g: fx.Graph, received: list[fx.Node], value_of: dict[fx.Node, Any]) -> list[fx.Node]:
+    """The received inputs from which no chain of floating-point values reaches the stage's
+    output (so no gradient would reach them): integers, masks, indices."""
+    out = []
+    for ph in received:
+        seen, todo, reaches = {ph}, [ph], False
+        while todo and not reaches:
+            n = todo.pop()
+            for u in n.users:
+                if u.op == "output":
+                    reaches = True
+                    break
+                v = value_of.get(u)
+                if u not in seen and (v is None or _floating(v)):
+                    seen.add(u)
+                    todo.append(u)
+        if not reaches:
+            out.append(ph)
+    return out
 
 
 def _leaf_of(values: dict[str, Any], name: str, path: tuple[int, ...]) -> Any:
