@@ -8,6 +8,7 @@ inputs, a skip across the cut) for dp x pp.
 from __future__ import annotations
 
 import pytest
+from _plans import single, split
 
 from autoplace import workloads
 from autoplace.cluster import preset
@@ -18,18 +19,6 @@ from autoplace.plan import ParallelConfig, Plan
 
 TOL = 1e-4  # reductions reordered across processes
 CPU2, CPU4 = preset("cpu-x2"), preset("cpu-x4")
-
-
-def split(graph, devices: int = 2, **parallel) -> Plan:
-    n = len(graph.order)
-    groups = {op: min(devices - 1, i * devices // n) for i, op in enumerate(graph.order)}
-    return Plan.from_groups(graph, groups, list(range(devices)),
-                            parallel=ParallelConfig(**parallel))
-
-
-def single(graph, **parallel) -> Plan:
-    return Plan.from_groups(graph, {op: 0 for op in graph.order}, [0],
-                            parallel=ParallelConfig(**parallel))
 
 
 @pytest.fixture(scope="module")

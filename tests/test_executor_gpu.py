@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from _plans import single, split
 
 from autoplace import workloads
 from autoplace.cluster import Cluster
@@ -37,18 +38,6 @@ SMALL = {
 @pytest.fixture(scope="module")
 def gpus():
     return Cluster.detect().subset([0, 1])
-
-
-def split(graph, devices: int = 2, recompute=(), **parallel) -> Plan:
-    n = len(graph.order)
-    groups = {op: min(devices - 1, i * devices // n) for i, op in enumerate(graph.order)}
-    return Plan.from_groups(graph, groups, list(range(devices)), recompute=set(recompute),
-                            parallel=ParallelConfig(**parallel))
-
-
-def single(graph, **parallel) -> Plan:
-    return Plan.from_groups(graph, {op: 0 for op in graph.order}, [0],
-                            parallel=ParallelConfig(**parallel))
 
 
 def check(r, steps=3, tol=TOL):

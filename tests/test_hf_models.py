@@ -20,6 +20,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from _plans import single, split  # noqa: E402
+
 from autoplace import workloads  # noqa: E402
 from autoplace.capture import capture_workload, model_output, program_inputs, random_ops  # noqa: E402
 from autoplace.cluster import preset  # noqa: E402
@@ -27,7 +29,6 @@ from autoplace.errors import PlanError  # noqa: E402
 from autoplace.executor import execute  # noqa: E402
 from autoplace.executor.pipeline import stage_of_ops, tied_parameters  # noqa: E402
 from autoplace.executor.runner import capture_graph  # noqa: E402
-from autoplace.plan import ParallelConfig, Plan  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TOL = 1e-4
@@ -39,18 +40,6 @@ def _workers_find_the_module(monkeypatch):
     path = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", str(HERE) + (os.pathsep + path if path else ""))
     monkeypatch.syspath_prepend(str(HERE))
-
-
-def split(graph, devices: int = 2, **parallel) -> Plan:
-    n = len(graph.order)
-    groups = {op: min(devices - 1, i * devices // n) for i, op in enumerate(graph.order)}
-    return Plan.from_groups(graph, groups, list(range(devices)),
-                            parallel=ParallelConfig(**parallel))
-
-
-def single(graph, **parallel) -> Plan:
-    return Plan.from_groups(graph, {op: 0 for op in graph.order}, [0],
-                            parallel=ParallelConfig(**parallel))
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "t5"])
