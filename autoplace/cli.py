@@ -121,7 +121,7 @@ class CompareConfig(ModelArgs, ClusterArgs):
 class RunConfig(ClusterArgs):
     plan: str = req("plan JSON file", positional=True)
     cluster: str = opt("detect", "cluster preset, 'detect' or JSON path (devices used)")
-    steps: int = opt(10, "training steps to measure")
+    steps: int = opt(10, "training steps, the warm-up ones included")
     warmup: int = opt(2, "warm-up steps not counted in the step time")
     report: str | None = opt(None, "write the RunReport JSON here")
     write_measured: bool = opt(False, "fill the plan file's 'measured' block")
@@ -466,6 +466,10 @@ def cmd_run(cfg: RunConfig) -> int:
     from autoplace.executor import launch
     from autoplace.plan import Plan
 
+    if cfg.steps <= cfg.warmup:
+        raise AutoplaceError(
+            f"--steps {cfg.steps} leaves no step to time after --warmup {cfg.warmup} (the "
+            "steps include the warm-up ones); use --steps greater than --warmup")
     plan = Plan.load(cfg.plan)
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
     spec = {"spec": plan.model.get("spec"), "options": plan.model.get("options", {}),

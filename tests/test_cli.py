@@ -98,6 +98,14 @@ def test_corrupt_plan(tmp_path):
     assert_clean_error(run("run", str(bad)), "not valid JSON")
 
 
+def test_run_with_no_step_left_to_time(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert run("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planner", "single",
+               "-o", str(plan)).returncode == 0
+    assert_clean_error(run("run", str(plan), "--steps", "2"), "--steps 2 leaves no step",
+                       "--warmup 2")
+
+
 def test_plan_for_another_graph(plan_file, tmp_path):
     other = json.loads(plan_file.read_text())
     other["model"]["options"] = {"n_layers": 3}

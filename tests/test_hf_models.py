@@ -144,7 +144,7 @@ def test_cli_finds_the_module_in_the_working_directory(tmp_path):
             "cpu-x2", "--planner", "pipeline", "-o", str(plan))
     assert r.returncode == 0, r.stderr
     assert json.loads(plan.read_text())["parallel"]["pipeline"] == 2
-    r = cli("run", str(plan), "--steps", "2")
+    r = cli("run", str(plan), "--steps", "3")
     assert r.returncode == 0, r.stderr
     assert "dropout ops" in r.stdout and "loss " in r.stdout
     r = cli("capture", "--model", "nomodule:gpt2")
