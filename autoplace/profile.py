@@ -297,10 +297,11 @@ class _Timer(fx.Interpreter):
         args, kwargs = pytree.tree_map(detach, (args, kwargs))
         fn = self._callable(n)
         host: list[float] = []
-        if inplace:  # the timed loop works on its own clone, the real call on another
+        if inplace:  # the timed loop works on its own clones, the real call on the values
+            # (integer ones too: T5's bucket indices, added to in place, went out of range
+            # after the loop had added to them a hundred times)
             loop_args, loop_kwargs = pytree.tree_map(
-                lambda t: t.clone() if isinstance(t, torch.Tensor) and t.requires_grad else t,
-                (args, kwargs))
+                lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (args, kwargs))
             self.fwd[n.name] = _time_call(lambda: fn(*loop_args, **loop_kwargs), self.dev,
                                           self.repeats, host)
         else:

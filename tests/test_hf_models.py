@@ -207,3 +207,14 @@ def test_every_input_a_stage_receives_gets_a_gradient(name):
     sum(t.float().sum() for t in pytree.tree_leaves(out)
         if isinstance(t, torch.Tensor) and t.requires_grad).backward()
     assert all(t.grad is not None for t in received)
+
+
+def test_profiles_t5_whose_bucket_indices_are_added_to_in_place():
+    """The profiler times an in-place op on clones of every tensor it takes, integer ones
+    too: timed a hundred times on the real value, T5's relative-position buckets (``add_``
+    on a long tensor) went out of range for the embedding after them."""
+    from autoplace.profile import profile
+
+    g = profile(workloads.get("hf_models:t5"), "cpu", repeats=2)
+    assert all(op.fwd_time_s.get("cpu") is not None for op in g)
+    assert sum(op.fwd_time_s["cpu"] for op in g) > 0
