@@ -362,6 +362,7 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
         import copy
 
         gm = copy.deepcopy(gm).to(dev)  # leave the user's model where it is
+    gm = _devices_to(gm, dev)
     inputs = pytree.tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, inputs)
     flat = _flat_inputs(graph, inputs)
     # no autocast cache: each timed call casts its weights, as one training forward does
@@ -396,6 +397,27 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
         **({"fwd_host_s": host["fwd"], "bwd_host_s": host["bwd"]} if host else {}),
         **scaling,
     }
+
+
+def _devices_to(gm: fx.GraphModule, dev: torch.device) -> fx.GraphModule:
+    """``gm``, or a GraphModule sharing its modules whose ops name ``dev`` wherever they name
+    a device: an exported graph keeps the device it was captured on (CPU) as constants
+    (T5's positions: "index is on cpu, different from other tensors on cuda:0"), which the
+    executor remaps too (``executor.local.on_device``)."""
+    named = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method") and any(
+        isinstance(a, torch.device) and a != dev for a in pytree.tree_leaves((n.args, n.kwargs)))]
+    if not named:
+        return gm
+    import copy
+
+    from autoplace.executor.local import on_device
+
+    out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    for n in out.graph.nodes:
+        if n.op in ("call_function", "call_method"):
+            on_device(n, dev)
+    out.recompile()
+    return out
 
 
 def _timed_pass(gm: fx.GraphModule, flat: tuple, dev: torch.device, repeats: int,
