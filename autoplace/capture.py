@@ -55,7 +55,8 @@ from autoplace import _op_rules as rules
 from autoplace.errors import AutoplaceError, CaptureError
 from autoplace.graph import OpGraph, OpNode
 
-__all__ = ["capture", "capture_workload", "model_output", "program_inputs", "random_ops"]
+__all__ = ["InterpreterRunner", "capture", "capture_workload", "devices_as", "is_exported",
+           "model_output", "program_inputs", "random_ops"]
 
 _AUTOCAST_DTYPES = ("bfloat16", "float16")
 
@@ -169,6 +170,18 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
+def is_exported(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` came from torch.export (flattened inputs and outputs), not torch.fx."""
+    return isinstance(gm.graph._codegen, _PyTreeCodeGen)
+
+
+def devices_as(value: Any, device: torch.device) -> Any:
+    """``value`` (a node's arguments) with every ``torch.device`` in it made ``device``: an
+    exported graph keeps the device it was traced on as constants (``to(device=meta)``,
+    ``aten.to.device(mask, cpu)``), where the model meant its input's device."""
+    return pytree.tree_map_only(torch.device, lambda _: device, value)
+
+
 def program_inputs(gm: fx.GraphModule, inputs: Sequence[Any]) -> list[Any]:
     """The values of ``gm``'s placeholders for a workload's ``inputs`` tuple.
 
@@ -177,7 +190,7 @@ def program_inputs(gm: fx.GraphModule, inputs: Sequence[Any]) -> list[Any]:
     placeholder, and nested tuples, lists and dicts are flattened), as its own
     ``forward`` does before it runs the nodes.
     """
-    if isinstance(gm.graph._codegen, _PyTreeCodeGen):
+    if is_exported(gm):
         return list(pytree.tree_leaves(tuple(inputs)))
     return list(inputs)
 
@@ -187,9 +200,9 @@ def model_output(gm: fx.GraphModule, value: Any) -> Any:
     from ``gm``'s nodes computes that value): an exported graph's outputs are the leaves
     of the model's output, which it puts back together (a Hugging Face ``ModelOutput``,
     a dict) in its own ``forward``; a torch.fx trace's output node is the output."""
-    cg = gm.graph._codegen
-    if isinstance(cg, _PyTreeCodeGen):
-        return cg.process_outputs(list(value) if isinstance(value, (tuple, list)) else value)
+    if is_exported(gm):
+        return gm.graph._codegen.process_outputs(
+            list(value) if isinstance(value, (tuple, list)) else value)
     return value
 
 
@@ -427,24 +440,21 @@ class _Prop(fx.Interpreter):
         return out
 
     def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple, dict]:
-        """The node's arguments with every device made ``cpu``, where the fakes live: an
-        exported graph keeps the devices it was traced on as constants (a model built on
-        ``meta``: Hugging Face's ``position_embeds.to(inputs_embeds.device)`` becomes
-        ``to(device=meta)``)."""
-        args, kwargs = super().fetch_args_kwargs_from_env(n)
-        return pytree.tree_map_only(torch.device, lambda _: _CPU, (args, kwargs))
+        """The node's arguments with every device made ``cpu``, where the fakes live."""
+        return devices_as(super().fetch_args_kwargs_from_env(n), _CPU)
 
 
-class _Runner(nn.Module):
-    """Lets ``torch.func.functional_call`` swap the GraphModule's tensors for fakes."""
+class InterpreterRunner(nn.Module):
+    """Lets ``torch.func.functional_call`` swap ``gm``'s tensors (as ``gm.<name>``) for
+    fakes while ``interp``, an interpreter of ``gm``, runs it."""
 
-    def __init__(self, gm: fx.GraphModule, prop: _Prop) -> None:
+    def __init__(self, gm: fx.GraphModule, interp: fx.Interpreter) -> None:
         super().__init__()
         self.gm = gm
-        self._prop = [prop]
+        self._interp = [interp]
 
     def forward(self, *args: Any) -> Any:
-        return self._prop[0].run(*args)
+        return self._interp[0].run(*args)
 
 
 def _propagate(gm: fx.GraphModule, args: tuple, autocast_dtype: str | None):
@@ -464,7 +474,7 @@ def _propagate(gm: fx.GraphModule, args: tuple, autocast_dtype: str | None):
     flat_args = [fake(a) if isinstance(a, torch.Tensor) else a for a in pytree.tree_leaves(args)]
     counter = FlopCounterMode(display=False)
     prop = _Prop(gm, counter)
-    runner = _Runner(gm, prop)
+    runner = InterpreterRunner(gm, prop)
     cast = (torch.autocast("cpu", dtype=getattr(torch, autocast_dtype)) if autocast_dtype
             else contextlib.nullcontext())
     try:

@@ -86,6 +86,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from autoplace.capture import program_inputs
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 
@@ -348,12 +349,6 @@ def _is_inplace(n: fx.Node, gm: fx.GraphModule) -> bool:
     return (name.endswith("_") and not name.startswith("_")) or n.kwargs.get("inplace") is True
 
 
-def _flat_inputs(graph: OpGraph, inputs: tuple) -> tuple:
-    if getattr(graph, "capture_method", "fx") == "export":
-        return tuple(pytree.tree_leaves(inputs))
-    return inputs
-
-
 def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
              calibrate: bool, autocast_dtype: str | None) -> dict[str, Any]:
     gm = graph.module
@@ -364,7 +359,7 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
         gm = copy.deepcopy(gm).to(dev)  # leave the user's model where it is
     gm = _devices_to(gm, dev)
     inputs = pytree.tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, inputs)
-    flat = _flat_inputs(graph, inputs)
+    flat = tuple(program_inputs(graph.module, inputs))
     # no autocast cache: each timed call casts its weights, as one training forward does
     cast = (torch.autocast(dev.type, dtype=getattr(torch, autocast_dtype), cache_enabled=False)
             if autocast_dtype else contextlib.nullcontext())
@@ -562,7 +557,7 @@ def _small_batch_pass(graph: OpGraph, gm: fx.GraphModule, inputs: tuple, flat: t
     if isinstance(cut, str):
         return {"fixed_parts": f"skipped: {cut}"}
     small_inputs, big, b = cut
-    small = _flat_inputs(graph, small_inputs)
+    small = tuple(program_inputs(gm, small_inputs))
     out: dict[str, Any] = {"batch_size": big, "small_batch": b, "share": b / big}
     try:
         _check_outputs_follow_batch(gm, flat, small, big, b)

@@ -21,7 +21,7 @@ from autoplace.capture import model_output, program_inputs
 from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
 from autoplace.executor.data import allreduce_grads, sum_grads, wrap_data_parallel
-from autoplace.executor.local import build_local
+from autoplace.executor.local import build_local, split_value
 from autoplace.executor.pipeline import (
     build_stage,
     example_values,
@@ -70,7 +70,7 @@ def micro_batch_size(batch_size: int, plan: Plan) -> int:
 
 def _replica_slice(t: Any, replica: int, replicas: int) -> Any:
     """This replica's share of a tensor along dim 0; any other input as it is."""
-    return t.chunk(replicas)[replica] if replicas > 1 and isinstance(t, torch.Tensor) else t
+    return split_value(t, replicas)[replica]
 
 
 def _param_dtype(workload: Workload, device: torch.device, graph=None) -> torch.dtype | None:
@@ -217,15 +217,9 @@ def _tie_groups(gm, plan: Plan, rank: int) -> list[tuple[Any, list[nn.Parameter]
     group of those stages' ranks: ``[(group, params)]`` (:func:`tied_parameters`; every
     rank creates every group, in one order, as ``new_group`` requires)."""
     ties = tied_parameters(gm, plan)
-    if not ties:
+    if not ties:  # (a sharded pipeline with ties never gets here: Plan.validate refuses it)
         return []
     par = plan.parallel
-    if par.shard != "none":
-        raise PlanError(
-            f"parameter {next(iter(ties))!r} is used by pipeline stages "
-            f"{ties[next(iter(ties))]} (tied weights), which a sharded plan cannot keep "
-            f"equal; use parallel.shard='none' with this pipeline, or put those ops on one stage"
-        )
     named = dict(gm.named_parameters())
     p = par.pipeline
     out = []

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
-from autoplace.capture import fetch_attr, model_output, program_inputs
+from autoplace.capture import devices_as, fetch_attr, model_output, program_inputs
 from autoplace.plan import Plan
 
 __all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env", "issue_order",
@@ -127,8 +127,7 @@ def on_device(node: fx.Node, device: torch.device) -> None:
     ``aten.to.device(x, cpu)``) made ``device``, the one its op runs on: a capture keeps the
     device it traced on as a constant, where the model meant its input's device."""
     if any(isinstance(a, torch.device) for a in pytree.tree_leaves((node.args, node.kwargs))):
-        node.args, node.kwargs = pytree.tree_map_only(torch.device, lambda _: device,
-                                                      (node.args, node.kwargs))
+        node.args, node.kwargs = devices_as((node.args, node.kwargs), device)
 
 
 def split_value(value: Any, n: int) -> list[Any]:

@@ -26,10 +26,15 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.fx.graph import _PyTreeCodeGen
 from torch.utils import _pytree as pytree
 
-from autoplace.capture import fetch_attr, program_inputs
+from autoplace.capture import (
+    InterpreterRunner,
+    devices_as,
+    fetch_attr,
+    is_exported,
+    program_inputs,
+)
 from autoplace.errors import PlanError
 from autoplace.executor.local import on_device
 from autoplace.plan import Plan
@@ -101,11 +106,8 @@ def example_values(gm: fx.GraphModule, inputs: Sequence[Any], device: torch.devi
             return out
 
         def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple, dict]:
-            args, kwargs = super().fetch_args_kwargs_from_env(n)
-            if cuda:
-                args, kwargs = pytree.tree_map_only(torch.device, lambda _: device,
-                                                    (args, kwargs))
-            return args, kwargs
+            args_kwargs = super().fetch_args_kwargs_from_env(n)
+            return devices_as(args_kwargs, device) if cuda else args_kwargs
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     flat = program_inputs(gm, inputs)
@@ -122,24 +124,12 @@ def example_values(gm: fx.GraphModule, inputs: Sequence[Any], device: torch.devi
 
     tensors = {f"gm.{n}": on(t) for n, t in (*gm.named_parameters(), *gm.named_buffers())}
     fake = [on(x) if isinstance(x, torch.Tensor) else x for x in flat]
-    runner = _Runner(gm, _Rec(gm))
+    runner = InterpreterRunner(gm, _Rec(gm))
     cast = (torch.autocast("cuda", dtype=getattr(torch, autocast_dtype)) if autocast_dtype
             else contextlib.nullcontext())
     with mode, torch.no_grad(), cast:
         torch.func.functional_call(runner, tensors, tuple(fake), strict=False, tie_weights=True)
     return values
-
-
-class _Runner(nn.Module):
-    """Lets ``torch.func.functional_call`` swap ``gm``'s tensors for fakes of a device."""
-
-    def __init__(self, gm: fx.GraphModule, interp: fx.Interpreter) -> None:
-        super().__init__()
-        self.gm = gm
-        self._interp = [interp]
-
-    def forward(self, *args: Any) -> Any:
-        return self._interp[0].run(*args)
 
 
 def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
@@ -366,7 +356,7 @@ def build_stage(
         outs = tie(outs, outs_v)
         g.output(tuple(outs) if len(outs) > 1 else outs[0])
     gm_stage = fx.GraphModule(attrs, g)
-    if isinstance(gm.graph._codegen, _PyTreeCodeGen):  # an exported graph (see make_schedule)
+    if is_exported(gm):  # see make_schedule
         gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
                              tuple(_meta_like(v, grad=True) for v in outs_v))
     return gm_stage
