@@ -1,9 +1,11 @@
 """Hugging Face models as a user brings them: ``module:factory`` workloads, no autoplace code.
 
-Three model families whose graphs torch.fx cannot trace (autoplace captures them with
+Model families whose graphs torch.fx cannot trace (autoplace captures them with
 torch.export): GPT-2 (tied input and output embeddings), BERT (an attention mask input,
-indexing by tensors) and T5 (encoder-decoder, an optional input left ``None``, tied
-embeddings). Defaults are small, for CPU tests; ``scripts/bench_plans.py``'s ``hf-*``
+indexing by tensors), T5 (encoder-decoder, an optional input left ``None``, tied
+embeddings), Llama (rotary embeddings, grouped-query attention, RMSNorm, SwiGLU), Mixtral
+(Llama's attention with a top-2 mixture of experts in every layer: routing by the data)
+and ViT (image patches, a class token). Defaults are small, for CPU tests; ``scripts/bench_plans.py``'s ``hf-*``
 scenarios pass GPT-2 small / BERT-base / T5-small sizes. ``dropout`` defaults to 0 so that
 a plan's losses can be compared with the unpartitioned model's exactly. Named
 ``hf_models:gpt2`` with this folder on ``PYTHONPATH`` (the executor's worker processes
@@ -83,3 +85,51 @@ def t5(batch_size: int = 8, seq: int = 8, layers: int = 2, hidden: int = 64, hea
 
     return _workload("hf-t5", transformers.T5ForConditionalGeneration(cfg), make_batch, _lm_loss,
                      batch_size, lr, autocast_dtype)
+
+
+def _causal_lm_batch(vocab, seq):
+    def make_batch(bs, device):
+        ids = torch.randint(0, vocab, (bs, seq + 1), device=device)
+        return (ids[:, :-1],), ids[:, 1:]
+
+    return make_batch
+
+
+def llama(batch_size: int = 8, seq: int = 16, layers: int = 2, hidden: int = 64, heads: int = 4,
+          kv_heads: int = 2, vocab: int = 512, lr: float = 1e-3,
+          autocast_dtype: str | None = None) -> Workload:
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden,
+                                   intermediate_size=4 * hidden, num_hidden_layers=layers,
+                                   num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                   max_position_embeddings=seq, use_cache=False)
+    return _workload("hf-llama", transformers.LlamaForCausalLM(cfg), _causal_lm_batch(vocab, seq),
+                     _lm_loss, batch_size, lr, autocast_dtype)
+
+
+def mixtral(batch_size: int = 8, seq: int = 16, layers: int = 2, hidden: int = 64,
+            heads: int = 4, kv_heads: int = 2, experts: int = 4, vocab: int = 512,
+            lr: float = 1e-3, autocast_dtype: str | None = None) -> Workload:
+    cfg = transformers.MixtralConfig(vocab_size=vocab, hidden_size=hidden,
+                                     intermediate_size=2 * hidden, num_hidden_layers=layers,
+                                     num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                     num_local_experts=experts, num_experts_per_tok=2,
+                                     max_position_embeddings=seq, use_cache=False)
+    return _workload("hf-mixtral", transformers.MixtralForCausalLM(cfg),
+                     _causal_lm_batch(vocab, seq), _lm_loss, batch_size, lr, autocast_dtype)
+
+
+def vit(batch_size: int = 8, image: int = 32, patch: int = 8, layers: int = 2, hidden: int = 64,
+        heads: int = 4, classes: int = 10, dropout: float = 0.0, lr: float = 1e-3,
+        autocast_dtype: str | None = None) -> Workload:
+    cfg = transformers.ViTConfig(image_size=image, patch_size=patch, num_hidden_layers=layers,
+                                 hidden_size=hidden, num_attention_heads=heads,
+                                 intermediate_size=4 * hidden, num_labels=classes,
+                                 hidden_dropout_prob=dropout,
+                                 attention_probs_dropout_prob=dropout)
+
+    def make_batch(bs, device):
+        images = torch.randn(bs, 3, image, image, device=device)
+        return (images,), torch.randint(0, classes, (bs,), device=device)
+
+    return _workload("hf-vit", transformers.ViTForImageClassification(cfg), make_batch,
+                     _class_loss, batch_size, lr, autocast_dtype)

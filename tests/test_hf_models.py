@@ -1,10 +1,11 @@
 """Hugging Face models, unmodified, through capture, the CLI and every executor mode on CPU.
 
 The workloads are ``module:factory`` names of ``tests/hf_models.py``, as a user's own module
-would be; the executor's torchrun workers import it from ``PYTHONPATH``. Each run trains 3
+would be; the executor's torchrun workers import it from ``PYTHONPATH``. Each run trains 4
 steps and must match the unpartitioned model's losses (dropout off): GPT-2's and T5's tied
 embeddings cross pipeline stages, BERT indexes by its attention mask in the stage after the
-cut, T5 leaves an optional input ``None``.
+cut, T5 leaves an optional input ``None``, Llama's rotary tables and Mixtral's routing
+(top-2 of 4 experts per token) run on every stage and microbatch.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _workers_find_the_module(monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert", "t5"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "t5", "llama", "mixtral", "vit"])
 def test_captures_on_meta_with_torch_export(name):
     wl = workloads.get(f"hf_models:{name}", device="meta")
     g = capture_workload(wl)
@@ -108,6 +109,12 @@ RUNS = {
     "t5 local mb=2 (None input)": ("t5", {}, lambda g: split(g, microbatches=2), CPU2),
     "t5 gpipe (tied across the cut)": (
         "t5", TIED, lambda g: split(g, pipeline=2, microbatches=8), CPU2),  # microbatch of 1
+    "llama 1f1b": ("llama", {}, lambda g: split(g, pipeline=2, microbatches=4, schedule="1f1b"),
+                   CPU2),
+    "mixtral fsdp (experts chosen by the data)": (
+        "mixtral", {}, lambda g: single(g, data=2, shard="fsdp"), CPU2),
+    "mixtral local mb=2": ("mixtral", {}, lambda g: split(g, microbatches=2), CPU2),
+    "vit gpipe": ("vit", {}, lambda g: split(g, pipeline=2, microbatches=2), CPU2),
 }
 
 
