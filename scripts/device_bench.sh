@@ -15,6 +15,10 @@
 #                                                          # bench_copies: eager against CUDA
 #                                                          # graphs, one-process placements;
 #                                                          # JOBS: "scen:plan,plan;scen:..."
+#   scripts/device_bench.sh models OUT [SPECS] [BUDGET]    # tests/hf_models.py's models on
+#                                                          # the devices present: profile,
+#                                                          # auto, run (SPECS: "name:k=v,k=v
+#                                                          # name:..."), demo with "demo"
 #   scripts/device_bench.sh script OUT FILE [ARGS...]      # python3 FILE ARGS, logged
 # Installs gymnasium from wheels in .whl/ when the machine lacks it (the device machines
 # have torch, torch-geometric and networkx but no gymnasium), then autoplace itself
@@ -118,6 +122,36 @@ graphs)  # one-process placements eagerly and replayed as CUDA graphs, side by s
             --planners "${job#*:}" --out "$out/graphs-$scen.json" 2>&1 | tee -a "$out/log.txt"
     done
     rc=0
+    ;;
+models)  # Hugging Face models as a user brings them: profile, plan --planner auto, run
+    export PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+    specs=${3:-"llama:layers=12,hidden=768,heads=12,kv_heads=4,vocab=32000,seq=512,batch_size=16"}
+    budget=${4:-30s}
+    : > "$out/log.txt"
+    rc=0
+    for spec in $specs; do
+        if [ "$spec" = demo ]; then
+            (cd /tmp && timeout 300 autoplace demo) 2>&1 | tee -a "$out/log.txt"
+            rc=$((rc || $?))
+            continue
+        fi
+        name=${spec%%:*}
+        opts=(--option autocast_dtype=bfloat16 --option lr=3e-4)
+        IFS=',' read -ra kv <<< "${spec#*:}"
+        for x in "${kv[@]}"; do opts+=(--option "$x"); done
+        echo "=== $spec" | tee -a "$out/log.txt"
+        t0=$(date +%s)
+        timeout 200 autoplace profile --model "hf_models:$name" "${opts[@]}" --repeats 3 \
+            --cache-dir /tmp/prof --no-links -o "/tmp/$name-graph.json" 2>&1 | tail -n 3 \
+            | tee -a "$out/log.txt"
+        timeout 200 autoplace plan --model "hf_models:$name" "${opts[@]}" --cluster detect \
+            --planner auto --budget "$budget" --profile-dir /tmp/prof \
+            -o "$out/$name-plan.json" 2>&1 | tail -n 12 | tee -a "$out/log.txt"
+        timeout 200 autoplace run "$out/$name-plan.json" --steps 20 --warmup 5 \
+            --report "/tmp/$name-report.json" 2>&1 | tail -n 3 | tee -a "$out/log.txt"
+        rc=$((rc || $?))
+        echo "=== $name: $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
+    done
     ;;
 script)  # any Python script of the repo, after the set-up above: script OUT FILE ARGS...
     shift 2
