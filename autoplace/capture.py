@@ -111,7 +111,7 @@ def capture(
         else:
             return graph
     try:
-        gm = _export(model, args)
+        gm = _export(model, args, autocast_dtype)
     except Exception as e:
         raise CaptureError(
             f"cannot capture {name!r} ({type(model).__name__}): torch.fx failed: {fx_error}; "
@@ -180,6 +180,39 @@ def devices_as(value: Any, device: torch.device) -> Any:
     exported graph keeps the device it was traced on as constants (``to(device=meta)``,
     ``aten.to.device(mask, cpu)``), where the model meant its input's device."""
     return pytree.tree_map_only(torch.device, lambda _: device, value)
+
+
+def node_on_device(node: fx.Node, device: torch.device) -> None:
+    """Every device ``node`` names (``device=`` or positional, as in an exported graph's
+    ``aten.to.device(x, cpu)``) made ``device``, the one its op runs on, and an autocast
+    region's device type (``wrap_with_autocast("cpu", ...)``) made ``device``'s: a capture
+    keeps the device it traced on as a constant, where the model meant its input's."""
+    if any(isinstance(a, torch.device) for a in pytree.tree_leaves((node.args, node.kwargs))):
+        node.args, node.kwargs = devices_as((node.args, node.kwargs), device)
+    if (node.target is getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+            and node.args and isinstance(node.args[0], str) and node.args[0] != device.type):
+        node.args = (device.type, *node.args[1:])
+
+
+def body_on_device(body: Any, device: torch.device) -> Any:
+    """A copy of ``body``, a higher-order op's submodule (torch.export keeps a model's
+    ``no_grad`` and autocast regions as ``wrap_with_set_grad_enabled(False, body, ...)``),
+    whose ops and nested bodies name ``device`` (:func:`node_on_device`); anything else
+    as it is. The copy shares the body's tensors."""
+    if not isinstance(body, fx.GraphModule):
+        return body
+    out = fx.GraphModule(body, copy.deepcopy(body.graph))
+    for n in out.graph.nodes:
+        if n.op in ("call_function", "call_method"):
+            node_on_device(n, device)
+        elif n.op == "get_attr":
+            owner_path, _, attr = n.target.rpartition(".")
+            owner = out.get_submodule(owner_path) if owner_path else out
+            inner = getattr(owner, attr)
+            if isinstance(inner, fx.GraphModule):
+                setattr(owner, attr, body_on_device(inner, device))
+    out.recompile()
+    return out
 
 
 def program_inputs(gm: fx.GraphModule, inputs: Sequence[Any]) -> list[Any]:
@@ -342,19 +375,30 @@ def _fake_cpu(model: nn.Module, args: tuple, mode: Any) -> tuple[nn.Module, tupl
     return clone, fargs
 
 
-def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
+def _export(model: nn.Module, args: tuple, autocast_dtype: str | None = None) -> fx.GraphModule:
     if _on_meta(model, args):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         model, args = _fake_cpu(model, args, mode)
         with mode:
-            return _export_here(model, args)
-    return _export_here(model, args)
+            return _export_here(model, args, autocast_dtype)
+    return _export_here(model, args, autocast_dtype)
 
 
-def _export_here(model: nn.Module, args: tuple) -> fx.GraphModule:
-    with _quiet(), contextlib.redirect_stderr(io.StringIO()):  # export prints partial graphs
+def _export_here(model: nn.Module, args: tuple, autocast_dtype: str | None = None
+                 ) -> fx.GraphModule:
+    """``model`` exported on ``args`` (CPU tensors or CPU fakes).
+
+    With ``autocast_dtype`` the export runs under CPU autocast, as the model will run:
+    a region the model runs with autocast off (Llama's rotary embedding in transformers
+    5.17 calls ``torch.autocast(enabled=False)`` only where autocast is on) is kept as a
+    ``wrap_with_autocast`` call; exported without autocast it vanished and its matmul
+    ran in bf16 under the executor's autocast. The graph's ops are recorded before
+    autocast applies, so the rest of the graph is the same either way."""
+    cast = (torch.autocast("cpu", dtype=getattr(torch, autocast_dtype)) if autocast_dtype
+            else contextlib.nullcontext())
+    with _quiet(), contextlib.redirect_stderr(io.StringIO()), cast:  # export prints graphs
         try:  # batch dimension symbolic, so microbatches of any size run the module
             ep = torch.export.export(model, args, dynamic_shapes=_batch_dynamic(args),
                                      strict=False)
@@ -368,15 +412,18 @@ def _export_here(model: nn.Module, args: tuple) -> fx.GraphModule:
     # exported in (training); restore nn.Module's, which only set the flags
     for attr in ("train", "eval"):
         gm.__dict__.pop(attr, None)
-    # input guards and metadata asserts check nothing the planner needs: drop them
-    for node in list(gm.graph.nodes):
-        is_guard = node.op == "call_module" and node.target == "_guards_fn"
-        is_assert = node.op == "call_function" and str(node.target).startswith("aten._assert")
-        if (is_guard or is_assert) and not node.users:
-            gm.graph.erase_node(node)
+    # input guards and metadata asserts check nothing the planner needs: drop them (in the
+    # bodies of no_grad / autocast regions too, whose asserts name the capture's device)
+    for mod in [gm, *(m for m in gm.modules() if m is not gm and isinstance(m, fx.GraphModule))]:
+        for node in list(mod.graph.nodes):
+            is_guard = node.op == "call_module" and node.target == "_guards_fn"
+            is_assert = node.op == "call_function" and str(node.target).startswith("aten._assert")
+            if (is_guard or is_assert) and not node.users:
+                mod.graph.erase_node(node)
+        mod.recompile()
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
-    gm.recompile()
+        gm.recompile()
     return gm
 
 

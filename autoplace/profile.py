@@ -86,7 +86,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from autoplace.capture import program_inputs
+from autoplace.capture import body_on_device, fetch_attr, program_inputs
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 
@@ -401,18 +401,11 @@ def _devices_to(gm: fx.GraphModule, dev: torch.device) -> fx.GraphModule:
     executor remaps too (``executor.local.on_device``)."""
     named = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method") and any(
         isinstance(a, torch.device) and a != dev for a in pytree.tree_leaves((n.args, n.kwargs)))]
-    if not named:
+    bodies = [n for n in gm.graph.nodes if n.op == "get_attr"
+              and isinstance(fetch_attr(gm, n.target), fx.GraphModule)]
+    if not named and not bodies:
         return gm
-    import copy
-
-    from autoplace.executor.local import on_device
-
-    out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    for n in out.graph.nodes:
-        if n.op in ("call_function", "call_method"):
-            on_device(n, dev)
-    out.recompile()
-    return out
+    return body_on_device(gm, dev)  # the top graph and its no_grad / autocast regions' bodies
 
 
 def _timed_pass(gm: fx.GraphModule, flat: tuple, dev: torch.device, repeats: int,

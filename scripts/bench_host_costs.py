@@ -206,8 +206,8 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m]
     jobs: list[tuple[str, Any]] = []
     for spec in [s for s in args.synthetic.split(",") if s]:
-        b, l = (int(x) for x in spec.split("x"))
-        jobs.append((f"stack-{b}x{l}", lambda b=b, l=l: synthetic(b, l)))
+        b, layers = (int(x) for x in spec.split("x"))
+        jobs.append((f"stack-{b}x{layers}", lambda b=b, layers=layers: synthetic(b, layers)))
     for name in [s for s in args.scenarios.split(",") if s]:
         jobs.append((name, lambda name=name: scenario(name)))
     out: dict[str, Any] = {

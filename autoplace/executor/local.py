@@ -29,7 +29,13 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
-from autoplace.capture import devices_as, fetch_attr, model_output, program_inputs
+from autoplace.capture import (
+    body_on_device,
+    fetch_attr,
+    model_output,
+    node_on_device,
+    program_inputs,
+)
 from autoplace.plan import Plan
 
 __all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env", "issue_order",
@@ -122,12 +128,7 @@ class _Loss(nn.Module):
         return self.fn(self.restore(output) if self.restore else output, target)
 
 
-def on_device(node: fx.Node, device: torch.device) -> None:
-    """Every device ``node`` names (``device=`` or positional, as in an exported graph's
-    ``aten.to.device(x, cpu)``) made ``device``, the one its op runs on: a capture keeps the
-    device it traced on as a constant, where the model meant its input's device."""
-    if any(isinstance(a, torch.device) for a in pytree.tree_leaves((node.args, node.kwargs))):
-        node.args, node.kwargs = devices_as((node.args, node.kwargs), device)
+on_device = node_on_device  # the executor's name for it
 
 
 def split_value(value: Any, n: int) -> list[Any]:
@@ -434,8 +435,11 @@ class _Builder:
                 return graph.call_function(
                     _call_module_on, (ref, self.devices[dev], *args), dict(kwargs))
             self.attrs[node.target] = mod
-        elif node.op == "get_attr":
-            self.attrs[node.target] = fetch_attr(self.gm, node.target)
+        elif node.op == "get_attr":  # a no_grad / autocast region's body: on its op's device
+            user = next(iter(node.users), None)
+            at = self.dev_of.get(user.name, dev) if user is not None else dev
+            self.attrs[node.target] = body_on_device(fetch_attr(self.gm, node.target),
+                                                     self.devices[at])
         new = graph.node_copy(node, arg)
         if node.op in ("call_function", "call_method"):
             on_device(new, self.devices[dev])

@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from autoplace.capture import (
     InterpreterRunner,
+    body_on_device,
     devices_as,
     fetch_attr,
     is_exported,
@@ -108,6 +109,10 @@ def example_values(gm: fx.GraphModule, inputs: Sequence[Any], device: torch.devi
         def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple, dict]:
             args_kwargs = super().fetch_args_kwargs_from_env(n)
             return devices_as(args_kwargs, device) if cuda else args_kwargs
+
+        def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
+            value = super().get_attr(target, args, kwargs)
+            return body_on_device(value, device) if cuda else value
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     flat = program_inputs(gm, inputs)
@@ -290,7 +295,7 @@ def build_stage(
         if a.name in env:
             return env[a.name]
         if a.op == "get_attr":  # parameters and constants are copied where they are used
-            attrs[a.target] = fetch_attr(gm, a.target)
+            attrs[a.target] = body_on_device(fetch_attr(gm, a.target), device)
             env[a.name] = g.node_copy(a)
             return env[a.name]
         # a value from an earlier stage: tensors are inputs, the rest constants
