@@ -289,7 +289,10 @@ class _Timer(fx.Interpreter):
         def detach(t: Any) -> Any:
             if not isinstance(t, torch.Tensor):
                 return t
-            if not (t.is_floating_point() or t.is_complex()):
+            # a leaf requiring grad where the step's value does: a parameter, or what a
+            # differentiable op made of one (Mixtral's expert histogram, from histc, does
+            # not, and its int32 cumsum refuses an input that requires grad)
+            if not (t.is_floating_point() or t.is_complex()) or not t.requires_grad:
                 return t.detach()
             leaf = t.detach().requires_grad_(True)
             leaves.append(leaf)

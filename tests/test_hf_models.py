@@ -225,3 +225,15 @@ def test_profiles_t5_whose_bucket_indices_are_added_to_in_place():
     g = profile(workloads.get("hf_models:t5"), "cpu", repeats=2)
     assert all(op.fwd_time_s.get("cpu") is not None for op in g)
     assert sum(op.fwd_time_s["cpu"] for op in g) > 0
+
+
+def test_profiles_mixtral_whose_expert_counts_do_not_require_grad():
+    """Mixtral counts tokens per expert with ``histc`` and an int32 ``cumsum``: the profiler
+    gives an op's input a gradient only where the step's value has one (it made every float
+    input a leaf requiring grad, and the int32 cumsum refused it)."""
+    from autoplace.profile import profile
+
+    g = profile(workloads.get("hf_models:mixtral"), "cpu", repeats=2)
+    assert all(op.fwd_time_s.get("cpu") is not None for op in g)
+    timed_bwd = [op for op in g if op.bwd_time_s.get("cpu", 0.0) > 0]
+    assert len(timed_bwd) > len(g) // 3  # the differentiable ops keep their backward
