@@ -18,7 +18,7 @@ from region_models import rotary_net
 from torch import fx
 
 from autoplace import workloads
-from autoplace.capture import body_on_device, capture_workload
+from autoplace.capture import body_on_device, capture_workload, fetch_attr
 from autoplace.cluster import preset
 from autoplace.executor import execute
 from autoplace.executor.runner import capture_graph
@@ -91,3 +91,31 @@ def test_trains_like_the_unpartitioned_model(plan):
     r = execute(wl, p, cluster=preset("cpu-x2"), steps=3, warmup=1)
     assert r.ok, r.error
     assert r.max_loss_rel_diff < 1e-4, (r.loss, r.reference_loss)  # as test_hf_models
+
+
+@pytest.mark.slow
+def test_a_stage_without_parameters_trains_and_resumes(tmp_path):
+    """Program order puts the parameter-free position ops on stage 0 and every layer on
+    stage 1: stage 0 has nothing to update (it failed at AdamW's empty parameter list),
+    and its checkpoint holds no optimizer state."""
+    wl = workloads.get("region_models:rotary_net")
+    graph = capture_graph(wl)
+    cut = graph.order.index("linear")
+    plan = Plan.from_groups(graph, {op: int(i >= cut) for i, op in enumerate(graph.order)},
+                            [0, 1], parallel=ParallelConfig(pipeline=2, microbatches=2))
+    gm = graph.module
+    on_first = {n for n, g in plan.groups.items() if plan.placement[g] == 0}
+    params = {n.name for n in gm.graph.nodes
+              if n.op == "get_attr" and isinstance(fetch_attr(gm, n.target), torch.nn.Parameter)}
+    assert not any(a.name in params for n in gm.graph.nodes
+                   if n.name in on_first and n.op == "call_function" for a in n.all_input_nodes)
+    whole = execute(wl, plan, cluster=preset("cpu-x2"), steps=4, warmup=1)
+    assert whole.ok, whole.error
+    assert whole.max_loss_rel_diff < 1e-4, (whole.loss, whole.reference_loss)
+    first = execute(wl, plan, cluster=preset("cpu-x2"), steps=2, warmup=0,
+                    checkpoint_dir=tmp_path, reference=False)
+    assert first.ok, first.error
+    rest = execute(wl, plan, cluster=preset("cpu-x2"), steps=4, warmup=0,
+                   checkpoint_dir=tmp_path, resume=True, reference=False)
+    assert rest.ok, rest.error
+    assert rest.loss == pytest.approx(whole.loss[2:], rel=1e-6)

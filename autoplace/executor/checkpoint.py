@@ -38,6 +38,20 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _optimizers(optimizer: Any) -> Any:
+    """What ``torch.distributed.checkpoint.state_dict`` takes: the optimizer, or none for a
+    rank without parameters (``runner.NoParameters``)."""
+    return optimizer if isinstance(optimizer, torch.optim.Optimizer) else ()
+
+
+def _options(model: nn.Module) -> Any:
+    """State-dict options: strict, except for a rank whose part holds no tensors at all
+    (``get_state_dict`` refuses an empty model state otherwise)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(strict=any(True for _ in (*model.parameters(), *model.buffers())))
+
+
 def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     step: int) -> None:
     """Save the state after ``step`` steps (``step`` = number of steps done)."""
@@ -57,7 +71,7 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, _optimizers(optimizer), options=_options(model))
     tmp = directory / f"step-{step}.tmp"
     if dist.get_rank() == 0 and tmp.exists():
         shutil.rmtree(tmp)
@@ -95,12 +109,13 @@ def load_checkpoint(directory: str | Path, model: nn.Module,
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     name = latest.read_text().strip()
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, _optimizers(optimizer), options=_options(model))
     groups = copy.deepcopy(osd.get("param_groups"))
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(directory / name))
     if groups is not None:  # DCP does not round-trip tuples (AdamW's betas); same hyperparameters
         state["optim"]["param_groups"] = groups
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+    if state["model"]:  # a rank without tensors has nothing to restore
+        set_state_dict(model, _optimizers(optimizer), options=_options(model),
+                       model_state_dict=state["model"], optim_state_dict=state["optim"])
     return int(name.split("-", 1)[1])

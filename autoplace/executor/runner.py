@@ -195,8 +195,29 @@ def _autocast(workload: Workload, device: torch.device, cache: bool | None = Non
     return torch.autocast(device.type, enabled=False)
 
 
+class NoParameters:
+    """The optimizer of a rank whose part of the plan holds no parameters (a pipeline
+    stage of parameter-free ops): nothing to update, an empty state."""
+
+    param_groups: list[dict[str, Any]] = []
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
 def _optimizer(params: list[nn.Parameter], workload: Workload,
-               device: torch.device) -> torch.optim.Optimizer:
+               device: torch.device) -> torch.optim.Optimizer | NoParameters:
+    if not params:
+        return NoParameters()
     # fused on CUDA, sharded (DTensor) parameters included: foreach AdamW allocates
     # temporaries as large as all the parameters it updates, which a memory cap feels
     kw: dict[str, Any] = {"fused": True} if device.type == "cuda" else {}
