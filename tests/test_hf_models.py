@@ -168,6 +168,10 @@ GPU_RUNS = {
     "bert gpipe": ("bert", {}, lambda g: split(g, pipeline=2, microbatches=2)),
     "t5 fsdp": ("t5", {}, lambda g: single(g, data=2, shard="fsdp")),
     "t5 gpipe (tied across the cut)": ("t5", {}, lambda g: split(g, pipeline=2, microbatches=2)),
+    "llama 1f1b (rotary region on both stages)": (
+        "llama", {}, lambda g: split(g, pipeline=2, microbatches=4, schedule="1f1b")),
+    "mixtral fsdp": ("mixtral", {}, lambda g: single(g, data=2, shard="fsdp")),
+    "vit ddp": ("vit", {}, lambda g: single(g, data=2)),
 }
 
 
@@ -185,6 +189,29 @@ def test_trains_like_the_unpartitioned_model_on_two_gpus(run):
     wl = workloads.get(f"hf_models:{name}", autocast_dtype="bfloat16", **options)
     r = execute(wl, make_plan(capture_graph(wl)), cluster=Cluster.detect().subset([0, 1]),
                 steps=4, warmup=1)
+    assert r.ok, r.error
+    assert r.max_loss_rel_diff < 1e-3, (r.loss, r.reference_loss)
+
+
+ONE_GPU_RUNS = {
+    "llama eager (rotary angles in fp32 under bf16 autocast)": ("llama", {}),
+    "llama graphs": ("llama", {"graphs": True}),
+    "mixtral graphs (experts routed by the data)": ("mixtral", {"graphs": True}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("run", list(ONE_GPU_RUNS))
+def test_trains_like_the_unpartitioned_model_on_one_gpu(run):
+    """The whole model on one GPU, bf16 autocast, eager or replayed as CUDA graphs: the
+    exported no_grad / autocast-off regions run on the GPU with autocast off inside."""
+    from autoplace.cluster import Cluster
+
+    name, parallel = ONE_GPU_RUNS[run]
+    wl = workloads.get(f"hf_models:{name}", autocast_dtype="bfloat16")
+    r = execute(wl, single(capture_graph(wl), **parallel),
+                cluster=Cluster.detect().subset([0]), steps=4, warmup=1)
     assert r.ok, r.error
     assert r.max_loss_rel_diff < 1e-3, (r.loss, r.reference_loss)
 
