@@ -161,6 +161,8 @@ class OpGraph:
         self.module = module
         #: the dtype autocast trains in (set by capture): FSDP2 gathers parameters in it
         self.autocast_dtype: str | None = None
+        #: which tracer made it (set by capture): ``"fx"`` or ``"export"`` (None: unknown)
+        self.capture_method: str | None = None
         self._fingerprint: str | None = None
 
     # ----------------------------------------------------------------- access
@@ -291,6 +293,8 @@ class OpGraph:
         }
         if self.autocast_dtype:
             out["autocast_dtype"] = self.autocast_dtype
+        if self.capture_method:
+            out["capture_method"] = self.capture_method
         return out
 
     @classmethod
@@ -302,6 +306,8 @@ class OpGraph:
         graph = cls(str(data["name"]), nodes, edges)
         if data.get("autocast_dtype") in ("bfloat16", "float16"):
             graph.autocast_dtype = data["autocast_dtype"]
+        if data.get("capture_method") in ("fx", "export"):
+            graph.capture_method = data["capture_method"]
         return graph
 
     def save(self, path: str | Path) -> None:

@@ -84,6 +84,7 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         succs[idx[u]].append(idx[v])
         succ_bytes[idx[u]].append(float(b))
     ops = graph.ops
+    exported = getattr(graph, "capture_method", None) == "export"
     arrays = GraphArrays(
         n=n,
         names=list(graph.order),
@@ -97,8 +98,12 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         param_count=np.array([len(op.param_names) for op in ops], dtype=np.float64),
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
         out_bytes=np.array([op.transient_bytes for op in ops], dtype=np.float64),
-        block_key=[_block_key(op.module_path) for op in ops],
-        gather_scale=0.5 if graph.autocast_dtype in ("bfloat16", "float16") else 1.0,
+        # an exported graph calls no submodules, so the executor's FSDP2 finds no blocks in
+        # it: one unit of all its parameters, gathered as they are, fp32
+        # (``executor.data.wrap_data_parallel``, ``executor.build._param_dtype``)
+        block_key=[_block_key(op.module_path) if not exported else "" for op in ops],
+        gather_scale=0.5 if graph.autocast_dtype in ("bfloat16", "float16") and not exported
+        else 1.0,
     )
     graph.__dict__["_sim_arrays"] = arrays
     return arrays

@@ -264,3 +264,27 @@ def test_profiles_mixtral_whose_expert_counts_do_not_require_grad():
     assert all(op.fwd_time_s.get("cpu") is not None for op in g)
     timed_bwd = [op for op in g if op.bwd_time_s.get("cpu", 0.0) > 0]
     assert len(timed_bwd) > len(g) // 3  # the differentiable ops keep their backward
+
+
+def test_an_exported_graph_is_one_fsdp_unit_gathered_in_fp32():
+    """An exported graph calls no submodules, so the executor's FSDP2 finds no blocks in it
+    (one parameter group, gathered as the parameters are: fp32, ``build._param_dtype``);
+    the simulator's FSDP2 model says the same, and the graph file keeps how it was made."""
+    from autoplace.graph import OpGraph
+    from autoplace.sim import simulate
+    from autoplace.sim_model import fsdp_units, graph_arrays
+
+    g = capture_workload(workloads.get("hf_models:gpt2", device="meta",
+                                       autocast_dtype="bfloat16"))
+    ga = graph_arrays(g)
+    _, unit_bytes, _ = fsdp_units(ga, [0] * ga.n, 1)
+    assert unit_bytes == [pytest.approx(float(ga.param_bytes.sum()))]
+    assert ga.gather_scale == 1.0
+    again = OpGraph.from_json(g.to_json())
+    assert again.capture_method == "export" and graph_arrays(again).gather_scale == 1.0
+    mem = simulate(g, single(g, data=2, shard="fsdp"), CPU2).memory_breakdown[0]
+    assert mem["params"] == pytest.approx(float(ga.param_bytes.sum()))  # all of it gathered
+    fx_graph = capture_workload(workloads.get("gpt-tiny", device="meta",
+                                              autocast_dtype="bfloat16"))
+    assert graph_arrays(fx_graph).gather_scale == 0.5  # blocks, gathered in bf16
+    assert len(fsdp_units(graph_arrays(fx_graph), [0] * len(fx_graph), 1)[1]) > 1
