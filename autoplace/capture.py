@@ -414,7 +414,7 @@ def _export_here(model: nn.Module, args: tuple, autocast_dtype: str | None = Non
         gm.__dict__.pop(attr, None)
     # input guards and metadata asserts check nothing the planner needs: drop them (in the
     # bodies of no_grad / autocast regions too, whose asserts name the capture's device)
-    for mod in [gm, *(m for m in gm.modules() if m is not gm and isinstance(m, fx.GraphModule))]:
+    for mod in (m for m in gm.modules() if isinstance(m, fx.GraphModule)):
         for node in list(mod.graph.nodes):
             is_guard = node.op == "call_module" and node.target == "_guards_fn"
             is_assert = node.op == "call_function" and str(node.target).startswith("aten._assert")
@@ -423,7 +423,6 @@ def _export_here(model: nn.Module, args: tuple, autocast_dtype: str | None = Non
         mod.recompile()
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
-        gm.recompile()
     return gm
 
 

@@ -401,7 +401,7 @@ def _devices_to(gm: fx.GraphModule, dev: torch.device) -> fx.GraphModule:
     """``gm``, or a GraphModule sharing its modules whose ops name ``dev`` wherever they name
     a device: an exported graph keeps the device it was captured on (CPU) as constants
     (T5's positions: "index is on cpu, different from other tensors on cuda:0"), which the
-    executor remaps too (``executor.local.on_device``)."""
+    executor remaps too (``capture.node_on_device``)."""
     named = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method") and any(
         isinstance(a, torch.device) and a != dev for a in pytree.tree_leaves((n.args, n.kwargs)))]
     bodies = [n for n in gm.graph.nodes if n.op == "get_attr"

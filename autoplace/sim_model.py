@@ -84,7 +84,7 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         succs[idx[u]].append(idx[v])
         succ_bytes[idx[u]].append(float(b))
     ops = graph.ops
-    exported = getattr(graph, "capture_method", None) == "export"
+    exported = graph.capture_method == "export"
     arrays = GraphArrays(
         n=n,
         names=list(graph.order),

@@ -30,6 +30,14 @@ def _class_loss(out, target):
     return F.cross_entropy(out.logits.float(), target)
 
 
+def _causal_lm_batch(vocab, seq):
+    def make_batch(bs, device):
+        ids = torch.randint(0, vocab, (bs, seq + 1), device=device)
+        return (ids[:, :-1],), ids[:, 1:]
+
+    return make_batch
+
+
 def _workload(name, model, make_batch, loss_fn, batch_size, lr, autocast_dtype):
     return Workload(name=name, model=model, make_batch=make_batch, loss_fn=loss_fn,
                     batch_size=batch_size, lr=lr, autocast_dtype=autocast_dtype)
@@ -43,12 +51,8 @@ def gpt2(batch_size: int = 8, seq: int = 16, layers: int = 2, hidden: int = 64, 
                                   attn_pdrop=dropout, bos_token_id=0, eos_token_id=0,
                                   use_cache=False)
 
-    def make_batch(bs, device):
-        ids = torch.randint(0, vocab, (bs, seq + 1), device=device)
-        return (ids[:, :-1],), ids[:, 1:]
-
-    return _workload("hf-gpt2", transformers.GPT2LMHeadModel(cfg), make_batch, _lm_loss,
-                     batch_size, lr, autocast_dtype)
+    return _workload("hf-gpt2", transformers.GPT2LMHeadModel(cfg), _causal_lm_batch(vocab, seq),
+                     _lm_loss, batch_size, lr, autocast_dtype)
 
 
 def bert(batch_size: int = 8, seq: int = 16, layers: int = 2, hidden: int = 64, heads: int = 4,
@@ -85,14 +89,6 @@ def t5(batch_size: int = 8, seq: int = 8, layers: int = 2, hidden: int = 64, hea
 
     return _workload("hf-t5", transformers.T5ForConditionalGeneration(cfg), make_batch, _lm_loss,
                      batch_size, lr, autocast_dtype)
-
-
-def _causal_lm_batch(vocab, seq):
-    def make_batch(bs, device):
-        ids = torch.randint(0, vocab, (bs, seq + 1), device=device)
-        return (ids[:, :-1],), ids[:, 1:]
-
-    return make_batch
 
 
 def llama(batch_size: int = 8, seq: int = 16, layers: int = 2, hidden: int = 64, heads: int = 4,

@@ -39,7 +39,7 @@ from autoplace.capture import (
 from autoplace.plan import Plan
 
 __all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env", "issue_order",
-           "move_to", "move_to_streamed", "on_device", "split_value"]
+           "move_to", "move_to_streamed", "split_value"]
 
 _META_METHODS = {"size", "dim", "numel", "ndimension", "get_device", "element_size"}
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"}
@@ -126,9 +126,6 @@ class _Loss(nn.Module):
 
     def forward(self, output: Any, target: torch.Tensor) -> torch.Tensor:
         return self.fn(self.restore(output) if self.restore else output, target)
-
-
-on_device = node_on_device  # the executor's name for it
 
 
 def split_value(value: Any, n: int) -> list[Any]:
@@ -442,7 +439,7 @@ class _Builder:
                                                      self.devices[at])
         new = graph.node_copy(node, arg)
         if node.op in ("call_function", "call_method"):
-            on_device(new, self.devices[dev])
+            node_on_device(new, self.devices[dev])
         return new
 
     homes: dict[int, int]

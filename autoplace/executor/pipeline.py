@@ -34,10 +34,10 @@ from autoplace.capture import (
     devices_as,
     fetch_attr,
     is_exported,
+    node_on_device,
     program_inputs,
 )
 from autoplace.errors import PlanError
-from autoplace.executor.local import on_device
 from autoplace.plan import Plan
 
 __all__ = ["build_stage", "example_values", "make_schedule", "stage_of_ops", "tied_parameters"]
@@ -308,7 +308,7 @@ def build_stage(
             attrs[n.target] = fetch_attr(gm, n.target)
         new = g.node_copy(n, ref)
         if n.op in ("call_function", "call_method"):
-            on_device(new, device)
+            node_on_device(new, device)
         env[n.name] = new
         value_of[new] = values.get(n.name)
 

@@ -199,8 +199,6 @@ class NoParameters:
     """The optimizer of a rank whose part of the plan holds no parameters (a pipeline
     stage of parameter-free ops): nothing to update, an empty state."""
 
-    param_groups: list[dict[str, Any]] = []
-
     def step(self) -> None:
         pass
 
