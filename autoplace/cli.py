@@ -195,7 +195,7 @@ def _graph_of(workload, profile_dir: str | None = None, cluster: Any = None):
 
     graph = capture_workload(workload)
     if profile_dir is not None:
-        from autoplace.profile import apply_cached
+        from autoplace.costs.profile import apply_cached
 
         if not Path(profile_dir).is_dir():
             raise AutoplaceError(f"--profile-dir {profile_dir}: no such folder; write one with "
@@ -375,10 +375,10 @@ def cmd_show(cfg: ShowConfig) -> int:
 
 
 def cmd_plan(cfg: PlanConfig) -> int:
-    from autoplace import baselines
+    from autoplace import planners
 
     if cfg.list:
-        for name in [*baselines.names(), "auto"]:
+        for name in [*planners.names(), "auto"]:
             print(name)
         return 0
     wl = _model(cfg, device="meta")
@@ -393,12 +393,12 @@ def cmd_plan(cfg: PlanConfig) -> int:
 
         plan = place(cfg.policy, graph, cluster)
     elif cfg.planner == "auto":
-        from autoplace.auto import auto_plan
+        from autoplace.search.auto import auto_plan
 
         plan = auto_plan(wl.spec, cluster, budget=cfg.budget, graph=graph, progress=True,
                          cache_dir=cfg.profile_dir)
     else:
-        planner = baselines.get(cfg.planner)
+        planner = planners.get(cfg.planner)
         seeded = "seed" in inspect.signature(inspect.unwrap(planner)).parameters
         plan = planner(graph, cluster, **({"seed": cfg.seed} if seeded else {}))
     if cfg.graphs:
@@ -426,14 +426,14 @@ def cmd_plan(cfg: PlanConfig) -> int:
 
 
 def cmd_compare(cfg: CompareConfig) -> int:
-    from autoplace.compare import compare, format_table
+    from autoplace.search.compare import compare, format_table
 
     wl = _model(cfg, device="meta")
     cluster = _cluster(cfg.cluster, cfg.memory_cap)
     graph = _graph_of(wl, cfg.profile_dir, cluster)
     calibration = None
     if cfg.profile_dir:
-        from autoplace.calibration import Calibration
+        from autoplace.search.calibration import Calibration
 
         calibration = Calibration.load(cfg.profile_dir, graph, cluster)
         if not calibration.samples:
@@ -540,7 +540,7 @@ def cmd_train(cfg: TrainConfig) -> int:
 
 
 def cmd_profile(cfg: ProfileConfig) -> int:
-    from autoplace.profile import profile
+    from autoplace.costs.profile import profile
 
     wl = _model(cfg)
     cluster = _cluster(cfg.cluster, cfg.memory_cap)

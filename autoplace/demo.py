@@ -52,10 +52,10 @@ def run_demo(
             simulated first; ``single`` always).
     """
     from autoplace import viz, workloads
-    from autoplace.auto import signature
+    from autoplace.search.auto import signature
     from autoplace.capture import capture_workload
     from autoplace.cluster import resolve
-    from autoplace.compare import compare, format_table
+    from autoplace.search.compare import compare, format_table
     from autoplace.executor.launch import run_plan
     from autoplace.policies import train
     from autoplace.sim import simulate

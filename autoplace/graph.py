@@ -8,7 +8,7 @@ Nodes are kept in program order, which is a topological order.
 Per node (:class:`OpNode`): op kind, output shapes / dtypes / bytes, parameter
 bytes and names, activation bytes kept for backward, forward FLOPs, and forward
 and backward time per device kind (filled by :func:`autoplace.costs.estimate_costs`
-or :func:`autoplace.profile.profile`), and, where profiled, the part of each that
+or :func:`autoplace.costs.profile.profile`), and, where profiled, the part of each that
 does not shrink with the batch (``fwd_fixed_s`` / ``bwd_fixed_s``). Per edge: the
 bytes of the tensor that flows.
 
@@ -60,7 +60,7 @@ class OpNode:
         fwd_time_s: forward time in seconds per device kind.
         bwd_time_s: backward time in seconds per device kind.
         fwd_fixed_s: the part of ``fwd_time_s`` that does not shrink with the batch,
-            per device kind, where measured (:func:`autoplace.profile.profile` fits it
+            per device kind, where measured (:func:`autoplace.costs.profile.profile` fits it
             from a second run at a smaller batch); absent kinds are unknown and the
             simulator falls back to the device's launch overhead.
         bwd_fixed_s: the same for ``bwd_time_s``.

@@ -21,7 +21,7 @@ from matplotlib.patches import Patch  # noqa: E402
 if TYPE_CHECKING:
     from autoplace.graph import OpGraph
     from autoplace.plan import Plan
-    from autoplace.sim_model import Event
+    from autoplace.sim.model import Event
 
 __all__ = ["KIND_COLORS", "bar_chart", "gantt", "placement_picture", "suite_figure",
            "training_curve"]

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     from autoplace import workloads
     from autoplace.cluster import Cluster
     from autoplace.executor.runner import capture_graph
-    from autoplace.profile import apply_cached
+    from autoplace.costs.profile import apply_cached
     from autoplace.sim import simulate
 
     gpu = torch.cuda.is_available() and torch.cuda.device_count() >= 2

@@ -5,7 +5,7 @@
 The simulator charges each copy between GPUs of a one-process placement
 ``Device.copy_host_s`` on the host thread that issues it: the forward thread for
 ``Tensor.to``, the consumer device's autograd thread for the gradient's copy back
-(``autoplace.sim_local.backward_issue``). This measures that cost directly: a chain of
+(``autoplace.sim.local.backward_issue``). This measures that cost directly: a chain of
 ``--links`` steps, each a multiply and, in the crossing chain, a copy to the other GPU,
 built forward and run backward with nothing waiting for the GPUs inside the timed
 calls; the per-copy cost is the crossing chain's host time minus the same-device

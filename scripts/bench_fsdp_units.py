@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_plans import SCENARIOS  # noqa: E402
 
-from autoplace import baselines, workloads  # noqa: E402
+from autoplace import planners, workloads  # noqa: E402
 from autoplace.capture import capture_workload  # noqa: E402
 from autoplace.cluster import parse_bytes, resolve  # noqa: E402
 from autoplace.executor.launch import run_plan  # noqa: E402
@@ -62,7 +62,7 @@ def main() -> int:
         if args.uncapped or not cap:
             clusters["uncapped"] = resolve("detect")
         g = capture_workload(wl)
-        fsdp = baselines.get("fsdp")(g, next(iter(clusters.values())))
+        fsdp = planners.get("fsdp")(g, next(iter(clusters.values())))
         plans = {"fsdp": fsdp, "zero2": fsdp.with_parallel(shard="zero2")}
         plans = {k: plans[k] for k in args.plans.split(",")}
         for r in range(args.rounds):

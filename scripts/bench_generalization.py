@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from autoplace import baselines, workloads
+from autoplace import planners, workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import resolve
 from autoplace.costs import estimate_costs
@@ -119,7 +119,7 @@ for label, graph in held:
     own_s = time.perf_counter() - t
     base = {}
     for name in ("critical-path", "m-etf", "expert"):
-        r = simulate(graph, baselines.get(name)(graph, cluster), cluster)
+        r = simulate(graph, planners.get(name)(graph, cluster), cluster)
         base[name] = math.inf if r.oom else r.step_time_s
     ratio = zero_step / own.best_step_time_s
     rows.append({"graph": label, "ops": len(graph), "zero_shot_step_time_s": zero_step,

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from autoplace.baselines.manual import halves_name, hand_written
+from autoplace.planners.manual import halves_name, hand_written
 
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
 MANUAL = ("single", *(halves_name(n) for n in (2, 3, 4, 8)), "ddp", "fsdp", "pipeline-gpipe",
@@ -221,7 +221,7 @@ def hybrid_plans(graph, cluster) -> dict[str, Any]:
     """Hybrid plans measured by name whatever auto picks: the best simulated plan with
     microbatches flowing through a one-process placement on every device, and on 4+
     devices the best of every data x pipeline factorisation (dp=2 x pp=2, ...)."""
-    from autoplace.baselines.pipeline_dp import hybrid_candidates
+    from autoplace.planners.pipeline_dp import hybrid_candidates
 
     n = cluster.num_devices
     out: dict[str, Any] = {}
@@ -293,8 +293,8 @@ def tau_beyond_spread(rows: list[dict[str, Any]]) -> tuple[float | None, int]:
 
 def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                  out: dict[str, Any], save) -> None:
-    from autoplace import baselines, workloads
-    from autoplace.auto import auto_plan, signature
+    from autoplace import planners, workloads
+    from autoplace.search.auto import auto_plan, signature
     from autoplace.capture import capture_workload
     from autoplace.cluster import parse_bytes, resolve
     from autoplace.executor.launch import short_error
@@ -312,7 +312,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     # before (another memory cap) keeps its jobs. Not kept across workloads: after a DDP
     # run a job still holds a gradient-sized allocation (3.9 GiB for gpt-1b on 2x H200)
     # until its next run, which a smaller workload's memory cap would count
-    first = [baselines.get("single")(graph, cluster), baselines.get("ddp")(graph, cluster)]
+    first = [planners.get("single")(graph, cluster), planners.get("ddp")(graph, cluster)]
     weights = h.weights_file(spec)
     preload = (json.dumps(spec, sort_keys=True), weights)
     if h.warm_for != preload:
@@ -322,7 +322,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
         h.pool.ensure(first, cluster=cluster)
     t0 = time.perf_counter()
     if args.profile and not args.cpu:
-        from autoplace.profile import profile
+        from autoplace.costs.profile import profile
 
         graph = profile(h.workload(spec), [cluster.devices[0].name], repeats=3,
                         cache_dir=CACHE)
@@ -330,7 +330,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     profile_s = time.perf_counter() - t0
     cap = sc["cap"]
     if cap == "auto":  # 75% of what one device really needs (measured; simulated on CPU)
-        single = baselines.get("single")(graph, cluster)
+        single = planners.get("single")(graph, cluster)
         need = simulate(graph, single, cluster).peak_memory_bytes[0]
         rep = h.measure(spec, single, cluster, steps=2, warmup=1)
         if rep.peak_memory_bytes and max(rep.peak_memory_bytes) > 0 and not rep.error:
@@ -353,7 +353,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     for k in ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp"):
         t = time.perf_counter()
         try:
-            plans[k] = baselines.get(k)(graph, cluster)
+            plans[k] = planners.get(k)(graph, cluster)
         except Exception as e:  # noqa: BLE001 - a failing planner is a result
             say(f"  {k} failed: {e}")
             continue
@@ -392,7 +392,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
         say(f"  auto failed: {e}")
 
     # ---- the calibration auto saved (its measurements, and earlier runs' on this machine)
-    from autoplace.calibration import Calibration
+    from autoplace.search.calibration import Calibration
 
     cal = Calibration.load(CACHE, graph, cluster)
     say(f"  calibration: {len(cal.samples)} samples, "

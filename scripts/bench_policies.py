@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from autoplace import baselines, workloads
+from autoplace import planners, workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import format_bytes, resolve
 from autoplace.costs import estimate_costs
@@ -129,7 +129,7 @@ for workload in names:
             for name in args.baselines.split(","):
                 t = time.perf_counter()
                 try:
-                    result = simulate(graph, baselines.get(name)(graph, cluster), cluster)
+                    result = simulate(graph, planners.get(name)(graph, cluster), cluster)
                     scores[name] = math.inf if result.oom else result.step_time_s
                 except Exception as e:  # noqa: BLE001 - a failing baseline is a table entry
                     print(f"  {name} failed on {workload}/{preset}: {e}")

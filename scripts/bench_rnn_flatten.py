@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import bench_plans as bp
     import torch
 
-    from autoplace import baselines, workloads
+    from autoplace import planners, workloads
     from autoplace.capture import capture_workload
     from autoplace.cluster import Cluster
     from autoplace.executor import execute
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     hand = dict(bp.hand_written(graph, cluster))
     plans = {}
     for name in a.planners.split(","):
-        plans[name] = hand[name] if name in hand else baselines.get(name)(graph, cluster)
+        plans[name] = hand[name] if name in hand else planners.get(name)(graph, cluster)
     real = local_mod.reflatten_rnns
     runs = []
     for rnd in range(a.rounds):

@@ -95,7 +95,7 @@ import sys, time
 sys.path.insert(0, "scripts")
 import bench_plans as bp
 from autoplace import workloads
-from autoplace.profile import profile
+from autoplace.costs.profile import profile
 for name in sys.argv[2].split(","):
     sc = bp.SCENARIOS[name]
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ judged against every stored run):
         bench/results/2026-11-27-h200x4-s21-suite.json:s21x4
 
 ``--carried-calibration`` (several suites, in the order they ran) adds held-out fidelity as
-a user gets it: auto saves its calibration (:mod:`autoplace.calibration`) in the profile
+a user gets it: auto saves its calibration (:mod:`autoplace.search.calibration`) in the profile
 cache and the next run of the same model on the same cluster starts from it. For each
 scenario it takes the calibration of the same graph, device kind and count and memory cap
 saved by the most recent *earlier* suite on the command line that has one
@@ -101,9 +101,9 @@ def rebuild_plans(name: str, cluster, profiles: str | None, kind: str):
     (the scenario's memory cap already applied): ``(graph, profiled, {planner: plan})``."""
     import bench_plans as bp
 
-    from autoplace import baselines, workloads
+    from autoplace import planners, workloads
     from autoplace.capture import capture_workload
-    from autoplace.profile import apply_cached
+    from autoplace.costs.profile import apply_cached
 
     sc = bp.SCENARIOS[name]
     meta = workloads.get(sc["model"], device="meta", **sc["options"])
@@ -111,7 +111,7 @@ def rebuild_plans(name: str, cluster, profiles: str | None, kind: str):
     profiled = bool(profiles) and bool(apply_cached(graph, profiles, [kind]))
     plans = dict(bp.hand_written(graph, cluster))  # split by analytic costs, as the suite
     for k in DETERMINISTIC:
-        plans[k] = baselines.get(k)(graph, cluster)
+        plans[k] = planners.get(k)(graph, cluster)
     plans.update(bp.hybrid_plans(graph, cluster))
     return graph, profiled, plans
 
@@ -142,7 +142,7 @@ def carried_calibration(folder: str | Path | None, graph, cluster, earlier: list
     ``own`` tags; None without one (or without a folder). Read by ``Calibration.load`` from a
     temporary copy under the untagged name (a file it rejects, with its warning, counts as
     none)."""
-    from autoplace.calibration import Calibration, calibration_path, same_cap_regime
+    from autoplace.search.calibration import Calibration, calibration_path, same_cap_regime
 
     if folder is None:
         return None

@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import pytest
 
-from autoplace import baselines, workloads
-from autoplace.auto import auto_plan, family, signature
-from autoplace.calibration import Calibration, calibration_path
+from autoplace import planners, workloads
+from autoplace.search.auto import auto_plan, family, signature
+from autoplace.search.calibration import Calibration, calibration_path
 from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.executor.report import RunReport
@@ -118,7 +118,7 @@ def test_second_search_starts_from_saved_calibration(setup, tmp_path):
 def test_calibration_factors_and_defaults(setup):
     graph, cluster = setup
     cal = Calibration.empty(graph, cluster)
-    plan = baselines.get("ddp")(graph, cluster)
+    plan = planners.get("ddp")(graph, cluster)
     sim = simulate(graph, plan, cluster)
     assert cal.step_time(plan, 1.0) == 1.0  # no samples: the simulator as is
     cal.record(plan, "ddp", sim.step_time_s, max(sim.peak_memory_bytes), 2.0 * sim.step_time_s)
@@ -140,11 +140,11 @@ def test_a_searched_plan_does_not_correct_the_planners_plans(setup):
     """An annealed (or policy) plan's error does not carry over to a planner's plan of
     its family (the winner's curse: the search picked what the simulator underrates);
     it still corrects plans found the same way."""
-    from autoplace.calibration import searched
+    from autoplace.search.calibration import searched
 
     graph, cluster = setup
     cal = Calibration.empty(graph, cluster)
-    heuristic = baselines.get("expert")(graph, cluster)
+    heuristic = planners.get("expert")(graph, cluster)
     annealed = replace(heuristic, planner={"name": "anneal"})
     policy = replace(heuristic, planner={"name": "gnn", "trainer": "reinforce"})
     assert not searched(heuristic) and searched(annealed) and searched(policy)
@@ -224,8 +224,8 @@ def test_the_one_device_plan_and_the_hand_written_options_are_measured_past_the_
     the hand-written contiguous split (split by analytic costs), then every other
     hand-written option predicted within MANUAL_WITHIN of the best, however the budget
     stands."""
-    from autoplace.auto import MANUAL_WITHIN
-    from autoplace.baselines.manual import hand_written
+    from autoplace.search.auto import MANUAL_WITHIN
+    from autoplace.planners.manual import hand_written
 
     graph, cluster = setup
     log: list = []
@@ -340,10 +340,10 @@ def test_microbatch_variants_skip_counts_a_pipeline_cannot_take(setup):
     """A 2-stage pipeline with 2 microbatches has no variant with 1 (a pipeline needs at
     least one microbatch per stage): only the one with 4 (on 4x H200 auto stopped with
     "a 2-stage pipeline needs at least 2 microbatches, got 1")."""
-    from autoplace.auto import _microbatch_variants
+    from autoplace.search.auto import _microbatch_variants
 
     graph, cluster = setup
-    plan = baselines.get("pipeline")(graph, cluster).with_parallel(microbatches=2)
+    plan = planners.get("pipeline")(graph, cluster).with_parallel(microbatches=2)
     c = {"planner": "pipeline", "plan": plan}
     variants = _microbatch_variants(c, graph, cluster)
     assert [v["plan"].parallel.microbatches for v in variants] == [4]
@@ -351,15 +351,15 @@ def test_microbatch_variants_skip_counts_a_pipeline_cannot_take(setup):
     assert variants[0]["plan"].parallel.pipeline == 2
     # a placement without microbatches, and a one-device plan: no variants
     for name in ("expert", "single"):
-        assert _microbatch_variants({"planner": name, "plan": baselines.get(name)(graph, cluster)},
+        assert _microbatch_variants({"planner": name, "plan": planners.get(name)(graph, cluster)},
                                     graph, cluster) == []
 
 
 def test_graphed_twins_of_one_process_plans_only_on_gpus(setup):
     """On GPUs auto also considers every one-process plan replayed as CUDA graphs, a
     family of its own for the calibration; on CPUs it does not."""
-    from autoplace.auto import _graphed_rows
-    from autoplace.compare import compare
+    from autoplace.search.auto import _graphed_rows
+    from autoplace.search.compare import compare
 
     graph, cluster = setup
     rows = compare(graph, cluster, ["single", "expert", "ddp", "pipeline"], progress=False)
@@ -376,15 +376,15 @@ def test_a_plan_simulated_a_little_over_the_cap_is_measured_in_its_turn(setup, t
     """The memory model errs by up to ~30%: a plan simulated at most TIGHT_MEMORY over
     the cap, of a family whose memory was never measured, is measured in predicted order
     (here first: DDP is the simulator's favourite); one far over is not (others ran)."""
-    from autoplace.auto import TIGHT_MEMORY
+    from autoplace.search.auto import TIGHT_MEMORY
 
     graph, cluster = setup
-    ddp_peak = max(simulate(graph, baselines.get("ddp")(graph, cluster), cluster)
+    ddp_peak = max(simulate(graph, planners.get("ddp")(graph, cluster), cluster)
                    .peak_memory_bytes)
     capped = replace(cluster, devices=tuple(replace(d, memory_cap_bytes=int(ddp_peak / over))
                                             for d in cluster.devices))
     assert (over <= TIGHT_MEMORY) == (over == 1.05)
-    ddp = baselines.get("ddp")(graph, capped)
+    ddp = planners.get("ddp")(graph, capped)
     assert simulate(graph, ddp, capped).oom
     log: list = []
     auto_plan("gpt-tiny", capped, budget="10m", graph=graph, planners=["single", "ddp", "expert"],
@@ -407,7 +407,7 @@ def test_a_memory_cap_has_a_calibration_of_its_own(setup, tmp_path):
     cap_path = calibration_path(tmp_path, graph, capped)
     assert free_path != cap_path and cap_path.name.endswith("-cap16GiB.calibration.json")
     cal = Calibration.load(tmp_path, graph, capped)
-    plan = baselines.get("ddp")(graph, capped)
+    plan = planners.get("ddp")(graph, capped)
     sim = simulate(graph, plan, capped)
     cal.record(plan, "ddp", sim.step_time_s, max(sim.peak_memory_bytes), 2.0 * sim.step_time_s)
     cal.save(cap_path)
@@ -419,7 +419,7 @@ def test_a_cap_within_one_percent_reads_the_same_calibration(setup, tmp_path):
     """A cap measured at every run (the bench's GNMT-4 cap: 4.37182 then 4.3712 GiB) moves
     by a few MiB: the nearest saved cap within CAP_MATCH_REL is read; one 5% away is not, nor
     the uncapped one, and saving writes the cluster's own name."""
-    from autoplace.calibration import CAP_MATCH_REL
+    from autoplace.search.calibration import CAP_MATCH_REL
 
     graph, cluster = setup
 
@@ -429,7 +429,7 @@ def test_a_cap_within_one_percent_reads_the_same_calibration(setup, tmp_path):
 
     a, b, far = capped(4.37182), capped(4.3712), capped(4.37182 * 1.05)
     cal = Calibration.load(tmp_path, graph, a)
-    plan = baselines.get("ddp")(graph, a)
+    plan = planners.get("ddp")(graph, a)
     sim = simulate(graph, plan, a)
     cal.record(plan, "ddp", sim.step_time_s, max(sim.peak_memory_bytes), 2.0 * sim.step_time_s)
     cal.save(calibration_path(tmp_path, graph, a))
@@ -448,7 +448,7 @@ def test_a_sharded_plan_near_the_cap_is_measured_with_a_unit_per_module(setup, t
     unit per module (GNMT-4 on 2x H200: 87.3 ms at 95% of the cap as one unit, 66.5 ms by
     modules); the twin wins where it measures faster and is a family of its own. A
     sharded plan with room gets no twin."""
-    from autoplace.auto import UNITS_NEAR_CAP
+    from autoplace.search.auto import UNITS_NEAR_CAP
 
     graph, cluster = setup
     usable = min(d.usable_memory_bytes for d in cluster.devices)

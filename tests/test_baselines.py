@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoplace import baselines
-from autoplace.baselines._common import group_view
-from autoplace.baselines.baechi import favourite_children
-from autoplace.baselines.critical_path import critical_path_groups
-from autoplace.baselines.pipeline_dp import SplitConfig, SplitCosts, best_split, split_objective
+from autoplace import planners
+from autoplace.planners._common import group_view
+from autoplace.planners.baechi import favourite_children
+from autoplace.planners.critical_path import critical_path_groups
+from autoplace.planners.pipeline_dp import SplitConfig, SplitCosts, best_split, split_objective
 from autoplace.cluster import Cluster, preset
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph, OpNode, random_dag
@@ -37,22 +37,22 @@ def _op(name, kind="Linear", t=1e-3, params=0, out=1024, acts=None):
 
 def test_unknown_name_lists_valid_names():
     with pytest.raises(AutoplaceError) as e:
-        baselines.get("no-such-planner")
+        planners.get("no-such-planner")
     for name in ("single", "m-etf", "hybrid-dp", "anneal"):
         assert name in str(e.value)
-    assert baselines.get("critical_path") is not None  # underscores accepted
+    assert planners.get("critical_path") is not None  # underscores accepted
 
 
 def test_unknown_option_lists_valid_options():
     with pytest.raises(AutoplaceError, match="schedule"):
-        baselines.get("pipeline")(random_dag(20), _cluster(), bogus=1)
+        planners.get("pipeline")(random_dag(20), _cluster(), bogus=1)
 
 
-@pytest.mark.parametrize("name", baselines.names())
+@pytest.mark.parametrize("name", planners.names())
 def test_every_plan_validates_and_keeps_colocation(name):
     g = random_dag(80, seed=1)
     c = _cluster(4)
-    plan = baselines.get(name)(g, c, **FAST_OPTIONS.get(name, {}))
+    plan = planners.get(name)(g, c, **FAST_OPTIONS.get(name, {}))
     plan.validate(g, c)
     assert plan.planner["name"] == name
     assert plan.planner["search_time_s"] >= 0
@@ -73,23 +73,23 @@ def _members(groups: dict[str, int]) -> dict[int, list[str]]:
 
 def test_trivial_planners():
     g, c = random_dag(50), _cluster(4)
-    assert set(baselines.get("single")(g, c).placement) == {0}
-    rr = baselines.get("round-robin")(g, c)
+    assert set(planners.get("single")(g, c).placement) == {0}
+    rr = planners.get("round-robin")(g, c)
     assert list(rr.placement[:8]) == [0, 1, 2, 3, 0, 1, 2, 3]
-    a = baselines.get("random")(g, c, seed=3)
-    b = baselines.get("random")(g, c, seed=3)
+    a = planners.get("random")(g, c, seed=3)
+    b = planners.get("random")(g, c, seed=3)
     assert a.placement == b.placement
-    assert a.placement != baselines.get("random")(g, c, seed=4).placement
+    assert a.placement != planners.get("random")(g, c, seed=4).placement
 
 
 def test_hash_spreads_by_capacity():
     g = random_dag(4000, seed=2)
     c = _cluster(4, flops=[1e9, 1e9, 2e9, 4e9])
-    plan = baselines.get("hash")(g, c)
+    plan = planners.get("hash")(g, c)
     counts = Counter(plan.placement)
     share = np.array([counts[d] for d in range(4)]) / plan.num_groups
     np.testing.assert_allclose(share, [0.125, 0.125, 0.25, 0.5], atol=0.03)
-    assert baselines.get("hash")(g, c).placement == plan.placement  # stable
+    assert planners.get("hash")(g, c).placement == plan.placement  # stable
 
 
 def _fork_join() -> OpGraph:
@@ -106,7 +106,7 @@ def _fork_join() -> OpGraph:
 def test_critical_path_ops_share_one_device():
     g = _fork_join()
     c = _cluster(4, flops=[1e9, 4e9, 1e9, 1e9])
-    plan = baselines.get("critical-path")(g, c)
+    plan = planners.get("critical-path")(g, c)
     view = group_view(g, c, plan.groups)
     path = critical_path_groups(view, c)
     ops_on_path = [o for o, gid in plan.groups.items() if gid in set(path)]
@@ -127,7 +127,7 @@ def test_critical_path_picks_fastest_device():
             n.fwd_time_s["fast"] = n.bwd_time_s["fast"] = 0.0
     c = _cluster(3)
     c = replace(c, devices=(c.devices[0], replace(c.devices[1], kind="fast"), c.devices[2]))
-    plan = baselines.get("critical-path")(g, c)
+    plan = planners.get("critical-path")(g, c)
     assert plan.device_of("a1") == plan.device_of("a4") == 1
 
 
@@ -144,11 +144,11 @@ def _memory_per_device(g, c, plan) -> np.ndarray:
 @pytest.mark.parametrize("name", ["m-etf", "m-sct", "m-topo"])
 def test_baechi_never_exceeds_memory_cap(name):
     g = random_dag(300, seed=5)
-    need = _memory_per_device(g, _cluster(1), baselines.get("single")(g, _cluster(1)))[0]
+    need = _memory_per_device(g, _cluster(1), planners.get("single")(g, _cluster(1)))[0]
     cap = int(need * 0.4)  # fits on 4 devices, not on 1 or 2
     c = _cluster(4, cap=cap)
-    free = baselines.get(name)(g, _cluster(4))
-    plan = baselines.get(name)(g, c)
+    free = planners.get(name)(g, _cluster(4))
+    plan = planners.get(name)(g, c)
     assert plan.planner["memory_feasible"]
     assert (_memory_per_device(g, c, plan) <= cap).all()
     if name == "m-etf":  # without the cap ETF puts the chain on one device
@@ -178,21 +178,21 @@ def test_mincut_cuts_the_thin_edge():
     ops.append(_op("out", "output", 0.0))
     edges.append(("b5", "out", 10**6))
     g = OpGraph("two-cliques", ops, edges)
-    plan = baselines.get("mincut")(g, _cluster(2))
+    plan = planners.get("mincut")(g, _cluster(2))
     assert plan.planner["cut_bytes"] == 8
     assert plan.device_of("a0") != plan.device_of("b0")
 
 
 def test_expert_contiguous_and_lstm_per_layer():
     g, c = random_dag(100), _cluster(4)
-    plan = baselines.get("expert")(g, c)
+    plan = planners.get("expert")(g, c)
     assert plan.placement == (0, 1, 2, 3)
     ops = [_op("x", "input", 0.0), _op("emb", "Embedding")]
     ops += [_op(f"lstm{i}", "LSTM") for i in range(4)]
     ops += [_op("proj", "Linear"), _op("out", "output", 0.0)]
     names = [o.name for o in ops]
     g2 = OpGraph("lstm", ops, [(a, b, 64) for a, b in itertools.pairwise(names)])
-    plan = baselines.get("expert")(g2, _cluster(2))
+    plan = planners.get("expert")(g2, _cluster(2))
     assert [plan.device_of(f"lstm{i}") for i in range(4)] == [0, 1, 0, 1]
     assert plan.device_of("emb") == 0 and plan.device_of("proj") == 1
     assert plan.planner["split"] == "per-layer"
@@ -201,12 +201,12 @@ def test_expert_contiguous_and_lstm_per_layer():
 def test_data_parallel_and_pipeline_plans():
     g, c = random_dag(100), _cluster(4)
     for name, shard in (("ddp", "none"), ("zero2", "zero2"), ("fsdp", "fsdp")):
-        p = baselines.get(name)(g, c)
+        p = planners.get(name)(g, c)
         assert (p.parallel.data, p.parallel.shard, p.placement) == (4, shard, (0,))
-    p = baselines.get("pipeline")(g, c, schedule="1f1b")
+    p = planners.get("pipeline")(g, c, schedule="1f1b")
     assert (p.parallel.pipeline, p.parallel.microbatches, p.parallel.schedule) == (4, 8, "1f1b")
     g.batch_size = 12
-    assert baselines.get("pipeline")(g, c).parallel.microbatches == 6
+    assert planners.get("pipeline")(g, c).parallel.microbatches == 6
 
 
 def _random_split_costs(g: int, seed: int, cap: float) -> SplitCosts:
@@ -245,12 +245,12 @@ def test_hybrid_dp_is_feasible_when_single_and_ddp_are_not():
     g = random_dag(200, seed=11)
     g.batch_size = 8
     base = _cluster(4)
-    single = simulate(g, baselines.get("single")(g, base), base)
+    single = simulate(g, planners.get("single")(g, base), base)
     cap = int(max(single.peak_memory_bytes) * 0.45)
     c = base.with_memory_cap(cap)
-    assert simulate(g, baselines.get("single")(g, c), c).oom
-    assert simulate(g, baselines.get("ddp")(g, c), c).oom
-    plan = baselines.get("hybrid-dp")(g, c, granularity=24)
+    assert simulate(g, planners.get("single")(g, c), c).oom
+    assert simulate(g, planners.get("ddp")(g, c), c).oom
+    plan = planners.get("hybrid-dp")(g, c, granularity=24)
     res = simulate(g, plan, c)
     assert not res.oom
     assert res.step_time_s == pytest.approx(plan.planner["simulated_step_s"])
@@ -261,14 +261,14 @@ def test_hybrid_dp_beats_plain_options_uncapped():
     g = random_dag(150, seed=4)
     g.batch_size = 16
     c = _cluster(4)
-    hyb = simulate(g, baselines.get("hybrid-dp")(g, c, granularity=16), c).step_time_s
+    hyb = simulate(g, planners.get("hybrid-dp")(g, c, granularity=16), c).step_time_s
     for name in ("single", "ddp", "zero2", "fsdp", "pipeline", "expert"):
-        assert hyb <= simulate(g, baselines.get(name)(g, c), c).step_time_s * (1 + 1e-9)
+        assert hyb <= simulate(g, planners.get(name)(g, c), c).step_time_s * (1 + 1e-9)
 
 
 def test_anneal_never_worse_than_its_seed():
     g, c = random_dag(120, seed=9), _cluster(2)
-    plan = baselines.get("anneal")(g, c, time_budget_s=5.0, max_evaluations=120, batch=16,
+    plan = planners.get("anneal")(g, c, time_budget_s=5.0, max_evaluations=120, batch=16,
                                    seeds=("expert", "round-robin"))
     info = plan.planner
     assert info["cost_s"] <= info["seed_cost_s"]
@@ -284,11 +284,11 @@ def test_zoo_gpt_under_memory_cap_hybrid_fits_where_single_and_ddp_do_not():
     base = preset("h200x2")
     # 0.8x DDP's peak: one replica (with the loss's workspace on one device) does not fit,
     # half of it per device does (at 0.75x even a perfect split of it would not)
-    cap = int(max(simulate(g, baselines.get("ddp")(g, base), base).peak_memory_bytes) * 0.8)
+    cap = int(max(simulate(g, planners.get("ddp")(g, base), base).peak_memory_bytes) * 0.8)
     c = base.with_memory_cap(cap)
-    assert simulate(g, baselines.get("single")(g, c), c).oom
-    assert simulate(g, baselines.get("ddp")(g, c), c).oom
+    assert simulate(g, planners.get("single")(g, c), c).oom
+    assert simulate(g, planners.get("ddp")(g, c), c).oom
     for name in ("hybrid-dp", "m-etf", "m-topo"):
-        plan = baselines.get(name)(g, c)
+        plan = planners.get(name)(g, c)
         plan.validate(g, c)
         assert not simulate(g, plan, c).oom, name

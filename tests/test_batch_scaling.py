@@ -12,16 +12,16 @@ import torch
 from assets.capture_models import LSTMTagger, ResidualMLP
 from torch import nn
 
-import autoplace.profile as prof
-from autoplace.baselines.stage_split import split_costs
+import autoplace.costs.profile as prof
+from autoplace.planners.stage_split import split_costs
 from autoplace.capture import capture
 from autoplace.cluster import Cluster, Device
 from autoplace.graph import OpGraph, OpNode, random_dag
 from autoplace.grouping import group_costs
 from autoplace.plan import ParallelConfig, Plan
-from autoplace.profile import apply_cached, profile
+from autoplace.costs.profile import apply_cached, profile
 from autoplace.sim import lower_bound, simulate, simulate_batch
-from autoplace.sim_model import fixed_part, scaled
+from autoplace.sim.model import fixed_part, scaled
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 

@@ -162,11 +162,11 @@ def test_compare_execute(tmp_path):
 
 def test_profile_cache_and_calibrated_compare(tmp_path):
     """profile --cache-dir, then compare --profile-dir uses the op times and calibration."""
-    from autoplace import baselines, workloads
-    from autoplace.calibration import Calibration, calibration_path
+    from autoplace import planners, workloads
+    from autoplace.search.calibration import Calibration, calibration_path
     from autoplace.capture import capture_workload
     from autoplace.cluster import preset
-    from autoplace.profile import apply_cached
+    from autoplace.costs.profile import apply_cached
     from autoplace.sim import simulate
 
     cache = tmp_path / "profile"
@@ -184,7 +184,7 @@ def test_profile_cache_and_calibrated_compare(tmp_path):
     cluster = preset("cpu-x2")
     assert apply_cached(graph, cache, ["cpu"]) == ["cpu"]
     # a saved measurement: single-device plans really take 3x the simulated time
-    plan = baselines.get("single")(graph, cluster)
+    plan = planners.get("single")(graph, cluster)
     cal = Calibration.empty(graph, cluster)
     sim = simulate(graph, plan, cluster)
     cal.record(plan, "single", sim.step_time_s, max(sim.peak_memory_bytes),

@@ -7,7 +7,7 @@ import pytest
 from autoplace.cluster import preset
 from autoplace.errors import AutoplaceError
 from autoplace.executor.collectives import bus_factor, measure_collectives, with_measured_links
-from autoplace.profile import measure_links
+from autoplace.costs.profile import measure_links
 
 
 def test_measured_collectives_on_two_cpu_ranks_fit_the_cluster_formulas():

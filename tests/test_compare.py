@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoplace import baselines
+from autoplace import planners
 from autoplace.cluster import Cluster, preset
-from autoplace.compare import compare, format_table
+from autoplace.search.compare import compare, format_table
 from autoplace.errors import AutoplaceError
 from autoplace.graph import random_dag
 from autoplace.sim import simulate
@@ -23,7 +23,7 @@ def _capped_case():
     g = random_dag(120, seed=3)
     g.batch_size = 8
     c = _cluster(2)
-    peak = max(simulate(g, baselines.get("single")(g, c), c).peak_memory_bytes)
+    peak = max(simulate(g, planners.get("single")(g, c), c).peak_memory_bytes)
     return g, c.with_memory_cap(int(peak * 0.7))
 
 

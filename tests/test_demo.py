@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoplace.auto import signature
+from autoplace.search.auto import signature
 from autoplace.demo import run_demo
 
 

@@ -247,7 +247,7 @@ def test_profiles_t5_whose_bucket_indices_are_added_to_in_place():
     """The profiler times an in-place op on clones of every tensor it takes, integer ones
     too: timed a hundred times on the real value, T5's relative-position buckets (``add_``
     on a long tensor) went out of range for the embedding after them."""
-    from autoplace.profile import profile
+    from autoplace.costs.profile import profile
 
     g = profile(workloads.get("hf_models:t5"), "cpu", repeats=2)
     assert all(op.fwd_time_s.get("cpu") is not None for op in g)
@@ -258,7 +258,7 @@ def test_profiles_mixtral_whose_expert_counts_do_not_require_grad():
     """Mixtral counts tokens per expert with ``histc`` and an int32 ``cumsum``: the profiler
     gives an op's input a gradient only where the step's value has one (it made every float
     input a leaf requiring grad, and the int32 cumsum refused it)."""
-    from autoplace.profile import profile
+    from autoplace.costs.profile import profile
 
     g = profile(workloads.get("hf_models:mixtral"), "cpu", repeats=2)
     assert all(op.fwd_time_s.get("cpu") is not None for op in g)
@@ -272,7 +272,7 @@ def test_an_exported_graph_is_one_fsdp_unit_gathered_in_fp32():
     the simulator's FSDP2 model says the same, and the graph file keeps how it was made."""
     from autoplace.graph import OpGraph
     from autoplace.sim import simulate
-    from autoplace.sim_model import fsdp_units, graph_arrays
+    from autoplace.sim.model import fsdp_units, graph_arrays
 
     g = capture_workload(workloads.get("hf_models:gpt2", device="meta",
                                        autocast_dtype="bfloat16"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autoplace import workloads
-from autoplace.auto import _hybrid_rows, auto_plan, family
-from autoplace.baselines.pipeline_dp import hybrid_candidates, hybrid_dp, hybrid_family
+from autoplace.search.auto import _hybrid_rows, auto_plan, family
+from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_dp, hybrid_family
 from autoplace.capture import capture_workload
 from autoplace.cluster import preset, resolve
 from autoplace.errors import PlanError
@@ -93,7 +93,7 @@ def test_dp_recompute_checkpoints_just_enough_to_fit():
     it proposes nothing. hybrid-dp offers the plan among its candidates."""
     from dataclasses import replace
 
-    from autoplace.baselines.pipeline_dp import ddp, dp_recompute
+    from autoplace.planners.pipeline_dp import ddp, dp_recompute
 
     graph = capture_workload(workloads.get("gnmt-4", device="meta", hidden=1024,
                                            vocab_size=32000, src_len=50, tgt_len=50,

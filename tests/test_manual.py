@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoplace import baselines, workloads
-from autoplace.auto import signature
-from autoplace.baselines.manual import analytic_copy, halves_name, hand_written
+from autoplace import planners, workloads
+from autoplace.search.auto import signature
+from autoplace.planners.manual import analytic_copy, halves_name, hand_written
 from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.costs import estimate_costs
@@ -51,7 +51,7 @@ def test_splits_ignore_the_profile(graphs):
     for k in by_analytic:
         assert signature(by_analytic[k]) == signature(by_profile[k]), k
     # the profile-balanced expert split does move: the test's profile matters
-    assert signature(baselines.get("expert")(profiled, cluster)) != \
+    assert signature(planners.get("expert")(profiled, cluster)) != \
         signature(by_analytic["two-halves"])
 
 

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from assets.capture_models import CausalAttention, LSTMTagger, ResidualMLP
 from torch import nn
 
-import autoplace.profile as prof
+import autoplace.costs.profile as prof
 from autoplace.capture import capture
 from autoplace.errors import AutoplaceError
-from autoplace.profile import measure_links, profile
+from autoplace.costs.profile import measure_links, profile
 from autoplace.workloads import Workload
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
@@ -122,7 +122,7 @@ def test_host_times_are_measured_and_scaled_to_a_whole_pass(tmp_path):
     ``profile`` records them; here the pass is asked for them on the CPU)."""
     import numpy as np
 
-    from autoplace import profile as pr
+    from autoplace.costs import profile as pr
     from autoplace import workloads
     from autoplace.capture import capture_workload
 

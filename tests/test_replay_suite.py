@@ -16,7 +16,7 @@ def _tiny_plans():
     expert and m-ETF plans, as bench_plans.py builds them."""
     import bench_plans as bp
 
-    from autoplace import baselines, workloads
+    from autoplace import planners, workloads
     from autoplace.capture import capture_workload
     from autoplace.cluster import preset
 
@@ -25,7 +25,7 @@ def _tiny_plans():
     g = capture_workload(workloads.get(sc["model"], device="meta", **sc["options"]))
     plans = dict(bp.hand_written(g, cl))
     for k in ("expert", "m-etf"):
-        plans[k] = baselines.get(k)(g, cl)
+        plans[k] = planners.get(k)(g, cl)
     return g, cl, plans
 
 
@@ -113,7 +113,7 @@ def test_carried_calibration_comes_from_the_latest_earlier_suite_never_its_own(t
     every plan's time is Calibration.step_time of the carried one."""
     import replay_suite
 
-    from autoplace.calibration import Calibration, calibration_path
+    from autoplace.search.calibration import Calibration, calibration_path
     from autoplace.sim import simulate
 
     g, cl, plans = _tiny_plans()

@@ -16,7 +16,7 @@ from autoplace.errors import PlanError
 from autoplace.graph import OpGraph, OpNode, random_dag
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.sim import issue_order, lower_bound, schedule_actions, simulate, simulate_batch
-from autoplace.sim_model import UPDATE_TRAFFIC_PER_PARAM_BYTE
+from autoplace.sim.model import UPDATE_TRAFFIC_PER_PARAM_BYTE
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -286,9 +286,9 @@ def test_gpt_1b_needs_two_devices_under_a_16gb_cap():
     assert single.oom and single.oom_devices == [0]
     # two halves balanced by compute (the bench's hand-written split): measured 12.2 /
     # 15.0 GiB under this cap on 2x H200, the second half holding the loss's 3.8 GiB peak
-    from autoplace import baselines
+    from autoplace import planners
 
-    halves = simulate(graph, baselines.get("expert")(graph, capped, per_layer=False), capped)
+    halves = simulate(graph, planners.get("expert")(graph, capped, per_layer=False), capped)
     assert not halves.oom, halves.peak_memory_bytes
     assert 14 * GiB < halves.peak_memory_bytes[1] < 16 * GiB
     out = next(op for op in graph if op.kind == "output")

@@ -382,7 +382,7 @@ def test_host_time_above_its_fixed_part_shrinks_with_the_microbatch():
 def test_graphed_plans_pay_host_time_per_piece_not_per_op():
     """``parallel.graphs``: one replay per run of ops on one device, whatever its ops;
     the scalar and the batch simulators agree."""
-    from autoplace.sim_model import GRAPH_PARAM_HOST_S, GRAPH_PIECE_HOST_S, graphed_host
+    from autoplace.sim.model import GRAPH_PARAM_HOST_S, GRAPH_PIECE_HOST_S, graphed_host
 
     graph = zoo_graph("gpt-small")
     cluster = preset("h200x2")
@@ -418,7 +418,7 @@ def test_backward_threads_take_the_latest_ready_node_first():
     where the reversed forward order would have held Y behind X."""
     from types import SimpleNamespace
 
-    from autoplace.sim_local import backward_issue
+    from autoplace.sim.local import backward_issue
 
     # forward order P(1) Y(0) X(0) Q(1: X, P) Z(0: Y) S(1: Q, Z), the loss
     preds = [[], [], [], [2, 0], [1], [3, 4]]

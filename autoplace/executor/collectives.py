@@ -79,7 +79,7 @@ def measure_collectives(devices: list[str], *, sizes: tuple[int, ...] | None = N
         raw = json.loads(out.read_text())
     p = len(devices)
     result: dict[str, Any] = {"devices": list(devices), "backend": raw["backend"]}
-    from autoplace.profile import _fit_alpha_beta
+    from autoplace.costs.profile import _fit_alpha_beta
 
     for kind in KINDS:
         pts = raw["points"][kind]
@@ -92,7 +92,7 @@ def measure_collectives(devices: list[str], *, sizes: tuple[int, ...] | None = N
 def with_measured_links(cluster: Cluster, links: tuple[list[list[float]], list[list[float]]]
                         | None, collectives: dict[str, Any] | None) -> Cluster:
     """``cluster`` with measured copy latency/bandwidth per device pair (``links``, from
-    :func:`autoplace.profile.measure_links`) and measured collective speed: the median
+    :func:`autoplace.costs.profile.measure_links`) and measured collective speed: the median
     over the three kinds of their latency per ring step and bus bandwidth."""
     out = cluster
     if links is not None:
@@ -115,7 +115,7 @@ def with_measured_links(cluster: Cluster, links: tuple[list[list[float]], list[l
 def measured_cluster(cluster: Cluster) -> tuple[Cluster, str]:
     """``cluster`` with copy speeds between every pair of its devices and collective
     speeds measured here (:func:`with_measured_links`), and a one-line summary."""
-    from autoplace.profile import measure_links
+    from autoplace.costs.profile import measure_links
 
     names = [d.name for d in cluster.devices]
     links = measure_links(names)

@@ -8,7 +8,7 @@
 4. Execute candidates for real, fastest predicted first, until the time budget is
    spent; after each measurement, correct every family's predictions by its
    measured/simulated ratio (the recalibration) and re-rank what is left.
-   Corrections start from the :class:`~autoplace.calibration.Calibration` saved in
+   Corrections start from the :class:`~autoplace.search.calibration.Calibration` saved in
    ``cache_dir`` by earlier searches, every measurement is added to it and it is saved
    again, so the next search on this graph and cluster starts calibrated. A candidate
    whose simulated peak memory, corrected by its family's measured memory factor,
@@ -79,7 +79,7 @@ def signature(plan: Plan) -> tuple:
 
 
 def _sim_row(graph: Any, cluster: Any, name: str, plan: Plan) -> dict[str, Any]:
-    """A candidate row like :func:`autoplace.compare.compare`'s for a plan made elsewhere."""
+    """A candidate row like :func:`autoplace.search.compare.compare`'s for a plan made elsewhere."""
     from autoplace.sim import simulate
 
     r = simulate(graph, plan, cluster)
@@ -97,7 +97,7 @@ def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
     """The best simulated plan of every ``hybrid-dp`` family (data degree, replica kind,
     stages, shard, schedule) as extra candidates: the search itself returns only its
     single best, and a family the simulator misjudges may hold the measured winner."""
-    from autoplace.baselines.pipeline_dp import hybrid_candidates, hybrid_family
+    from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_family
 
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -285,9 +285,9 @@ def _units_twin(c: dict[str, Any], graph: Any, cluster: Any) -> dict[str, Any] |
 
 def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, progress,
             cache_dir, extra_plans, t_start, say) -> Plan:
-    from autoplace.baselines.manual import halves_name, hand_written
-    from autoplace.calibration import Calibration, calibration_path
-    from autoplace.compare import compare
+    from autoplace.planners.manual import halves_name, hand_written
+    from autoplace.search.calibration import Calibration, calibration_path
+    from autoplace.search.compare import compare
 
     cal = Calibration.load(cache_dir, graph, cluster)
     if cal.samples:

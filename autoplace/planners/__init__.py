@@ -65,7 +65,7 @@ def get(name: str) -> Callable[..., Plan]:
     if key not in _REGISTRY:
         raise AutoplaceError(f"unknown planner {name!r}; valid: {', '.join(_REGISTRY)}")
     module, func = _REGISTRY[key]
-    fn = getattr(importlib.import_module(f"autoplace.baselines.{module}"), func)
+    fn = getattr(importlib.import_module(f"autoplace.planners.{module}"), func)
     valid = [p.name for p in inspect.signature(fn).parameters.values()
              if p.kind is inspect.Parameter.KEYWORD_ONLY]
 

@@ -4,7 +4,7 @@ The simulator's op times come from a profile (or estimates); what it gets wrong 
 mostly per execution *family* (FSDP2's all-gathers, torch pipelining's per-microbatch
 costs, DDP's bucket overlap). After a plan is executed for real, the ratio of its
 measured to simulated step time, and of its measured to simulated peak memory, is a
-sample for its family (:func:`autoplace.auto.family`). A :class:`Calibration` keeps
+sample for its family (:func:`autoplace.search.auto.family`). A :class:`Calibration` keeps
 the samples; a family's factor is the median of its samples' ratios; a family without
 samples keeps the simulator's own figures (factor 1.0, for time and memory): what
 FSDP2 or pipelining get wrong says nothing about a one-process placement (on 2x H200,
@@ -92,7 +92,7 @@ def same_cap_regime(path: Path, tag: str = "") -> Path | None:
 
 
 def _family(plan: Plan) -> str:
-    from autoplace.auto import family
+    from autoplace.search.auto import family
 
     return family(plan)
 

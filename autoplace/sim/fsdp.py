@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from autoplace.cluster import Cluster
 from autoplace.plan import Plan
-from autoplace.sim_model import (
+from autoplace.sim.model import (
     Event,
     affine_collective,
     coll_resource,

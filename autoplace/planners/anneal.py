@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoplace.baselines._common import ensure_costs, make_plan, working_groups
-from autoplace.baselines._evaluate import evaluate, overflow
+from autoplace.planners._common import ensure_costs, make_plan, working_groups
+from autoplace.planners._evaluate import evaluate, overflow
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
@@ -76,7 +76,7 @@ def anneal(
         initial_temperature, final_temperature: Metropolis temperature, as a fraction of
             the current cost, at the start and at the end of the budget.
     """
-    from autoplace.baselines import get
+    from autoplace.planners import get
 
     t0 = time.perf_counter()
     rng = random.Random(seed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from autoplace.baselines._common import ensure_costs, make_plan, working_groups
+from autoplace.planners._common import ensure_costs, make_plan, working_groups
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.grouping import coarsen, placement_order

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from autoplace.baselines._common import (
+from autoplace.planners._common import (
     GroupView,
     ensure_costs,
     group_view,
@@ -24,7 +24,7 @@ from autoplace.baselines._common import (
     mean_link,
     working_groups,
 )
-from autoplace.baselines._schedule import ListSchedule
+from autoplace.planners._schedule import ListSchedule
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan

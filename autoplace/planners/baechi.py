@@ -24,7 +24,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
-from autoplace.baselines._common import (
+from autoplace.planners._common import (
     GroupView,
     ensure_costs,
     group_view,
@@ -32,7 +32,7 @@ from autoplace.baselines._common import (
     mean_link,
     working_groups,
 )
-from autoplace.baselines._schedule import ListSchedule
+from autoplace.planners._schedule import ListSchedule
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan

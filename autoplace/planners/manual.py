@@ -51,18 +51,18 @@ def hand_written(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
     contiguous split (:func:`halves_name`, two or more devices), ``ddp``, ``fsdp``,
     ``pipeline-gpipe`` and ``pipeline-1f1b`` (two or more devices; ``max(8, devices)``
     microbatches). Splits are balanced by analytic costs (:func:`analytic_copy`)."""
-    from autoplace import baselines
+    from autoplace import planners
 
     g = analytic_copy(graph, cluster)
     n = cluster.num_devices
-    out: dict[str, Any] = {"single": baselines.get("single")(g, cluster)}
+    out: dict[str, Any] = {"single": planners.get("single")(g, cluster)}
     if n > 1:
-        out[halves_name(n)] = baselines.get("expert")(
+        out[halves_name(n)] = planners.get("expert")(
             g, cluster, per_layer=False).with_parallel(microbatches=1)
-    out["ddp"] = baselines.get("ddp")(g, cluster)
-    out["fsdp"] = baselines.get("fsdp")(g, cluster)
+    out["ddp"] = planners.get("ddp")(g, cluster)
+    out["fsdp"] = planners.get("fsdp")(g, cluster)
     if n > 1:
         for sched in ("gpipe", "1f1b"):
-            out[f"pipeline-{sched}"] = baselines.get("pipeline")(
+            out[f"pipeline-{sched}"] = planners.get("pipeline")(
                 g, cluster, microbatches=max(8, n), schedule=sched)
     return out

@@ -16,7 +16,7 @@ import time
 import networkx as nx
 import numpy as np
 
-from autoplace.baselines._common import (
+from autoplace.planners._common import (
     GroupView,
     ensure_costs,
     group_view,

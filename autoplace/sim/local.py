@@ -29,8 +29,8 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.plan import Plan
-from autoplace.sim_fsdp import FsdpStreams
-from autoplace.sim_model import (
+from autoplace.sim.fsdp import FsdpStreams
+from autoplace.sim.model import (
     CostTables,
     Event,
     GraphArrays,

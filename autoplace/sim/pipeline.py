@@ -12,7 +12,7 @@ the same way. Stages follow their schedule's action order:
 
 A stage's forward or backward of one microbatch takes at least the host time its
 process needs to issue the stage's ops (their profiled host times, else
-``host_dispatch_s`` per op, see :mod:`autoplace.sim_local`).
+``host_dispatch_s`` per op, see :mod:`autoplace.sim.local`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.plan import Plan
-from autoplace.sim_local import finish_step, local_memory, local_plan, op_times
-from autoplace.sim_model import (
+from autoplace.sim.local import finish_step, local_memory, local_plan, op_times
+from autoplace.sim.model import (
     CostTables,
     Event,
     affine_collective,

@@ -12,7 +12,7 @@ fixed part ``f`` plus a part ``t - f`` that scales with the batch, so an op run 
 ``(t - f) / (m d) + f``: equal to ``t`` when nothing is split, and every microbatch
 pays the fixed part again. ``f`` is the op's measured fixed part where the profile
 has one (``OpNode.fwd_fixed_s`` / ``bwd_fixed_s``, fitted by
-:func:`autoplace.profile.profile` from a second run at a smaller batch; taken as
+:func:`autoplace.costs.profile.profile` from a second run at a smaller batch; taken as
 ``min(f, t)``), else the device's launch overhead ``o``: ``f = min(t, o)``. The
 measured part matters for ops whose time hardly shrinks with the batch (a cuDNN
 LSTM stepping through its timesteps, small matmuls on a GPU), where ``min(t, o)``

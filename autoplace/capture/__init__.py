@@ -19,7 +19,7 @@ Shapes, dtypes, bytes and FLOPs come from running the graph once on fake tensors
 (``FakeTensorMode``: no memory, no compute, so a model built on the ``meta``
 device captures in seconds) under ``torch.utils.flop_counter.FlopCounterMode``.
 Per-kind rules (activation bytes kept for backward, FLOPs the counter misses)
-live in :mod:`autoplace._op_rules`.
+live in :mod:`autoplace.capture.op_rules`.
 
 ``autocast_dtype`` (``"bfloat16"``): the fake run happens under
 ``torch.autocast("cpu", dtype)``, so every op's output dtype, and hence every
@@ -51,7 +51,7 @@ from torch.fx.graph import _PyTreeCodeGen
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autoplace import _op_rules as rules
+from autoplace.capture import op_rules as rules
 from autoplace.errors import AutoplaceError, CaptureError
 from autoplace.graph import OpGraph, OpNode
 

@@ -13,10 +13,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from autoplace import planners as registry
+from autoplace import sim
 from autoplace.cluster import Cluster
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.planners._common import ensure_costs
 
 __all__ = ["compare", "format_table"]
 
@@ -50,12 +53,12 @@ def compare(
     Args:
         graph: the captured graph (costs are estimated when missing).
         cluster: the cluster to plan for.
-        planners: planner names (default: all of :func:`autoplace.baselines.names`).
+        planners: planner names (default: all of :func:`autoplace.planners.names`).
         execute: optional ``plan -> step seconds | RunReport | dict`` measuring a plan
             on real devices; adds ``measured_step_time_s`` (and ``measured_oom``).
         progress: print one line per planner to stderr.
         options: per planner name, keyword options for it.
-        calibration: a :class:`~autoplace.calibration.Calibration` from earlier real runs:
+        calibration: a :class:`~autoplace.search.calibration.Calibration` from earlier real runs:
             adds ``calibrated_step_time_s`` (the simulated time times the plan family's
             measured/simulated factor), ``calibrated_peak_bytes`` and ``calibrated_oom``,
             and ranks by the calibrated time.
@@ -67,13 +70,10 @@ def compare(
         ``ratio_to_lower_bound``, ``lower_bound_s``, ``plan`` (the :class:`Plan`, with
         ``predicted`` filled) and ``error`` (None, or why the planner failed).
     """
-    from autoplace import baselines, sim
-    from autoplace.baselines._common import ensure_costs
-
     ensure_costs(graph, cluster)
-    names = list(planners) if planners is not None else baselines.names()
+    names = list(planners) if planners is not None else registry.names()
     for name in names:
-        baselines.get(name)  # unknown names fail before any work
+        registry.get(name)  # unknown names fail before any work
     options = options or {}
     # seeded planners run last so they can start from the best plans of the others
     ordered = [n for n in names if n not in _SEEDED] + [n for n in names if n in _SEEDED]
@@ -91,7 +91,7 @@ def compare(
                           key=lambda r: r["sim_step_time_s"])
             opts["seed_plans"] = [r["plan"] for r in done[:3]]
         try:
-            plan = baselines.get(name)(graph, cluster, **opts)
+            plan = registry.get(name)(graph, cluster, **opts)
             result = sim.simulate(graph, plan, cluster)
         except AutoplaceError as e:
             row["error"] = str(e)

@@ -50,15 +50,16 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim_local import issue_order_items, local_plan, simulate_local
-from autoplace.sim_model import (
+from autoplace.sim.batch import run_batch
+from autoplace.sim.local import issue_order_items, local_plan, simulate_local
+from autoplace.sim.model import (
     Event,
     cost_tables,
     ensure_costs,
     graph_arrays,
     lower_bound_from,
 )
-from autoplace.sim_pipeline import schedule_actions, simulate_pipeline
+from autoplace.sim.pipeline import schedule_actions, simulate_pipeline  # noqa: F401
 
 __all__ = [
     "BatchResult", "Event", "SimResult", "issue_order", "lower_bound", "schedule_actions",
@@ -176,8 +177,6 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
 
     Results equal :func:`simulate`'s (to rounding). Plans are validated first.
     """
-    from autoplace.sim_batch import run_batch
-
     ensure_costs(graph, cluster)
     tables = cost_tables(graph, cluster)
     plans = list(plans)

@@ -21,8 +21,8 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim_local import backward_issue, simulate_local
-from autoplace.sim_model import (
+from autoplace.sim.local import backward_issue, simulate_local
+from autoplace.sim.model import (
     BUCKET_BYTES,
     DDP_GRAD_COPIES,
     OPTIMIZER_STATE_PER_PARAM_BYTE,
@@ -37,7 +37,7 @@ from autoplace.sim_model import (
     replicas_identical,
     scaled,
 )
-from autoplace.sim_pipeline import simulate_pipeline
+from autoplace.sim.pipeline import simulate_pipeline
 
 #: bound on items x plans x local devices per vectorised chunk (memory ~ 100 bytes each)
 _CHUNK_CELLS = 4_000_000

@@ -8,7 +8,7 @@ compute-balanced contiguous stage per device (torch.distributed.pipelining).
 (https://arxiv.org/abs/1806.03377) and Alpa (https://arxiv.org/abs/2201.12023). The
 ops are coarsened into ``granularity`` contiguous groups (intervals of placement order
 for one-process replicas, of program order for pipelines, whose stages must form a
-chain there; see :mod:`autoplace.baselines.stage_split`). For every configuration —
+chain there; see :mod:`autoplace.planners.stage_split`). For every configuration —
 data-parallel degree ``d``, stages ``k`` (run as a torch pipeline, or inside one
 process with microbatches flowing through the placement), microbatches ``m``, shard
 mode and pipeline schedule — :func:`best_split` chooses the stage boundaries that
@@ -28,9 +28,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoplace.baselines._common import ensure_costs, make_plan
-from autoplace.baselines._evaluate import evaluate, overflow
-from autoplace.baselines.stage_split import (
+from autoplace.planners._common import ensure_costs, make_plan
+from autoplace.planners._evaluate import evaluate, overflow
+from autoplace.planners.stage_split import (
     SplitConfig,
     SplitCosts,
     best_split,
@@ -176,7 +176,7 @@ def dp_recompute(graph: OpGraph, cluster: Cluster, *, granularity: int = 48,
     Returns ``[]`` when plain DDP fits or nothing makes it fit.
     """
     from autoplace.sim import simulate
-    from autoplace.sim_model import graph_arrays, recompute_boundary_bytes
+    from autoplace.sim.model import graph_arrays, recompute_boundary_bytes
 
     t0 = time.perf_counter()
     d = cluster.num_devices

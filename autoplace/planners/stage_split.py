@@ -23,7 +23,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.grouping import colocation_groups
-from autoplace.sim_model import fixed_part
+from autoplace.sim.model import fixed_part
 
 __all__ = ["SplitCosts", "SplitConfig", "split_costs", "best_split", "split_objective",
            "chain_groups", "estimate_step_s"]
@@ -83,7 +83,7 @@ class SplitCosts:
     Attributes:
         fixed_s, var_s: forward + backward seconds of each group that do not / do
             shrink with the batch share (per op, the simulator's fixed part
-            :func:`autoplace.sim_model.fixed_part`, and the rest).
+            :func:`autoplace.sim.model.fixed_part`, and the rest).
         fwd_fixed_s, fwd_var_s: the same for the forward alone (paid again by recompute).
         param_bytes, activation_bytes: per group.
         cut_bytes: ``[G + 1]``, bytes of every tensor crossing the boundary before group

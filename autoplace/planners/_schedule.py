@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplace.baselines._common import GroupView
+from autoplace.planners._common import GroupView
 from autoplace.cluster import Cluster
 
 

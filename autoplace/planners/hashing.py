@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from autoplace.baselines._common import make_plan, working_groups
+from autoplace.planners._common import make_plan, working_groups
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan

@@ -45,7 +45,7 @@ other inputs unchanged). Per op, forward and backward separately, the affine mod
 ``t(s) = fixed + (t_full - fixed) * s`` through the points ``s = 1`` and
 ``s = b / B`` gives ``fixed = (t_small - (b / B) t_full) / (1 - b / B)``, clipped to
 ``[0, t_full]``. It is recorded as ``fwd_fixed_s`` / ``bwd_fixed_s`` and set on the
-graph's ops, where the simulator uses it (:mod:`autoplace.sim_model`). Limits: two
+graph's ops, where the simulator uses it (:mod:`autoplace.sim.model`). Limits: two
 points of noisy timings (an op of a few µs gets a rough fixed part; the clip keeps it
 in range); a time that is not affine in the batch (cache effects, a change of kernel
 between the two batch sizes) is read as if it were; shares below ``b / B`` (more

@@ -1,0 +1,1 @@
+"""Small user tools shipped with the package (``autoplace trace-summary``)."""
