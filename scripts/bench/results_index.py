@@ -88,17 +88,29 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f} ms"
 
 
+#: Scenarios of the benchmark suite in the order tables show them; others follow by name.
+SCENARIO_ORDER = ("gpt1b-16GB", "gpt1b", "gnmt4-capped", "branchy-mlp", "inception")
+
+
+def _row_order(item: tuple[dict[str, Any], dict[str, Any]]) -> tuple[Any, ...]:
+    run, h = item
+    sc = h["scenario"] or ""
+    known = sc in SCENARIO_ORDER
+    return (card_slug(run["card"]), run["gpus"], not known,
+            SCENARIO_ORDER.index(sc) if known else 0, sc)
+
+
 def _headline_rows(runs: list[dict[str, Any]], link: str) -> list[str]:
-    """Table rows of the current scenarios of every current run with a headline."""
+    """Table rows of the current scenarios of every current run with a headline, by
+    card, device count and scenario."""
+    items = [(run, h) for run in runs for h in run.get("headline") or []
+             if h["scenario"] in run["current_scenarios"]]
     rows = []
-    for run in runs:
-        for h in run.get("headline") or []:
-            if h["scenario"] not in run["current_scenarios"]:
-                continue
-            ratio = "-" if h["auto_vs_best"] is None else f"**{h['auto_vs_best']:.2f}**"
-            rows.append(f"| {h['scenario']} | {_card(run)} | {h['best_hand_written'] or '-'} "
-                        f"{_ms(h['best_hand_written_ms'])} | {h['auto_plan'] or '-'}, "
-                        f"{_ms(h['auto_ms'])} | {ratio} | [{run['date']}]({link}{run['dir']}/) |")
+    for run, h in sorted(items, key=_row_order):
+        ratio = "-" if h["auto_vs_best"] is None else f"**{h['auto_vs_best']:.2f}**"
+        rows.append(f"| {h['scenario']} | {_card(run)} | {h['best_hand_written'] or '-'} "
+                    f"{_ms(h['best_hand_written_ms'])} | {h['auto_plan'] or '-'}, "
+                    f"{_ms(h['auto_ms'])} | {ratio} | [{run['date']}]({link}{run['dir']}/) |")
     return rows
 
 
@@ -109,10 +121,10 @@ _HEAD = ("| scenario | devices | best hand-written | autoplace `--planner auto` 
 def readme_table(runs: list[dict[str, Any]]) -> str:
     """The headline table for README.md (without the markers)."""
     return "\n".join([
-        "Step time of one training step, measured; each row from the newest run of its "
-        "scenario (card, commit and torch in the run's `env.json`):", "", _HEAD,
+        "Measured step times; each row is the newest run of its scenario (card, commit and "
+        "torch in the run's `env.json`).", "", _HEAD,
         *_headline_rows(runs, "bench/results/"), "",
-        "What the scenarios are, the simulator's error and the hand-written reference: "
+        "Scenarios, simulator error and hand-written references: "
         "[docs/results.md](docs/results.md); every run: [bench/README.md](bench/README.md)."])
 
 
