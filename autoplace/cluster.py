@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.errors import AutoplaceError
+from autoplace.files import write_json_atomic
 from autoplace.plan import strict_json
 
 __all__ = ["Device", "Cluster", "PRESETS", "preset", "resolve", "parse_bytes", "format_bytes"]
@@ -245,7 +246,8 @@ class Cluster:
             raise AutoplaceError(f"cluster file is malformed: {e!r}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
+        """Write the cluster as JSON atomically."""
+        write_json_atomic(path, self.to_json(), allow_nan=False)
 
     @classmethod
     def load(cls, path: str | Path) -> Cluster:

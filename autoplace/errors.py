@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AutoplaceError", "PlanError", "CaptureError", "OutOfMemoryError"]
+__all__ = ["AutoplaceError", "PlanError", "CaptureError", "OutOfMemoryError", "WorkloadError"]
 
 
 class AutoplaceError(Exception):
@@ -11,6 +11,12 @@ class AutoplaceError(Exception):
 
 class PlanError(AutoplaceError):
     """A plan file that is corrupt, or does not fit the graph or the cluster."""
+
+
+class WorkloadError(AutoplaceError):
+    """A workload that cannot be built: an unknown name, a bad option, a spec read from a
+    file that autoplace was not allowed to import, or the user's own factory raising (the
+    message names its module, function and exception; ``__cause__`` is that exception)."""
 
 
 class CaptureError(AutoplaceError):

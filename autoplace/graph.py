@@ -33,6 +33,7 @@ import networkx as nx
 import numpy as np
 
 from autoplace.errors import AutoplaceError
+from autoplace.files import write_json_atomic
 
 __all__ = ["OpNode", "OpGraph", "random_dag", "PYG_FEATURES"]
 
@@ -311,7 +312,8 @@ class OpGraph:
         return graph
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json()))
+        """Write the graph as JSON atomically."""
+        write_json_atomic(path, self.to_json(), indent=None)
 
     @classmethod
     def load(cls, path: str | Path) -> OpGraph:

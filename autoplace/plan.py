@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoplace.errors import PlanError
+from autoplace.files import write_atomic
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
@@ -447,16 +446,7 @@ class Plan:
 
     def save(self, path: str | Path) -> None:
         """Write the plan as JSON atomically (a crash never leaves half a file)."""
-        path = Path(path)
-        text = json.dumps(self.to_json(), indent=1, default=_json_default)
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, json.dumps(self.to_json(), indent=1, default=_json_default))
 
     @classmethod
     def loads(cls, text: str | bytes) -> Plan:

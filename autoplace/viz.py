@@ -7,6 +7,7 @@ its path.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,12 +19,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from autoplace.errors import AutoplaceError  # noqa: E402
+from autoplace.files import write_atomic  # noqa: E402
+
 if TYPE_CHECKING:
     from autoplace.graph import OpGraph
     from autoplace.plan import Plan
     from autoplace.sim.model import Event
 
-__all__ = ["KIND_COLORS", "bar_chart", "gantt", "placement_picture", "suite_figure",
+__all__ = ["FORMATS", "KIND_COLORS", "bar_chart", "gantt", "placement_picture", "suite_figure",
            "training_curve"]
 
 #: colour of each event kind in :func:`gantt`
@@ -46,11 +50,25 @@ def _resource_key(name: str) -> tuple[int, int, str]:
     return rank, nums[0] * 1000 + (nums[1] if len(nums) > 1 else 0), name
 
 
+#: picture formats the functions here write (the file's suffix picks one)
+FORMATS = ("png", "svg", "pdf", "jpg", "jpeg")
+
+
 def _save(fig: Any, path: str | Path) -> Path:
+    """Render ``fig`` in the format of ``path``'s suffix and write it atomically."""
     path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        plt.close(fig)
+        raise AutoplaceError(f"{path}: unknown picture format {path.suffix or '(none)'!r}; "
+                             f"valid: {', '.join('.' + f for f in FORMATS)}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=fmt, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    write_atomic(path, buf.getvalue())
     return path
 
 

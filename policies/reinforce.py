@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from autoplace.errors import AutoplaceError
+from autoplace.files import write_atomic, write_json_atomic
 
 from . import checkpoint as ckpt
 from .base import PlacementPolicy, batch_obs
@@ -429,10 +430,10 @@ def _result(best, keys, history, update, episodes, elapsed, ckpt_path, out_dir, 
     first = best.get(keys[0], {})
     plan = _load_plan(first.get("plan"))
     if out_dir is not None and plan is not None:
-        (out_dir / "best_plan.json").write_text(first["plan"])
+        write_atomic(out_dir / "best_plan.json", first["plan"])
         if len(set(keys)) > 1:
-            (out_dir / "best_plans.json").write_text(json.dumps(
-                {k: json.loads(v["plan"]) for k, v in best.items() if v.get("plan")}, indent=1))
+            write_json_atomic(out_dir / "best_plans.json",
+                              {k: json.loads(v["plan"]) for k, v in best.items() if v.get("plan")})
     return ReinforceResult(
         best_plan=plan, best_step_time_s=float(first.get("step_time_s", math.inf)),
         best_reward=float(first.get("reward", -math.inf)), best=best, history=history,

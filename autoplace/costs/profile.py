@@ -88,6 +88,7 @@ from torch.utils import _pytree as pytree
 
 from autoplace.capture import body_on_device, fetch_attr, program_inputs
 from autoplace.errors import AutoplaceError
+from autoplace.files import write_json_atomic
 from autoplace.graph import OpGraph
 
 __all__ = ["profile", "measure_links", "device_kind"]
@@ -733,9 +734,7 @@ def _save(cache_dir: str | Path | None, graph: OpGraph, kind: str, data: dict) -
         return
     path = _cache_path(cache_dir, graph, kind)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    write_json_atomic(path, data)
 
 
 # --------------------------------------------------------------------- links

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplace.files import write_atomic
+
 __all__ = ["RunReport", "max_rel_diff"]
 
 
@@ -113,7 +115,8 @@ class RunReport:
         return max(reserved) if reserved else None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.dumps())
+        """Write the report as JSON atomically."""
+        write_atomic(path, self.dumps())
 
     def summary(self) -> str:
         """One line for humans."""

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.cluster import Cluster
+from autoplace.files import write_json_atomic
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 
@@ -213,9 +214,7 @@ class Calibration:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"format": CALIBRATION_FORMAT, **asdict(self)}, indent=1))
-        tmp.replace(path)
+        write_json_atomic(path, {"format": CALIBRATION_FORMAT, **asdict(self)})
 
     @classmethod
     def load(cls, cache_dir: str | Path | None, graph: OpGraph, cluster: Cluster) -> Calibration:
