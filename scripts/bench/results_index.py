@@ -138,7 +138,7 @@ def bench_readme(runs: list[dict[str, Any]]) -> str:
         "`.json`), plots, log, `env.json` (commit, torch, driver, card, gpus, host, date) and "
         "`run.json` (tag, scenarios, summary). A suite's `profiles/` holds the per-op "
         "profiles and auto's calibrations it used, in the profile cache's layout "
-        "(`autoplace plan --profile-dir`, `scripts/replay_suite.py --profiles`). "
+        "(`autoplace plan --profile-dir`, `scripts/bench/replay_suite.py --profiles`). "
         "`results/index.json` lists every run; a run is *current* when no later run on the "
         "same card and device count measured one of its scenarios again. Figures from "
         "different cards or runs are not comparable.", "",
