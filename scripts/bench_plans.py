@@ -75,29 +75,29 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                                           depth=4, num_classes=1000,
                                                           batch_size=1024), cap=None),
     # Hugging Face models, unmodified (tests/hf_models.py, a user's module:factory; run with
-    # tests/ on PYTHONPATH): GPT-2 small, BERT-base, T5-small sizes, bf16 autocast
-    "hf-gpt2": dict(model="hf_models:gpt2", options=dict(layers=12, hidden=768, heads=12,
+    # the repository root on PYTHONPATH): GPT-2 small, BERT-base, T5-small sizes, bf16 autocast
+    "hf-gpt2": dict(model="tests.helpers.hf_models:gpt2", options=dict(layers=12, hidden=768, heads=12,
                                                          vocab=50257, seq=512, batch_size=16,
                                                          lr=3e-4, autocast_dtype="bfloat16"),
                     cap=None),
-    "hf-bert": dict(model="hf_models:bert", options=dict(layers=12, hidden=768, heads=12,
+    "hf-bert": dict(model="tests.helpers.hf_models:bert", options=dict(layers=12, hidden=768, heads=12,
                                                          vocab=30522, seq=256, batch_size=32,
                                                          lr=3e-4, autocast_dtype="bfloat16"),
                     cap=None),
-    "hf-t5": dict(model="hf_models:t5", options=dict(layers=6, hidden=512, heads=8, vocab=32128,
+    "hf-t5": dict(model="tests.helpers.hf_models:t5", options=dict(layers=6, hidden=512, heads=8, vocab=32128,
                                                      seq=128, batch_size=32, lr=3e-4,
                                                      autocast_dtype="bfloat16"), cap=None),
     # the sizes measured on one H200 in session 28 (scripts/device_bench.sh models)
-    "hf-llama": dict(model="hf_models:llama", options=dict(layers=12, hidden=768, heads=12,
+    "hf-llama": dict(model="tests.helpers.hf_models:llama", options=dict(layers=12, hidden=768, heads=12,
                                                            kv_heads=4, vocab=32000, seq=512,
                                                            batch_size=16, lr=3e-4,
                                                            autocast_dtype="bfloat16"), cap=None),
-    "hf-mixtral": dict(model="hf_models:mixtral", options=dict(layers=8, hidden=512, heads=8,
+    "hf-mixtral": dict(model="tests.helpers.hf_models:mixtral", options=dict(layers=8, hidden=512, heads=8,
                                                                kv_heads=4, experts=8, vocab=32000,
                                                                seq=256, batch_size=16, lr=3e-4,
                                                                autocast_dtype="bfloat16"),
                        cap=None),
-    "hf-vit": dict(model="hf_models:vit", options=dict(image=224, patch=16, layers=12, hidden=768,
+    "hf-vit": dict(model="tests.helpers.hf_models:vit", options=dict(image=224, patch=16, layers=12, hidden=768,
                                                        heads=12, classes=1000, batch_size=64,
                                                        lr=3e-4, autocast_dtype="bfloat16"),
                    cap=None),
@@ -105,7 +105,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "tiny": dict(model="gpt-tiny", options=dict(batch_size=8), cap=None),
     "tiny-mlp": dict(model="branchy-mlp", options=dict(batch_size=16), cap=None),
     "tiny-capped": dict(model="gpt-tiny", options=dict(batch_size=8), cap="auto"),
-    "tiny-hf": dict(model="hf_models:t5", options=dict(batch_size=8), cap=None),
+    "tiny-hf": dict(model="tests.helpers.hf_models:t5", options=dict(batch_size=8), cap=None),
 }
 
 

@@ -124,7 +124,7 @@ graphs)  # one-process placements eagerly and replayed as CUDA graphs, side by s
     rc=0
     ;;
 models)  # Hugging Face models as a user brings them: profile, plan --planner auto, run
-    export PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
     specs=${3:-"llama:layers=12,hidden=768,heads=12,kv_heads=4,vocab=32000,seq=512,batch_size=16"}
     budget=${4:-30s}
     : > "$out/log.txt"
@@ -141,10 +141,10 @@ models)  # Hugging Face models as a user brings them: profile, plan --planner au
         for x in "${kv[@]}"; do opts+=(--option "$x"); done
         echo "=== $spec" | tee -a "$out/log.txt"
         t0=$(date +%s)
-        timeout 200 autoplace profile --model "hf_models:$name" "${opts[@]}" --repeats 3 \
+        timeout 200 autoplace profile --model "tests.helpers.hf_models:$name" "${opts[@]}" --repeats 3 \
             --cache-dir /tmp/prof --no-links -o "/tmp/$name-graph.json" 2>&1 | tail -n 3 \
             | tee -a "$out/log.txt"
-        timeout 200 autoplace plan --model "hf_models:$name" "${opts[@]}" --cluster detect \
+        timeout 200 autoplace plan --model "tests.helpers.hf_models:$name" "${opts[@]}" --cluster detect \
             --planner auto --budget "$budget" --profile-dir /tmp/prof \
             -o "$out/$name-plan.json" 2>&1 | tail -n 12 | tee -a "$out/log.txt"
         timeout 200 autoplace run "$out/$name-plan.json" --steps 20 --warmup 5 \

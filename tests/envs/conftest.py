@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from envtools import small_graph
 
 from autoplace.graph import OpGraph
+from tests.helpers.graphs import small_graph
 
 
 @pytest.fixture

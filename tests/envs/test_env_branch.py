@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from autoplace.envs import PlacementEnv
 from autoplace.plan import Plan
-
-sys.path.insert(0, str(Path(__file__).parent.parent))
-from test_grouping_branch import _branches  # noqa: E402
+from tests.helpers.graphs import branches
 
 
 def test_branch_grouping_places_parallel_branches_apart():
-    graph = _branches(2, 6, interleave=True)
+    graph = branches(2, 6, interleave=True)
     env = PlacementEnv(graph=graph, cluster="cpu-x2", max_groups=4, grouping="branch")
     g = env.num_groups
     b0 = {env.groups[f"b0_{i}"] for i in range(6)}
@@ -34,7 +29,7 @@ def test_branch_grouping_places_parallel_branches_apart():
 
 
 def test_pipeline_over_non_interval_groups_gives_valid_plans():
-    graph = _branches(3, 5, interleave=True)
+    graph = branches(3, 5, interleave=True)
     env = PlacementEnv(graph=graph, cluster="cpu-x2", max_groups=8, grouping="branch",
                        pipeline_options=(1, 2), microbatch_options=(2, 4))
     assert not env._interval_groups
@@ -63,7 +58,7 @@ def test_pipeline_over_non_interval_groups_gives_valid_plans():
 
 
 def test_valid_splits():
-    graph = _branches(2, 3)
+    graph = branches(2, 3)
     env = PlacementEnv(graph=graph, cluster="cpu-x2", max_groups=8,
                        data_options=(1, 2), pipeline_options=(1, 2),
                        microbatch_options=(1, 2, 4, 8))

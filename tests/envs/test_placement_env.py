@@ -8,12 +8,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envtools import skewed_cluster, small_graph
 from gymnasium.utils.env_checker import check_env
 
 import autoplace.envs  # noqa: F401  (registers the id)
 from autoplace.envs import GROUP_FEATURES, PlacementEnv, obs_batch_to_pyg, obs_to_pyg
 from autoplace.errors import AutoplaceError
+from tests.helpers import ROOT
+from tests.helpers.graphs import skewed_cluster, small_graph
 
 ID = "autoplace/Placement-v0"
 
@@ -218,9 +219,8 @@ def test_zoo_workload_is_captured():
 def test_bench_env_script_runs():
     import subprocess
     import sys
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_env.py"
+    script = ROOT / "scripts" / "bench_env.py"
     out = subprocess.run([sys.executable, str(script), "--ops", "50", "--max-groups", "8",
                           "--steps", "5"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from envtools import skewed_cluster, small_graph
 
 from autoplace.envs import PlacementEnv
+from tests.helpers.graphs import skewed_cluster, small_graph
 
 sb3 = pytest.importorskip("stable_baselines3")
 

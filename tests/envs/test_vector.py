@@ -5,10 +5,10 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-from envtools import small_graph
 
 import autoplace.envs  # noqa: F401  (registers the id)
 from autoplace.envs import obs_batch_to_pyg
+from tests.helpers.graphs import small_graph
 
 
 @pytest.mark.parametrize("vectorization_mode", ["sync", "async"])

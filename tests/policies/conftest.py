@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from _placement_toy import ToyPlacementEnv
+
+from tests.helpers.placement_toy import ToyPlacementEnv
 
 
 @pytest.fixture(autouse=True)

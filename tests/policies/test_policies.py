@@ -3,7 +3,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _placement_toy import ToyPlacementEnv
 
 from autoplace.errors import AutoplaceError
 from autoplace.policies import (
@@ -14,6 +13,7 @@ from autoplace.policies import (
     make,
     names,
 )
+from tests.helpers.placement_toy import ToyPlacementEnv
 
 POLICIES = ["seq2seq", "hierarchical", "gnn"]
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _placement_toy import ToyPlacementEnv
 
 from autoplace.errors import AutoplaceError
 from autoplace.plan import Plan
 from autoplace.policies import batch_obs, make, reinforce
 from autoplace.policies.reinforce import parse_budget
-
-HERE = Path(__file__).parent
+from tests.helpers import ROOT
+from tests.helpers.placement_toy import ToyPlacementEnv
 
 
 def _setup(name, n_envs=16, **env_kw):
@@ -145,8 +144,8 @@ def test_resume_rejects_another_policy(tmp_path):
 
 
 def _run(out_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE / "_train_toy.py"), str(out_dir),
-                             "seq2seq", "24", *extra], cwd=HERE, env={**os.environ,
+    return subprocess.Popen([sys.executable, "-m", "tests.helpers.train_toy", str(out_dir),
+                             "seq2seq", "24", *extra], cwd=ROOT, env={**os.environ,
                             "OMP_NUM_THREADS": "1"})
 
 

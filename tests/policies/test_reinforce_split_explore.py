@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from _placement_toy import ToyPlacementEnv
 
 from autoplace.policies import batch_obs, make, reinforce
 from autoplace.policies.reinforce import ReinforceConfig, _forced_splits
+from tests.helpers.placement_toy import ToyPlacementEnv
 
 
 def _setup(name="gnn", n_envs=4):

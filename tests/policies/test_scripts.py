@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
+
 pytest.importorskip("autoplace.envs")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("script,prefix", [("bench_policies.py", "policies"),

@@ -1,0 +1,125 @@
+"""Which modules FSDP2 shards as units of their own (executor.data.wrap_data_parallel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch import nn
+
+from autoplace.errors import PlanError
+from autoplace.executor.data import wrap_data_parallel
+from autoplace.plan import ParallelConfig
+from tests.helpers import ROOT
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.down = nn.Sequential(nn.Linear(8, 8))  # a list inside a block (resnet's downsample)
+
+    def forward(self, x):
+        return self.norm(torch.relu(self.fc(x))) + self.down(x)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.leaves = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))  # GNMT's LSTMs
+        self.head = nn.Linear(8, 16)
+        self.tied = nn.Linear(8, 8)
+        self.tied_too = nn.Linear(8, 8)
+        self.tied_too.weight = self.tied.weight  # shared: must stay in the root group
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h)
+        for leaf in self.leaves:
+            h = leaf(h)
+        return self.head(self.tied_too(self.tied(h)))
+
+
+@pytest.fixture
+def mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _units(shard: str, mesh, units: str = "blocks") -> dict[str, bool]:
+    """Which modules are FSDP2 units' members, and (``groups``) which share one unit."""
+    from torch.distributed.fsdp import FSDPModule
+
+    torch.manual_seed(0)
+    model = Net()
+    program = fx.symbolic_trace(model)
+    wrap_data_parallel(program, model, shard, mesh=mesh, units=units)
+    mods = dict(program.named_modules())
+    out = {name: isinstance(mods[name], FSDPModule) for name in NAMES}
+    state = {n: id(mods[n]._get_fsdp_state()) for n in NAMES if out[n]}
+    out["groups"] = sorted(sorted(n for n in state if state[n] == s) for s in set(state.values()))
+    return out
+
+
+NAMES = ("embed", "head", "tied", "tied_too", "blocks.0.fc", "blocks.0.down.0", "blocks.1.norm",
+         "leaves.0", "leaves.1")
+BLOCKS = {"embed": False, "head": False, "tied": False, "tied_too": False,
+          "blocks.0.fc": True, "blocks.0.down.0": True, "blocks.1.norm": True,
+          "leaves.0": True, "leaves.1": True,
+          # a block claims the lists inside it; a list's child that is itself a called
+          # module is a unit of its own
+          "groups": [["blocks.0.down.0", "blocks.0.fc"], ["blocks.1.norm"], ["leaves.0"],
+                     ["leaves.1"]]}
+
+
+@pytest.mark.parametrize("shard", ["fsdp", "zero2"])
+def test_blocks_and_root(mesh, shard):
+    assert _units(shard, mesh) == BLOCKS
+
+
+@pytest.mark.parametrize("shard", ["fsdp", "zero2"])
+def test_modules_give_other_modules_units_of_their_own(mesh, shard):
+    # shared parameters stay in the root group
+    assert _units(shard, mesh, "modules") == {
+        **BLOCKS, "embed": True, "head": True,
+        "groups": sorted([*BLOCKS["groups"], ["embed"], ["head"]])}
+
+
+def test_plan_field():
+    par = ParallelConfig(data=2, shard="fsdp", shard_units="modules")
+    assert par.to_json()["shard_units"] == "modules"
+    assert ParallelConfig.from_json(par.to_json()) == par
+    assert "shard_units" not in ParallelConfig(data=2, shard="fsdp").to_json()
+    assert par.describe() == "dp=2/fsdp/modules"
+    with pytest.raises(PlanError, match="valid: blocks, modules"):
+        ParallelConfig(data=2, shard="fsdp", shard_units="layers")
+    with pytest.raises(PlanError, match="only to a sharded plan"):
+        ParallelConfig(data=2, shard_units="modules")
+
+
+def test_bench_fsdp_units_runs(tmp_path):
+    """scripts/bench_fsdp_units.py on CPU records a run under the rule it was given (both
+    rules train like the reference: tests/test_executor_dist.py::test_data_parallel)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "units.json"
+    script = ROOT / "scripts" / "bench_fsdp_units.py"
+    subprocess.run([sys.executable, str(script), "--out", str(out), "--scenarios", "tiny",
+                    "--rounds", "1", "--steps", "3", "--plans", "fsdp", "--units", "modules"],
+                   check=True, capture_output=True, timeout=300)
+    rows = json.loads(out.read_text())
+    assert [(r["plan"], r["units"], r["cap"]) for r in rows] == [("fsdp", "modules", "uncapped")]
+    assert rows[0]["error"] is None and len(rows[0]["step_times_s"]) == 1
+    assert len(rows[0]["loss"]) == 3 and all(x > 0 for x in rows[0]["loss"])

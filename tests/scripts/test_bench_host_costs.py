@@ -1,0 +1,32 @@
+"""scripts/bench_host_costs.py on CPU (gloo, a group of one): every mode of every synthetic
+stack is measured, FSDP2's units are its blocks, and the fit has its terms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+
+@pytest.mark.slow
+def test_measures_every_mode_and_fits_the_stacks(tmp_path):
+    out = tmp_path / "host.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_host_costs.py"), "--cpu",
+                        "--scenarios", "", "--synthetic", "2x1,2x3,4x1", "--modes",
+                        "plain,ddp,fsdp", "--steps", "3", "--warmup", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [m["name"] for m in data["models"]] == ["stack-2x1", "stack-2x3", "stack-4x1"]
+    for m, (blocks, layers) in zip(data["models"], [(2, 1), (2, 3), (4, 1)]):
+        assert set(m["modes"]) == {"plain", "ddp", "fsdp"}
+        assert all(v["step_s"] > 0 and v["param_tensors"] == 2 * blocks * layers
+                   for v in m["modes"].values())
+        assert m["modes"]["fsdp"]["fsdp_units"] == blocks
+        assert m["modes"]["plain"]["fsdp_units"] == 0
+    assert set(data["fits"]["fsdp"]) == {"per_tensor_s", "per_unit_s", "const_s"}
+    assert set(data["fits"]["ddp"]) == {"per_tensor_s", "const_s"}
