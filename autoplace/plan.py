@@ -356,19 +356,6 @@ class Plan:
                     f"pipeline stages do not form a chain: {u!r} (stage {su}) feeds "
                     f"{v!r} (stage {sv}), a backward edge"
                 )
-        gm = getattr(graph, "module", None)
-        if gm is not None:  # parameters and buffers several stages use (executor.pipeline)
-            from autoplace.executor.pipeline import stage_of_ops, tied_parameters
-
-            stage_of_ops(gm, self)
-            tied = tied_parameters(gm, self)
-            if tied and self.parallel.shard != "none":
-                name, stages = next(iter(tied.items()))
-                raise PlanError(
-                    f"parameter {name!r} is used by pipeline stages {stages} (tied weights), "
-                    f"which parallel.shard={self.parallel.shard!r} cannot keep equal; use "
-                    "shard='none' with this pipeline, or put those ops on one stage"
-                )
 
     # -------------------------------------------------------------------- json
     def to_json(self) -> dict[str, Any]:

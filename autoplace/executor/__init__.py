@@ -13,6 +13,7 @@ from pathlib import Path
 from autoplace.cluster import Cluster
 from autoplace.executor.launch import run_plan
 from autoplace.executor.report import RunReport
+from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
@@ -66,7 +67,7 @@ def execute(
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
                       checkpoint_every=checkpoint_every, resume=resume, seed=seed,
                       progress=progress)
-    plan.validate(capture_graph(workload), cluster)
+    validate(capture_graph(workload), plan, cluster)
     _check_present(plan, cluster)
     if plan.parallel.data * plan.parallel.pipeline == 1:
         return run_here(workload, plan, cluster, opts)

@@ -22,12 +22,8 @@ from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
 from autoplace.executor.data import allreduce_grads, sum_grads, wrap_data_parallel
 from autoplace.executor.local import build_local, split_value
-from autoplace.executor.pipeline import (
-    build_stage,
-    example_values,
-    make_schedule,
-    tied_parameters,
-)
+from autoplace.executor.pipeline import build_stage, example_values, make_schedule
+from autoplace.lowering import Lowering, lower
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
@@ -73,29 +69,9 @@ def _replica_slice(t: Any, replica: int, replicas: int) -> Any:
     return split_value(t, replicas)[replica]
 
 
-def _param_dtype(workload: Workload, device: torch.device, graph=None) -> torch.dtype | None:
-    """FSDP2's gather dtype: the workload's autocast dtype where it autocasts (CUDA).
-
-    None (parameters gathered as they are) for a graph captured by torch.export: it keeps
-    dtype-dependent constants of the capture (Hugging Face T5 fills masks with float32's
-    minimum, which a bf16 tensor cannot hold: "value cannot be converted to type
-    c10::BFloat16 without overflow" on 2x H200)."""
-    if getattr(graph, "capture_method", None) == "export":
-        return None
-    if device.type == "cuda" and workload.autocast_dtype:
-        return getattr(torch, workload.autocast_dtype)
-    return None
-
-
-def _issue_order(graph, plan: Plan):
-    try:
-        from autoplace.sim import issue_order
-    except ImportError:
-        return None
-    try:
-        return issue_order(graph, plan)
-    except Exception:  # a planner-side order is an optimisation, never a requirement
-        return None
+def _gather_dtype(low: Lowering) -> torch.dtype | None:
+    """FSDP2's gather dtype as the lowering decided it (None: parameters as they are)."""
+    return getattr(torch, low.gather_dtype) if low.gather_dtype else None
 
 
 def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: int,
@@ -107,6 +83,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         raise PlanError("the captured graph has no fx module to execute")
     k = plan.devices_per_replica
     distributed = dist.is_available() and dist.is_initialized()
+    low = lower(graph, plan, cluster, validated=True,  # by run_here, on the whole batch
+                device_type=torch.device(cluster.devices[plan.replica_devices(0)[0]].name).type)
     if par.pipeline == 1:
         replica = rank
         idx = plan.replica_devices(replica)
@@ -118,7 +96,7 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                 "(DDP) or a pipeline"
             )
         program = build_local(gm, plan, devices, workload.loss_fn,
-                              order=_issue_order(graph, plan),
+                              order=list(low.order),
                               graphs=True if par.graphs else None)
         model: nn.Module = program
         # a replica over several devices: DDP would all-reduce buckets on each of them,
@@ -130,10 +108,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                 from torch.distributed.device_mesh import init_device_mesh
 
                 mesh = init_device_mesh(devices[0].type, (par.data,))
-            model = wrap_data_parallel(program, workload.model, par.shard, mesh=mesh,
-                                       device=devices[0],
-                                       param_dtype=_param_dtype(workload, devices[0], graph),
-                                       units=par.shard_units)
+            model = wrap_data_parallel(program, low.module_units(graph), par.shard, mesh=mesh,
+                                       device=devices[0], param_dtype=_gather_dtype(low))
 
         params = [q for q in program.parameters() if q.requires_grad] if manual else []
 
@@ -170,15 +146,14 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         group = mesh["pp"].get_group()
         dp_group = mesh["dp"].get_group()
         if par.shard != "none":
-            model = wrap_data_parallel(stage_mod, workload.model, par.shard,
+            model = wrap_data_parallel(stage_mod, low.module_units(graph), par.shard,
                                        group=dp_group, mesh=mesh["dp"], device=device,
-                                       param_dtype=_param_dtype(workload, device, graph),
-                                       units=par.shard_units)
+                                       param_dtype=_gather_dtype(low))
     elif not distributed:
         raise PlanError("a pipeline plan must run under torchrun (one process per stage)")
     manual_dp = par.data > 1 and par.shard == "none"
     params = [q for q in model.parameters() if q.requires_grad]
-    tied = _tie_groups(gm, plan, rank)
+    tied = _tie_groups(gm, plan, rank, low.tied)
     loss_fn = workload.loss_fn
 
     def stage_loss(output, target):  # on what the model returns, as the workload wrote it
@@ -212,12 +187,12 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                  cluster_indices=[cidx], has_loss=last, keep=[schedule])
 
 
-def _tie_groups(gm, plan: Plan, rank: int) -> list[tuple[Any, list[nn.Parameter]]]:
+def _tie_groups(gm, plan: Plan, rank: int, ties: dict[str, list[int]]
+                ) -> list[tuple[Any, list[nn.Parameter]]]:
     """This rank's parameters that other stages of its replica use too, with the process
-    group of those stages' ranks: ``[(group, params)]`` (:func:`tied_parameters`; every
-    rank creates every group, in one order, as ``new_group`` requires)."""
-    ties = tied_parameters(gm, plan)
-    if not ties:  # (a sharded pipeline with ties never gets here: Plan.validate refuses it)
+    group of those stages' ranks: ``[(group, params)]`` (``ties``: the lowering's tied
+    parameters; every rank creates every group, in one order, as ``new_group`` requires)."""
+    if not ties:  # (a sharded pipeline with ties never gets here: the lowering refuses it)
         return []
     par = plan.parallel
     named = dict(gm.named_parameters())

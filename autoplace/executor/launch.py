@@ -30,6 +30,7 @@ from autoplace.cluster import Cluster, resolve
 from autoplace.errors import AutoplaceError
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions
+from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
@@ -125,7 +126,7 @@ def run_plan(
 
         wl = workload if isinstance(workload, Workload) else workloads.get(
             spec["spec"], seed=spec.get("seed", 0), **spec["options"])
-        plan.validate(capture_graph(wl), cluster)
+        validate(capture_graph(wl), plan, cluster)
         report = run_here(wl, plan, cluster, opts)
     else:
         report = _torchrun(plan, spec, cluster, opts, nproc, timeout_s)

@@ -17,7 +17,6 @@ device gets them moved there (``.to`` keeps the autograd link, so gradients sum)
 
 from __future__ import annotations
 
-import heapq
 import operator
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -38,7 +37,7 @@ from autoplace.capture import (
 )
 from autoplace.plan import Plan
 
-__all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env", "issue_order",
+__all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env",
            "move_to", "move_to_streamed", "split_value"]
 
 _META_METHODS = {"size", "dim", "numel", "ndimension", "get_device", "element_size"}
@@ -289,68 +288,6 @@ def _is_meta_op(node: fx.Node) -> bool:
 
 
 
-def issue_order(
-    gm: fx.GraphModule,
-    device_of: dict[str, int],
-    microbatches: int,
-    cost: dict[str, float] | None = None,
-) -> list[tuple[int, str]]:
-    """A wavefront issue order of ``(microbatch, op)`` pairs by simulated start time.
-
-    List scheduling with one queue per device: each op starts when its inputs are
-    done and its device is free; pairs are issued in order of start time (ties: lower
-    microbatch, then program order). Costs default to 1 per compute op.
-    """
-    nodes = [n for n in gm.graph.nodes if n.op != "get_attr"]
-    index = {n.name: i for i, n in enumerate(nodes)}
-    preds = {n.name: [a.name for a in n.all_input_nodes if a.name in index] for n in nodes}
-    succs: dict[str, list[str]] = {n.name: [] for n in nodes}
-    for n, ps in preds.items():
-        for p in ps:
-            succs[p].append(n)
-
-    def c(n: fx.Node) -> float:
-        if cost is not None and n.name in cost:
-            return cost[n.name]
-        kind = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-        return 0.0 if n.op in ("placeholder", "output") or kind in _FREE_KINDS else 1.0
-
-    dur = {n.name: c(n) for n in nodes}
-    free = [0.0] * (max(device_of.values(), default=0) + 1)
-    heaps: list[list] = [[] for _ in free]
-    missing: dict[tuple[int, str], int] = {}
-    ready_at: dict[tuple[int, str], float] = {}
-    for m in range(microbatches):
-        for n in nodes:
-            missing[(m, n.name)] = len(preds[n.name])
-            ready_at[(m, n.name)] = 0.0
-            if not preds[n.name]:
-                heapq.heappush(heaps[device_of[n.name]], (0.0, m, index[n.name], n.name))
-    order: list[tuple[int, str]] = []
-    while True:
-        best = None
-        for d, h in enumerate(heaps):
-            if h:
-                start = max(free[d], h[0][0])
-                key = (start, h[0][1], h[0][2])
-                if best is None or key < best[0]:
-                    best = (key, d)
-        if best is None:
-            break
-        (start, m, _), d = best
-        _, _, _, name = heapq.heappop(heaps[d])
-        end = start + dur[name]
-        free[d] = end
-        order.append((m, name))
-        for s in succs[name]:
-            k = (m, s)
-            ready_at[k] = max(ready_at[k], end)
-            missing[k] -= 1
-            if missing[k] == 0:
-                heapq.heappush(heaps[device_of[s]], (ready_at[k], m, index[s], s))
-    return order
-
-
 class LocalProgram(nn.Module):
     """A placed, microbatched training forward: ``program(inputs, targets) -> loss``.
 
@@ -590,15 +527,15 @@ def build_local(
     devices: list[torch.device],
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
     *,
+    order: list[tuple[int, str]],
     microbatches: int | None = None,
-    order: list[tuple[int, str]] | None = None,
     copy_streams: bool | None = None,
     graphs: bool | None = None,
 ) -> LocalProgram:
     """The placed program for ``gm`` under ``plan`` on ``devices`` (index = local device).
 
-    Moves ``gm``'s parameters to their devices in place. ``order`` is an issue order
-    of ``(microbatch, op)`` pairs (default: :func:`issue_order`); get_attr ops are
+    Moves ``gm``'s parameters to their devices in place. ``order`` is the issue order
+    of ``(microbatch, op)`` pairs (:func:`autoplace.lowering.issue_order`); get_attr ops are
     issued once, before everything else, and shared by all microbatches.
     ``copy_streams``: edges between GPUs use :func:`move_to_streamed` (default: whether
     the environment sets ``AUTOPLACE_COPY_STREAMS=1``; off otherwise).
@@ -661,8 +598,6 @@ def build_local(
                 graphed.add(len(units))
             units.append(unit)
     else:
-        if order is None:
-            order = issue_order(gm, dev_of, m)
         for mb, name in order:
             node = nodes[name]
             if node.op in ("placeholder", "get_attr", "output"):

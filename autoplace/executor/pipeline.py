@@ -38,9 +38,10 @@ from autoplace.capture import (
     program_inputs,
 )
 from autoplace.errors import PlanError
+from autoplace.lowering import stage_of_ops
 from autoplace.plan import Plan
 
-__all__ = ["build_stage", "example_values", "make_schedule", "stage_of_ops", "tied_parameters"]
+__all__ = ["build_stage", "example_values", "make_schedule"]
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -135,69 +136,6 @@ def example_values(gm: fx.GraphModule, inputs: Sequence[Any], device: torch.devi
     with mode, torch.no_grad(), cast:
         torch.func.functional_call(runner, tensors, tuple(fake), strict=False, tie_weights=True)
     return values
-
-
-def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
-    """op name -> stage; placeholders are inputs of stage 0, get_attr ops go with their users.
-
-    A parameter several stages use (tied input and output embeddings) is copied to each:
-    :func:`tied_parameters` names them and the executor sums their gradients over those
-    stages after every step (as Megatron-LM does for a GPT's tied embeddings), so the copies
-    stay equal. A buffer used by several stages is refused: each copy would change on its
-    own (a BatchNorm's running statistics).
-    """
-    stage, owners = _stages_and_owners(gm, plan)
-    names = _tensor_names(gm)
-    for t, s in owners.items():
-        if len(s) > 1 and t not in names["param"]:
-            raise PlanError(
-                f"buffer {names['buffer'].get(t, '?')!r} is used by pipeline stages "
-                f"{sorted(s)}; a buffer cannot be kept equal on several stages, so the ops "
-                "that use it must be on one stage"
-            )
-    return stage
-
-
-def tied_parameters(gm: fx.GraphModule, plan: Plan) -> dict[str, list[int]]:
-    """Qualified name -> the stages (more than one) whose ops use that parameter."""
-    _, owners = _stages_and_owners(gm, plan)
-    params = _tensor_names(gm)["param"]
-    return {params[t]: sorted(s) for t, s in owners.items() if len(s) > 1 and t in params}
-
-
-def _stages_and_owners(gm: fx.GraphModule, plan: Plan
-                       ) -> tuple[dict[str, int], dict[int, set[int]]]:
-    stage: dict[str, int] = {}
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            stage[n.name] = 0
-        elif n.op != "get_attr":
-            stage[n.name] = plan.device_of(n.name)
-    owners: dict[int, set[int]] = {}
-    for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            users = {stage[u.name] for u in n.users}
-            stage[n.name] = min(users) if users else 0
-            for t in _tensors_of(gm, n.target):
-                owners.setdefault(t, set()).update(users)
-        elif n.op == "call_module":
-            for t in _tensors_of(gm, n.target):
-                owners.setdefault(t, set()).add(stage[n.name])
-    return stage, owners
-
-
-def _tensor_names(gm: fx.GraphModule) -> dict[str, dict[int, str]]:
-    """id -> qualified name of ``gm``'s parameters (``"param"``) and buffers (``"buffer"``)."""
-    return {"param": {id(p): n for n, p in gm.named_parameters(remove_duplicate=True)},
-            "buffer": {id(b): n for n, b in gm.named_buffers(remove_duplicate=True)}}
-
-
-def _tensors_of(gm: fx.GraphModule, target: str) -> list[int]:
-    """ids of the parameters (and a module's buffers) behind a get_attr / call_module target."""
-    obj = fetch_attr(gm, target)
-    if isinstance(obj, nn.Module):
-        return [id(t) for t in (*obj.parameters(), *obj.buffers())]
-    return [id(obj)] if isinstance(obj, nn.Parameter) else []
 
 
 def _leaves(value: Any, path: tuple[int, ...] = ()) -> list[tuple[int, ...]]:

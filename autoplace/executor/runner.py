@@ -30,6 +30,7 @@ from autoplace.errors import PlanError
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
 from autoplace.executor.local import move_to, split_value
 from autoplace.executor.report import RunReport
+from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
@@ -371,7 +372,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
 
     t_run = time.perf_counter()
     graph = capture_graph(workload)
-    plan.validate(graph, cluster)
+    validate(graph, plan, cluster)
     micro = build.micro_batch_size(workload.batch_size, plan)
     if graph.module is not None and (rnd := random_ops(graph.module)):
         report.extra["random_ops"] = len(rnd)

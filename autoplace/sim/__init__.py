@@ -11,13 +11,11 @@ from autoplace.sim.model import Event
 from autoplace.sim.step import (
     BatchResult,
     SimResult,
-    issue_order,
     lower_bound,
-    schedule_actions,
     sharded_host_s,
     simulate,
     simulate_batch,
 )
 
-__all__ = ["BatchResult", "Event", "issue_order", "schedule_actions", "SimResult", "lower_bound", "sharded_host_s", "simulate",
+__all__ = ["BatchResult", "Event", "SimResult", "lower_bound", "sharded_host_s", "simulate",
            "simulate_batch"]

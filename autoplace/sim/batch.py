@@ -20,6 +20,7 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
+from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.sim.local import backward_issue, simulate_local
 from autoplace.sim.model import (
@@ -93,7 +94,7 @@ def _validate_and_group_ids(ga: GraphArrays, graph: OpGraph, plans: list[Plan],
             and not (par.shard != "none" and par.data == 1)
         )
         if not light_ok:
-            plan.validate(graph, cluster)
+            validate(graph, plan, cluster)
             if not same:
                 last_groups = plan.groups
                 last_ids = np.array([plan.groups[name] for name in ga.names], dtype=np.int64)
@@ -176,7 +177,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
             durs_f.append(np.where(sent, alpha[dev_t, e] + bmb * inv[dev_t, e], -np.inf))
             durs_b.append(np.where(sent, alpha[e, dev_t] + bmb * inv[e, dev_t], -np.inf))
 
-    # ---- issue order: sort (mb, op) by (mb + level, mb, op), as sim_local.issue_order_items
+    # ---- issue order: sort (mb, op) by (mb + level, mb, op), as lowering.issue_order_items
     first = np.stack([np.where((dev == j).any(1), (dev == j).argmax(1), n + j)
                       for j in range(kk)], 1)
     rank = np.argsort(np.argsort(first, axis=1), axis=1)

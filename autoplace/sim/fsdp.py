@@ -1,7 +1,8 @@
 """FSDP2 collectives of a one-process replica: per-unit all-gathers and reduce-scatters.
 
-A unit is a run of parameter-holding ops on one device sharing a module block
-(``sim_model.fsdp_units``). Forward (and under ``fsdp``, not ``zero2``, backward too)
+Units come from the lowering (:func:`autoplace.lowering.fsdp_unit_keys`, grouped per
+device by :func:`autoplace.sim.model.fsdp_units`); the root module's unit is gathered
+first in forward and first again in backward, and held while either runs. Forward (and under ``fsdp``, not ``zero2``, backward too)
 all-gathers every unit once, on a gather stream per device, one unit prefetched ahead
 (the next unit's gather is issued when the current unit's first op starts); with
 microbatches a gathered unit stays until its last microbatch. A unit's gradients are
@@ -33,7 +34,9 @@ class FsdpStreams:
 
     def __init__(self, ga, lp, cluster: Cluster, plan: Plan, shard_host: list[float]) -> None:
         self.k = lp.k
-        self.unit_of, self.unit_bytes, unit_dev = fsdp_units(ga, lp.dev, lp.k)
+        fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units)
+        self.unit_of, self.unit_bytes, unit_dev = fu.unit_of, fu.unit_bytes, fu.unit_dev
+        self.root = fu.root
         self.gather_scale = ga.gather_scale  # gathered at the autocast dtype, reduced in fp32
         self.gather_backward = lp.shard == "fsdp"
         #: host seconds of FSDP2's per-parameter work per collective of each unit
@@ -60,7 +63,11 @@ class FsdpStreams:
                 self.left[u] += lp.m
 
     def _seq(self, j: int, phase: str) -> list[int]:
-        return self.units_on[j] if phase == "f" else self.units_on[j][::-1]
+        # the root module's unit is gathered when its forward, and its backward, starts
+        if phase == "f":
+            return self.units_on[j]
+        return [u for u in self.units_on[j] if self.root[u]] + \
+            [u for u in self.units_on[j][::-1] if not self.root[u]]
 
     def prefetch(self, j: int, trigger: float, phase: str, events) -> None:
         seq, p = self._seq(j, phase), self.ptr[phase][j]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplace.cluster import Cluster
+from autoplace.lowering import issue_order_items
 from autoplace.plan import Plan
 from autoplace.sim.fsdp import FsdpStreams
 from autoplace.sim.model import (
@@ -83,41 +84,6 @@ def local_plan(ga: GraphArrays, plan: Plan) -> LocalPlan:
     return LocalPlan(dev=dev, group=group, k=plan.devices_per_replica, d=par.data,
                      m=par.microbatches, shard=par.shard, recompute=plan.recompute,
                      needb=needb)
-
-
-def op_levels(ga: GraphArrays, dev: list[int]) -> list[int]:
-    """Wavefront level of each op: rank of its device in order of first use, raised to
-    the level of any producer so that sorting by level keeps producers first."""
-    first: dict[int, int] = {}
-    for i, j in enumerate(dev):
-        first.setdefault(j, i)
-    rank = {j: r for r, j in enumerate(sorted(first, key=first.__getitem__))}
-    level = [0] * ga.n
-    for i in range(ga.n):
-        lv = rank[dev[i]]
-        for u in ga.preds[i]:
-            if level[u] > lv:
-                lv = level[u]
-        level[i] = lv
-    return level
-
-
-def issue_order_items(ga: GraphArrays, dev: list[int], m: int) -> list[int]:
-    """Forward issue order as items ``mb * n + op``: sorted by ``(mb + level, mb, op)``.
-
-    Within a wavefront step the earlier microbatch goes first: the next device's part
-    of microbatch ``i`` is issued before this device's part of ``i + 1``, as a
-    hand-written flow does. When issuing the ops takes the host about as long as the
-    GPUs take to run them (gpt-1b at 2 microbatches), this starts the second device
-    earlier. On 2x H200 (``scripts/bench_flow.py``, gpt-1b halves, 2 microbatches) the
-    other order measured 95.4 ms against 89.9 ms for a hand-written flow issued this way
-    (bench/results/raw/2026-11-26-h200x2-flow-nocap-oldorder.json); in this order our
-    program measured 88.8 ms against the hand-written 88.5 ms (a later run of the same
-    session, whose result files were not kept).
-    """
-    n = ga.n
-    level = op_levels(ga, dev)
-    return sorted(range(m * n), key=lambda it: (it // n + level[it % n], it // n, it % n))
 
 
 @dataclass
@@ -408,7 +374,7 @@ def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
 def simulate_local(ga, plan: Plan, cluster: Cluster, tables: CostTables, record: bool) -> dict:
     """Step time, busy time, memory and timeline of a ``pipeline == 1`` plan."""
     lp = local_plan(ga, plan)
-    order = issue_order_items(ga, lp.dev, lp.m)
+    order = issue_order_items(ga.preds, lp.dev, lp.m)
     reps = [0] if replicas_identical(cluster, plan) else list(range(lp.d))
     runs = {r: run_replica(ga, lp, tables, cluster, plan, order, r * lp.k, record and r == 0)
             for r in reps}
@@ -508,10 +474,14 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     group = lp.group
     rc_bytes = recompute_boundary_bytes(ga, group, lp.recompute)
     max_unit = [0.0] * k
+    root = [0.0] * k
     if lp.shard == "fsdp":  # the gathered units it holds (zero2 holds all of them)
-        _, ub, ud = fsdp_units(ga, lp.dev, k)
-        for b, j in zip(ub, ud):
-            max_unit[j] = max(max_unit[j], b)
+        fu = fsdp_units(ga, lp.dev, k, plan.parallel.shard_units)
+        for b, j, is_root in zip(fu.unit_bytes, fu.unit_dev, fu.root):
+            if is_root:
+                root[j] += b
+            else:
+                max_unit[j] = max(max_unit[j], b)
     rc_op = np.isin(np.asarray(group), list(lp.recompute)) if lp.recompute else np.zeros(ga.n, bool)
     group_act: dict[int, float] = {}
     for i in np.flatnonzero(rc_op):
@@ -520,7 +490,7 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     for j in range(k):
         on = dev == j
         mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j], ga.gather_scale,
-                           replica_devices=k)
+                           replica_devices=k, root_bytes=root[j])
         if plan.parallel.graphs:
             mem.grads += graphed_grad_bytes(ga.param_bytes[on].sum(), m)
         kept = ga.act_bytes[on & ~rc_op].sum()

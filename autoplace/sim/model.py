@@ -27,6 +27,7 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
+from autoplace.lowering import ROOT_UNIT, fsdp_unit_keys, gather_dtype
 from autoplace.plan import Plan
 
 #: bytes of memory traffic per parameter byte of a fused AdamW step (reads p, g, m, v;
@@ -34,7 +35,7 @@ from autoplace.plan import Plan
 UPDATE_TRAFFIC_PER_PARAM_BYTE = 7.0
 #: AdamW keeps two fp32 moments per parameter.
 OPTIMIZER_STATE_PER_PARAM_BYTE = 2.0
-#: gradient bytes per parameter byte under DDP: its buckets, rebuilt once (sim_model.state_memory)
+#: gradient bytes per parameter byte under DDP: its buckets, rebuilt once (state_memory)
 DDP_GRAD_COPIES = 2.0
 #: DDP's default ``bucket_cap_mb=25``.
 BUCKET_BYTES = 25 * 2**20
@@ -64,7 +65,8 @@ class GraphArrays:
     param_count: np.ndarray  # float64 [n]: parameter tensors the op owns
     act_bytes: np.ndarray
     out_bytes: np.ndarray
-    block_key: list[str]  # FSDP unit key per op (module path up to the first integer)
+    block_key: list[str]  # FSDP2 unit per op, shard_units="blocks" (lowering.fsdp_unit_keys)
+    module_key: list[str]  # the same for shard_units="modules"
     gather_scale: float = 1.0  # FSDP2 gathers parameters at autocast's dtype: 0.5 of fp32
 
 
@@ -84,7 +86,6 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         succs[idx[u]].append(idx[v])
         succ_bytes[idx[u]].append(float(b))
     ops = graph.ops
-    exported = graph.capture_method == "export"
     arrays = GraphArrays(
         n=n,
         names=list(graph.order),
@@ -98,24 +99,13 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         param_count=np.array([len(op.param_names) for op in ops], dtype=np.float64),
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
         out_bytes=np.array([op.transient_bytes for op in ops], dtype=np.float64),
-        # an exported graph calls no submodules, so the executor's FSDP2 finds no blocks in
-        # it: one unit of all its parameters, gathered as they are, fp32
-        # (``executor.data.wrap_data_parallel``, ``executor.build._param_dtype``)
-        block_key=[_block_key(op.module_path) if not exported else "" for op in ops],
-        gather_scale=0.5 if graph.autocast_dtype in ("bfloat16", "float16") and not exported
-        else 1.0,
+        block_key=fsdp_unit_keys(graph, "blocks"),
+        module_key=fsdp_unit_keys(graph, "modules"),
+        # FSDP2 gathers at the autocast dtype; an exported graph's parameters as they are
+        gather_scale=0.5 if gather_dtype(graph) in ("bfloat16", "float16") else 1.0,
     )
     graph.__dict__["_sim_arrays"] = arrays
     return arrays
-
-
-def _block_key(module_path: str) -> str:
-    """``"transformer.h.3.attn"`` -> ``"transformer.h.3"``: the FSDP unit an op belongs to."""
-    parts = module_path.split(".") if module_path else [""]
-    for i, p in enumerate(parts):
-        if p.isdigit():
-            return ".".join(parts[: i + 1])
-    return parts[0]
 
 
 @dataclass
@@ -302,31 +292,37 @@ def bucket_ids(param_bytes: np.ndarray) -> np.ndarray:
     return np.floor(before / BUCKET_BYTES).astype(np.int64)
 
 
-def fsdp_units(ga: GraphArrays, dev: list[int], k: int) -> tuple[list[int], list[float], list[int]]:
-    """FSDP units: runs of parameter-holding ops on one device sharing a block key.
+@dataclass
+class FsdpUnits:
+    """FSDP2 units of one replica: on each device (rank or stage), the root module's unit
+    first (gathered when forward starts and again when backward starts, held while either
+    runs), then one per unit key in order of first use
+    (:func:`autoplace.lowering.fsdp_unit_keys`)."""
 
-    Returns ``unit_of_op`` (-1 for ops without parameters), ``unit_bytes`` and
-    ``unit_device``; units are numbered in topological order.
-    """
-    unit_of = [-1] * ga.n
-    unit_bytes: list[float] = []
-    unit_dev: list[int] = []
-    last: list[tuple[str, int] | None] = [None] * k
-    for i in range(ga.n):
-        pb = ga.param_bytes[i]
-        if pb <= 0:
-            continue
-        j = dev[i]
-        key = ga.block_key[i]
-        cur = last[j]
-        if cur is None or cur[0] != key:
-            unit_bytes.append(0.0)
-            unit_dev.append(j)
-            cur = (key, len(unit_bytes) - 1)
-            last[j] = cur
-        unit_of[i] = cur[1]
-        unit_bytes[cur[1]] += float(pb)
-    return unit_of, unit_bytes, unit_dev
+    unit_of: list[int]  # per op, -1 for ops without parameter bytes
+    unit_bytes: list[float]
+    unit_dev: list[int]
+    root: list[bool]  # per unit: the root's
+
+
+def fsdp_units(ga: GraphArrays, dev: list[int], k: int, units: str = "blocks") -> FsdpUnits:
+    """The FSDP2 units of a replica whose op ``i`` runs on local device ``dev[i]``."""
+    keys = ga.module_key if units == "modules" else ga.block_key
+    found: dict[tuple[int, str], int] = {}
+    out = FsdpUnits(unit_of=[-1] * ga.n, unit_bytes=[], unit_dev=[], root=[])
+    order = [i for i in range(ga.n) if ga.param_bytes[i] > 0]
+    roots = [i for i in order if keys[i] == ROOT_UNIT]
+    for i in roots + [i for i in order if keys[i] != ROOT_UNIT]:
+        key = (dev[i], keys[i])
+        u = found.get(key)
+        if u is None:
+            u = found[key] = len(out.unit_bytes)
+            out.unit_bytes.append(0.0)
+            out.unit_dev.append(dev[i])
+            out.root.append(keys[i] == ROOT_UNIT)
+        out.unit_of[i] = u
+        out.unit_bytes[u] += float(ga.param_bytes[i])
+    return out
 
 
 def recompute_boundary_bytes(
@@ -372,7 +368,8 @@ class MemoryModel:
 
 
 def state_memory(param_bytes: float, d: int, shard: str, max_unit: float = 0.0,
-                 gather_scale: float = 1.0, replica_devices: int = 1) -> MemoryModel:
+                 gather_scale: float = 1.0, replica_devices: int = 1,
+                 root_bytes: float = 0.0) -> MemoryModel:
     """Parameters, gradients and AdamW state of ``param_bytes`` under a sharding mode.
 
     Sharded, the gathered parameters take ``gather_scale`` of their bytes (FSDP2 gathers
@@ -390,8 +387,8 @@ def state_memory(param_bytes: float, d: int, shard: str, max_unit: float = 0.0,
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pb / d
     if shard == "zero2":  # the shard, and every unit gathered from forward to backward
         return MemoryModel(params=pb / d + gather_scale * pb, grads=grads, optimizer=opt)
-    # fsdp: the current and the prefetched unit are gathered whole
-    params = min(pb, pb / d + 2.0 * gather_scale * max_unit)
+    # fsdp: the root's unit, the current and the prefetched unit are gathered whole
+    params = min(pb, pb / d + gather_scale * (root_bytes + 2.0 * max_unit))
     return MemoryModel(params=params, grads=grads, optimizer=opt)
 
 

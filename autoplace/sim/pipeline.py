@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplace.cluster import Cluster
+from autoplace.lowering import pipeline_actions
 from autoplace.plan import Plan
 from autoplace.sim.local import finish_step, local_memory, local_plan, op_times
 from autoplace.sim.model import (
@@ -36,22 +37,7 @@ from autoplace.sim.model import (
     replicas_identical,
 )
 
-__all__ = ["schedule_actions", "simulate_pipeline"]
-
-
-def schedule_actions(schedule: str, stages: int, microbatches: int, stage: int) -> list[str]:
-    """Action order of one stage, like ``["F0", "F1", "B0", "F2", "B1", "B2"]``."""
-    m = microbatches
-    if schedule == "gpipe":
-        return [f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]
-    if schedule == "1f1b":
-        warm = min(m, stages - stage - 1)
-        acts = [f"F{i}" for i in range(warm)]
-        for i in range(m - warm):
-            acts += [f"F{warm + i}", f"B{i}"]
-        acts += [f"B{i}" for i in range(m - warm, m)]
-        return acts
-    raise ValueError(f"unknown pipeline schedule {schedule!r}; valid: gpipe, 1f1b")
+__all__ = ["simulate_pipeline"]
 
 
 def inflight_microbatches(schedule: str, stages: int, microbatches: int) -> list[int]:
@@ -116,7 +102,7 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
 
     dur_f = [link(s, s + 1, cut[s]) for s in range(p - 1)]
     dur_b = [link(s + 1, s, cut[s]) for s in range(p - 1)]
-    acts = [schedule_actions(plan.parallel.schedule, p, m, s) for s in range(p)]
+    acts = [pipeline_actions(plan.parallel.schedule, p, m, s) for s in range(p)]
     events: list[Event] = []
     free = [0.0] * p
     coll_free = [0.0] * p
@@ -125,12 +111,12 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
     fend: list[list[float | None]] = [[None] * m for _ in range(p)]
     farr[0] = [0.0] * m
     if lp.shard == "fsdp":  # gather each stage's units from the start; F0 waits for the first
-        unit_of, unit_bytes, unit_dev = fsdp_units(ga, lp.dev, p)
+        fu = fsdp_units(ga, lp.dev, p, plan.parallel.shard_units)
         for s in range(p):
             c = affine_collective(cluster, "allgather", replica_group(plan, s))
             t = 0.0
-            for u in (u for u, j in enumerate(unit_dev) if j == s):
-                t0, t = t, t + collective_time(c, ga.gather_scale * unit_bytes[u])
+            for u in (u for u, j in enumerate(fu.unit_dev) if j == s):
+                t0, t = t, t + collective_time(c, ga.gather_scale * fu.unit_bytes[u])
                 if t0 == 0.0:
                     free[s] = t
                 if record and base == 0:

@@ -49,9 +49,10 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
+from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.sim.batch import run_batch
-from autoplace.sim.local import issue_order_items, local_plan, simulate_local
+from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     Event,
     cost_tables,
@@ -59,11 +60,11 @@ from autoplace.sim.model import (
     graph_arrays,
     lower_bound_from,
 )
-from autoplace.sim.pipeline import schedule_actions, simulate_pipeline  # noqa: F401
+from autoplace.sim.pipeline import simulate_pipeline
 
 __all__ = [
-    "BatchResult", "Event", "SimResult", "issue_order", "lower_bound", "schedule_actions",
-    "sharded_host_s", "simulate", "simulate_batch",
+    "BatchResult", "Event", "SimResult", "lower_bound", "sharded_host_s", "simulate",
+    "simulate_batch",
 ]
 
 
@@ -141,7 +142,7 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     Raises:
         PlanError: the plan does not fit the graph or the cluster (``plan.validate``).
     """
-    plan.validate(graph, cluster)
+    validate(graph, plan, cluster)
     ensure_costs(graph, cluster)
     ga = graph_arrays(graph)
     tables = cost_tables(graph, cluster)
@@ -236,18 +237,3 @@ def _cached_lower_bound(graph: OpGraph, cluster: Cluster, tables) -> float:
         cache.clear()
         cache[key] = lower_bound_from(graph, cluster, tables)
     return cache[key]
-
-
-def issue_order(graph: OpGraph, plan: Plan) -> list[tuple[int, str]]:
-    """Forward issue order ``[(microbatch, op name), ...]`` of a one-process placement.
-
-    Sorted by ``(microbatch + level(op), microbatch, topological index)`` where
-    ``level`` is the rank of the op's device in order of first use, raised to the
-    largest level of its producers (so every producer is issued before its consumers,
-    even when a placement returns to an earlier device); within a wavefront step the
-    earlier microbatch first. Backward runs this order reversed.
-    """
-    ga = graph_arrays(graph)
-    lp = local_plan(ga, plan)
-    n = ga.n
-    return [(it // n, ga.names[it % n]) for it in issue_order_items(ga, lp.dev, lp.m)]

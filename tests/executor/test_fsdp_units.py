@@ -1,16 +1,20 @@
-"""Which modules FSDP2 shards as units of their own (executor.data.wrap_data_parallel)."""
+"""Which modules FSDP2 shards as units of their own: the lowering's rule
+(lowering.fsdp_unit_keys), applied by executor.data.wrap_data_parallel and read by the
+simulator."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.fx as fx
 from torch import nn
 
+from autoplace.capture import capture
 from autoplace.errors import PlanError
 from autoplace.executor.data import wrap_data_parallel
+from autoplace.lowering import ROOT_UNIT, fsdp_unit_keys
 from autoplace.plan import ParallelConfig
+from autoplace.sim.model import fsdp_units, graph_arrays
 from tests.helpers import ROOT
 
 
@@ -61,9 +65,11 @@ def _units(shard: str, mesh, units: str = "blocks") -> dict[str, bool]:
     from torch.distributed.fsdp import FSDPModule
 
     torch.manual_seed(0)
-    model = Net()
-    program = fx.symbolic_trace(model)
-    wrap_data_parallel(program, model, shard, mesh=mesh, units=units)
+    graph = capture(Net(), (torch.randint(0, 16, (4, 3)),))
+    program = graph.module
+    keys = dict(zip(graph.order, fsdp_unit_keys(graph, units)))
+    wrap_data_parallel(program, {op.target: keys[op.name] for op in graph.ops
+                                 if keys[op.name] != ROOT_UNIT}, shard, mesh=mesh)
     mods = dict(program.named_modules())
     out = {name: isinstance(mods[name], FSDPModule) for name in NAMES}
     state = {n: id(mods[n]._get_fsdp_state()) for n in NAMES if out[n]}
@@ -93,6 +99,24 @@ def test_modules_give_other_modules_units_of_their_own(mesh, shard):
     assert _units(shard, mesh, "modules") == {
         **BLOCKS, "embed": True, "head": True,
         "groups": sorted([*BLOCKS["groups"], ["embed"], ["head"]])}
+
+
+@pytest.mark.parametrize("units", ["blocks", "modules"])
+def test_the_simulator_reads_the_same_units(units):
+    """The simulator's units are the executor's: one per unit key, the root's first."""
+    graph = capture(Net(), (torch.randint(0, 16, (4, 3)),))
+    ga = graph_arrays(graph)
+    fu = fsdp_units(ga, [0] * ga.n, 1, units)
+    keys = fsdp_unit_keys(graph, units)
+    members = {}
+    for i in range(ga.n):
+        if fu.unit_of[i] >= 0:
+            members.setdefault(fu.unit_of[i], set()).add(keys[i])
+    assert all(len(k) == 1 for k in members.values())  # a unit never mixes two keys
+    assert fu.root[0] and members[0] == {ROOT_UNIT} and sum(fu.root) == 1
+    n_keys = len({k for i, k in enumerate(keys) if ga.param_bytes[i] > 0})
+    assert len(fu.unit_bytes) == n_keys
+    assert sum(fu.unit_bytes) == pytest.approx(float(ga.param_bytes.sum()))
 
 
 def test_plan_field():

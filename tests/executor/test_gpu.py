@@ -77,6 +77,7 @@ def test_streamed_copies_between_gpus_match(gpus, monkeypatch):
     """Edges that skip PyTorch's two-way stream barrier (AUTOPLACE_COPY_STREAMS=1) give
     the losses and gradients of plain ``.to`` copies, and train like the reference."""
     from autoplace.executor.local import build_local
+    from autoplace.lowering import issue_order
 
     wl = workloads.get("gpt-tiny")
     plan = Plan.from_groups(capture_graph(wl), {op: i % 2 for i, op in
@@ -87,7 +88,7 @@ def test_streamed_copies_between_gpus_match(gpus, monkeypatch):
     out = []
     for streams in (False, True):
         g = capture_graph(workloads.get("gpt-tiny"))
-        prog = build_local(g.module, plan, devices, wl.loss_fn, copy_streams=streams)
+        prog = build_local(g.module, plan, devices, wl.loss_fn, order=issue_order(g, plan), copy_streams=streams)
         loss = prog(x, y)
         loss.backward()
         torch.cuda.synchronize()
@@ -105,6 +106,7 @@ def test_graphed_placement_trains_like_the_reference(gpus, name, exact_convs):
     the second step on (warm-up 2: the timed steps replay), with the reference's losses;
     the pieces really replay (none fell back to eager)."""
     from autoplace.executor.local import _Graphed, build_local
+    from autoplace.lowering import issue_order
 
     wl = workloads.get(name, **SMALL[name])
     graph = capture_graph(wl)
@@ -113,8 +115,9 @@ def test_graphed_placement_trains_like_the_reference(gpus, name, exact_convs):
                       warmup=2), steps=5)
     plan = split(graph, microbatches=2, graphs=True)
     devices = [torch.device("cuda:0"), torch.device("cuda:1")]
-    prog = build_local(capture_graph(workloads.get(name, **SMALL[name])).module, plan,
-                       devices, wl.loss_fn, graphs=True)
+    g = capture_graph(workloads.get(name, **SMALL[name]))
+    prog = build_local(g.module, plan, devices, wl.loss_fn, order=issue_order(g, plan),
+                       graphs=True)
     for _ in range(3):
         x, y = wl.make_batch(wl.batch_size, "cuda:0")
         prog(x, y).backward()
@@ -131,6 +134,7 @@ def test_placed_lstms_keep_one_flat_weight_buffer(gpus):
     import warnings
 
     from autoplace.executor.local import build_local
+    from autoplace.lowering import issue_order
 
     wl = workloads.get("gnmt-2")
     g = capture_graph(wl)
@@ -138,7 +142,7 @@ def test_placed_lstms_keep_one_flat_weight_buffer(gpus):
     # everything from the middle on runs on cuda:1, so its LSTMs move there
     plan = Plan.from_groups(g, {op: int(i >= n // 2) for i, op in enumerate(g.order)}, [0, 1])
     devices = [torch.device("cuda:0"), torch.device("cuda:1")]
-    prog = build_local(g.module, plan, devices, wl.loss_fn)
+    prog = build_local(g.module, plan, devices, wl.loss_fn, order=issue_order(g, plan))
     lstms = [m for m in g.module.modules() if isinstance(m, torch.nn.LSTM)]
     assert {w.device for m in lstms for w in m._flat_weights} == {torch.device("cuda:0"),
                                                                   torch.device("cuda:1")}

@@ -12,8 +12,9 @@ from autoplace import workloads
 from autoplace.cluster import preset
 from autoplace.errors import PlanError
 from autoplace.executor import RunReport, execute
-from autoplace.executor.local import build_local, issue_order
+from autoplace.executor.local import build_local
 from autoplace.executor.runner import capture_graph
+from autoplace.lowering import issue_order
 from autoplace.plan import ParallelConfig, Plan
 
 # small sizes so the whole file runs in about a minute on 2 CPU cores
@@ -80,30 +81,12 @@ def test_reference_can_be_skipped():
     assert r.reference_loss == [] and r.max_loss_rel_diff is None and len(r.loss) == 2
 
 
-def test_issue_order_interleaves_devices_and_microbatches():
-    wl = workloads.get("branchy-mlp")
-    graph = capture_graph(wl)
-    plan = two_halves(graph, microbatches=2)
-    gm = graph.module
-    order = issue_order(gm, plan.device_map(), 2)
-    assert len(order) == 2 * sum(1 for n in gm.graph.nodes if n.op != "get_attr")
-    first_mb1 = next(i for i, (mb, _) in enumerate(order) if mb == 1)
-    last_mb0 = max(i for i, (mb, _) in enumerate(order) if mb == 0)
-    assert first_mb1 < last_mb0  # microbatch 1 starts before microbatch 0 ends
-    pos = {item: i for i, item in enumerate(order)}
-    for n in gm.graph.nodes:  # a topological order inside each microbatch
-        for a in n.all_input_nodes:
-            if a.op != "get_attr":
-                for mb in range(2):
-                    assert pos[(mb, a.name)] < pos[(mb, n.name)]
-
-
 def test_program_moves_tensors_once_per_device_and_checkpoints_groups():
     wl = workloads.get("gpt-tiny")
     graph = capture_graph(wl)
     plan = interleaved(graph)
     plan = Plan.from_groups(graph, plan.groups, plan.placement, recompute={1})
-    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn)
+    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn, order=issue_order(graph, plan))
     code = prog.program.code
     assert "move_to" in code and "_recompute0" in code
     # each (value, destination) pair moves at most once
@@ -177,16 +160,13 @@ def test_out_of_memory_wrapped_by_pipelining_is_recognised():
 
 
 def test_each_microbatch_loss_follows_its_forward():
-    """The executor's issue order (sim.issue_order): the second device's part of a
+    """The lowering's issue order: the second device's part of a
     microbatch before the first device's part of the next one, and each microbatch's
     loss right after its output, as a hand-written flow issues them."""
-    from autoplace.executor.build import _issue_order
-
     wl = workloads.get("gpt-tiny")
     graph = capture_graph(wl)
     plan = two_halves(graph, microbatches=3)
-    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn,
-                       order=_issue_order(graph, plan))
+    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn, order=issue_order(graph, plan))
     names = [n.name for n in prog.program.graph.nodes]
     losses = [i for i, n in enumerate(prog.program.graph.nodes) if n.target == "_loss"]
     embeddings = [names.index(e) for e in ("tok_emb", "tok_emb_1", "tok_emb_2")]
@@ -213,7 +193,7 @@ def test_streamed_copies_give_the_same_losses_and_gradients(monkeypatch):
     results = []
     for streams in (False, True):
         g = capture_graph(workloads.get("gpt-tiny"))  # same initial weights each time
-        prog = build_local(g.module, plan, [torch.device("cpu")] * 2, wl.loss_fn,
+        prog = build_local(g.module, plan, [torch.device("cpu")] * 2, wl.loss_fn, order=issue_order(g, plan),
                            copy_streams=streams)
         assert set(_moves(prog)) == {"move_to_streamed" if streams else "move_to"}
         loss = prog(x, y)
@@ -223,7 +203,7 @@ def test_streamed_copies_give_the_same_losses_and_gradients(monkeypatch):
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b)
     monkeypatch.setenv("AUTOPLACE_COPY_STREAMS", "1")
-    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn)
+    prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn, order=issue_order(graph, plan))
     assert set(_moves(prog)) == {"move_to_streamed"}
 
 
@@ -368,7 +348,7 @@ def test_graphed_pieces_give_the_same_losses_and_gradients(name, layout, monkeyp
     results = []
     for graphs in (False, True):
         g = capture_graph(workloads.get(name, **SMALL[name]))  # same initial weights
-        prog = build_local(g.module, plan, [torch.device("cpu")] * 2, wl.loss_fn,
+        prog = build_local(g.module, plan, [torch.device("cpu")] * 2, wl.loss_fn, order=issue_order(g, plan),
                            graphs=graphs)
         pieces = _pieces(prog)
         if graphs:
@@ -389,7 +369,7 @@ def test_graphed_pieces_give_the_same_losses_and_gradients(name, layout, monkeyp
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
     if layout == "halves":
         monkeypatch.setenv("AUTOPLACE_CUDA_GRAPHS", "1")
-        prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn)
+        prog = build_local(graph.module, plan, [torch.device("cpu")] * 2, wl.loss_fn, order=issue_order(graph, plan))
         assert len(_pieces(prog)) == 4
 
 

@@ -13,8 +13,10 @@ import pytest
 from autoplace.cluster import Cluster, Device, preset
 from autoplace.errors import PlanError
 from autoplace.graph import OpGraph, OpNode, random_dag
+from autoplace.lowering import issue_order
+from autoplace.lowering import pipeline_actions as schedule_actions
 from autoplace.plan import ParallelConfig, Plan
-from autoplace.sim import issue_order, lower_bound, schedule_actions, simulate, simulate_batch
+from autoplace.sim import lower_bound, simulate, simulate_batch
 from autoplace.sim.model import UPDATE_TRAFFIC_PER_PARAM_BYTE
 from tests.helpers import ROOT
 
