@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplace.planners._common import GroupView
 from autoplace.cluster import Cluster
+from autoplace.planners._common import GroupView
 
 
 class ListSchedule:

@@ -20,11 +20,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoplace.planners._common import ensure_costs, make_plan, working_groups
-from autoplace.planners._evaluate import evaluate, overflow
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.planners._common import ensure_costs, make_plan, working_groups
+from autoplace.planners._evaluate import evaluate, overflow
 
 __all__ = ["anneal"]
 

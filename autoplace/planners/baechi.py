@@ -24,6 +24,9 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
+from autoplace.cluster import Cluster
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
 from autoplace.planners._common import (
     GroupView,
     ensure_costs,
@@ -33,9 +36,6 @@ from autoplace.planners._common import (
     working_groups,
 )
 from autoplace.planners._schedule import ListSchedule
-from autoplace.cluster import Cluster
-from autoplace.graph import OpGraph
-from autoplace.plan import Plan
 
 __all__ = ["m_topo", "m_etf", "m_sct", "favourite_children"]
 

@@ -16,6 +16,9 @@ import time
 
 import numpy as np
 
+from autoplace.cluster import Cluster
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
 from autoplace.planners._common import (
     GroupView,
     ensure_costs,
@@ -25,9 +28,6 @@ from autoplace.planners._common import (
     working_groups,
 )
 from autoplace.planners._schedule import ListSchedule
-from autoplace.cluster import Cluster
-from autoplace.graph import OpGraph
-from autoplace.plan import Plan
 
 __all__ = ["critical_path", "critical_path_mo", "critical_path_groups"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 
-from autoplace.planners._common import ensure_costs, make_plan, working_groups
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.grouping import coarsen, placement_order
 from autoplace.plan import Plan
+from autoplace.planners._common import ensure_costs, make_plan, working_groups
 
 __all__ = ["expert"]
 

@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 
-from autoplace.planners._common import make_plan, working_groups
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.planners._common import make_plan, working_groups
 
 __all__ = ["hash_placement"]
 

@@ -16,6 +16,9 @@ import time
 import networkx as nx
 import numpy as np
 
+from autoplace.cluster import Cluster
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
 from autoplace.planners._common import (
     GroupView,
     ensure_costs,
@@ -23,9 +26,6 @@ from autoplace.planners._common import (
     make_plan,
     working_groups,
 )
-from autoplace.cluster import Cluster
-from autoplace.graph import OpGraph
-from autoplace.plan import Plan
 
 __all__ = ["mincut", "bisect"]
 

@@ -28,6 +28,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from autoplace.cluster import Cluster
+from autoplace.errors import AutoplaceError, PlanError
+from autoplace.graph import OpGraph
+from autoplace.grouping import coarsen
+from autoplace.plan import ParallelConfig, Plan
 from autoplace.planners._common import ensure_costs, make_plan
 from autoplace.planners._evaluate import evaluate, overflow
 from autoplace.planners.stage_split import (
@@ -40,11 +45,6 @@ from autoplace.planners.stage_split import (
     split_costs,
     split_objective,
 )
-from autoplace.cluster import Cluster
-from autoplace.errors import AutoplaceError, PlanError
-from autoplace.graph import OpGraph
-from autoplace.grouping import coarsen
-from autoplace.plan import ParallelConfig, Plan
 
 __all__ = ["ddp", "zero2", "fsdp", "pipeline", "hybrid_dp", "hybrid_candidates", "dp_recompute",
            "hybrid_family", "SplitCosts", "SplitConfig",

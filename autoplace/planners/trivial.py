@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 import time
 
-from autoplace.planners._common import ensure_costs, make_plan, working_groups
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.planners._common import ensure_costs, make_plan, working_groups
 
 __all__ = ["single", "round_robin", "random_placement"]
 
