@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,21 @@ class Device:
     shard_param_host_s: float = 0.0
     copy_host_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        for key in ("name", "kind"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise AutoplaceError(f"device {key} must be a non-empty string, got "
+                                     f"{getattr(self, key)!r}")
+        label = f"device {self.name!r}"
+        _positive(self.memory_bytes, f"{label}: memory_bytes")
+        if self.memory_cap_bytes is not None:
+            _positive(self.memory_cap_bytes, f"{label}: memory_cap_bytes")
+        _positive(self.peak_flops, f"{label}: peak_flops")
+        _positive(self.memory_bandwidth, f"{label}: memory_bandwidth")
+        for key in ("launch_overhead_s", "host_dispatch_s", "ddp_param_host_s",
+                    "shard_param_host_s", "copy_host_s"):
+            _non_negative(getattr(self, key), f"{label}: {key}")
+
     @property
     def usable_memory_bytes(self) -> int:
         """Memory a plan may use: the cap when set, else the physical memory."""
@@ -113,6 +128,21 @@ class Cluster:
         for label, m in (("alpha_s", self.alpha_s), ("bandwidth", self.bandwidth)):
             if len(m) != n or any(len(row) != n for row in m):
                 raise AutoplaceError(f"cluster {self.name!r}: {label} must be {n}x{n}")
+        for i in range(n):
+            for j in range(n):
+                where = f"cluster {self.name!r}: link {i}->{j}"
+                _non_negative(self.alpha_s[i][j], f"{where} alpha_s")
+                if i != j:  # a device's link to itself is free (inf)
+                    _positive(self.bandwidth[i][j], f"{where} bandwidth")
+                elif not _is_number(self.bandwidth[i][j]) or not self.bandwidth[i][j] > 0:
+                    raise AutoplaceError(f"{where} bandwidth must be positive, got "
+                                         f"{self.bandwidth[i][j]!r}")
+        _non_negative(self.gamma_s_per_byte, f"cluster {self.name!r}: gamma_s_per_byte")
+        _non_negative(self.collective_alpha_s, f"cluster {self.name!r}: collective_alpha_s")
+        if self.collective_bandwidth is not None:
+            _positive(self.collective_bandwidth, f"cluster {self.name!r}: collective_bandwidth")
+        if not isinstance(self.calibration, dict):
+            raise AutoplaceError(f"cluster {self.name!r}: calibration must be an object")
 
     # ------------------------------------------------------------------ basics
     @property
@@ -130,6 +160,31 @@ class Cluster:
     @property
     def is_cpu(self) -> bool:
         return all(d.kind == "cpu" for d in self.devices)
+
+    def require_present(self, count: int | None = None, *, what: str = "this") -> None:
+        """Raise :class:`AutoplaceError` unless this machine has the first ``count``
+        devices (all when None): CUDA present for ``cuda`` devices, with enough GPUs."""
+        import torch
+
+        count = self.num_devices if count is None else count
+        if count > self.num_devices:
+            raise AutoplaceError(f"{what} needs {count} devices, but cluster {self.name!r} "
+                                 f"has {self.num_devices}")
+        names = [d.name for d in self.devices[:count]]
+        cuda = [n for n in names if n.startswith("cuda")]
+        if not cuda:
+            return
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have == 0:
+            raise AutoplaceError(
+                f"{what} runs on GPUs ({', '.join(cuda)} of cluster {self.name!r}), but this "
+                "machine has no CUDA device (torch.cuda.is_available() is False); use "
+                "--cluster detect, or a CPU cluster such as cpu-x2")
+        top = max(int(n.split(":")[1]) if ":" in n and n.split(":")[1].isdigit() else 0
+                  for n in cuda)
+        if top >= have:
+            raise AutoplaceError(f"{what} needs GPU {top} (cluster {self.name!r}, {count} "
+                                 f"devices), but this machine has {have} GPU(s)")
 
     def torch_device(self, i: int) -> str:
         """The torch device string of device ``i`` in this process."""
@@ -225,25 +280,52 @@ class Cluster:
 
     @classmethod
     def from_json(cls, data: Any) -> Cluster:
+        """A cluster from parsed JSON; raises :class:`AutoplaceError` naming what is wrong
+        (numbers must be JSON numbers, positive and finite where they are rates or sizes)."""
         if not isinstance(data, dict) or data.get("format") != CLUSTER_FORMAT:
             raise AutoplaceError(
                 f"not a cluster file: expected a JSON object with \"format\": \"{CLUSTER_FORMAT}\""
             )
+        valid = {f.name for f in fields(Device)}
         try:
-            devices = tuple(Device(**d) for d in data["devices"])
+            devices = data["devices"]
+            if not isinstance(devices, list):
+                raise AutoplaceError("\"devices\" must be a list of objects")
+            for i, d in enumerate(devices):
+                if not isinstance(d, dict):
+                    raise AutoplaceError(f"device {i} must be an object, got {type(d).__name__}")
+                unknown = sorted(set(d) - valid)
+                if unknown:
+                    raise AutoplaceError(f"device {i} has unknown keys {unknown}; valid: "
+                                         f"{', '.join(sorted(valid))}")
+            matrices = {}
+            for key in ("alpha_s", "bandwidth"):
+                m = data[key]
+                if not isinstance(m, list) or not all(isinstance(r, list) for r in m):
+                    raise AutoplaceError(f"\"{key}\" must be a list of lists of numbers")
+                matrices[key] = tuple(tuple(
+                    math.inf if (x is None and key == "bandwidth") else _number(x, key)
+                    for x in r) for r in m)
+            coll_bw = data.get("collective_bandwidth")
+            calibration = data.get("calibration", {})
+            if not isinstance(calibration, dict):
+                raise AutoplaceError("\"calibration\" must be an object")
             return cls(
                 name=str(data["name"]),
-                devices=devices,
-                alpha_s=tuple(tuple(float(x) for x in r) for r in data["alpha_s"]),
-                bandwidth=tuple(tuple(math.inf if x is None else float(x) for x in r)
-                                for r in data["bandwidth"]),
-                gamma_s_per_byte=float(data.get("gamma_s_per_byte", 0.0)),
-                collective_alpha_s=float(data.get("collective_alpha_s", 10e-6)),
-                collective_bandwidth=data.get("collective_bandwidth"),
-                calibration=dict(data.get("calibration", {})),
+                devices=tuple(Device(**d) for d in devices),
+                alpha_s=matrices["alpha_s"],
+                bandwidth=matrices["bandwidth"],
+                gamma_s_per_byte=_number(data.get("gamma_s_per_byte", 0.0), "gamma_s_per_byte"),
+                collective_alpha_s=_number(data.get("collective_alpha_s", 10e-6),
+                                           "collective_alpha_s"),
+                collective_bandwidth=None if coll_bw is None else _number(
+                    coll_bw, "collective_bandwidth"),
+                calibration=dict(calibration),
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise AutoplaceError(f"cluster file is malformed: {e!r}") from None
+        except KeyError as e:
+            raise AutoplaceError(f"cluster file is malformed: missing key {e}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise AutoplaceError(f"cluster file is malformed: {e}") from None
 
     def save(self, path: str | Path) -> None:
         """Write the cluster as JSON atomically."""
@@ -251,11 +333,15 @@ class Cluster:
 
     @classmethod
     def load(cls, path: str | Path) -> Cluster:
+        """Read a cluster file; errors name the file and the problem."""
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
+            data = json.loads(Path(path).read_bytes())
+        except (OSError, ValueError, RecursionError) as e:
             raise AutoplaceError(f"cannot read cluster file {path}: {e}") from None
-        return cls.from_json(data)
+        try:
+            return cls.from_json(data)
+        except AutoplaceError as e:
+            raise AutoplaceError(f"{path}: {e}") from None
 
     # ---------------------------------------------------------------- builders
     @classmethod
@@ -307,6 +393,27 @@ class Cluster:
         kinds = ",".join(self.device_kinds)
         mem = format_bytes(min(d.usable_memory_bytes for d in self.devices))
         return f"Cluster({self.name!r}, {self.num_devices}x {kinds}, {mem} each)"
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _number(x: Any, what: str) -> float:
+    """``x`` as a float; a string, bool or null is refused (JSON numbers only)."""
+    if not _is_number(x):
+        raise AutoplaceError(f"{what} must be a number, got {x!r}")
+    return float(x)
+
+
+def _positive(x: Any, what: str) -> None:
+    if not _is_number(x) or not math.isfinite(x) or x <= 0:
+        raise AutoplaceError(f"{what} must be a positive finite number, got {x!r}")
+
+
+def _non_negative(x: Any, what: str) -> None:
+    if not _is_number(x) or not math.isfinite(x) or x < 0:
+        raise AutoplaceError(f"{what} must be a finite number >= 0, got {x!r}")
 
 
 # ------------------------------------------------------------------- presets
@@ -411,15 +518,25 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb"
 
 
 def parse_bytes(text: str | int) -> int:
-    """``"16GB"`` -> bytes (binary units: 1 GB = 2**30 bytes)."""
-    if isinstance(text, int):
+    """``"16GB"`` -> bytes (binary units: 1 GB = 2**30 bytes). A string needs its unit
+    (``"16"`` is refused: 16 bytes is never what a memory cap means); an int is bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise AutoplaceError(f"a memory size must be positive, got {text}")
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise AutoplaceError(
             f"cannot read a memory size from {text!r}; write a number with a unit, like 16GB or 512MB"
         )
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if not m.group(2):
+        raise AutoplaceError(
+            f"memory size {text!r} has no unit; write one, like {m.group(1)}GB or "
+            f"{m.group(1)}MB (binary units: 1GB = 2**30 bytes; B for bytes)")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise AutoplaceError(f"a memory size must be positive, got {text!r}")
+    return n
 
 
 def format_bytes(n: float) -> str:

@@ -20,7 +20,11 @@ from typing import Any
 
 from autoplace.errors import AutoplaceError
 
-__all__ = ["check_output_dir", "check_output_file", "write_atomic", "write_json_atomic"]
+__all__ = ["PICTURE_FORMATS", "check_output_dir", "check_output_file", "write_atomic", "write_json_atomic"]
+
+
+#: picture formats autoplace writes (:mod:`autoplace.viz`; the file's suffix picks one)
+PICTURE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg")
 
 
 def _umask() -> int:

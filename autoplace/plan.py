@@ -117,6 +117,19 @@ class ParallelConfig:
                 f"got {self.microbatches}"
             )
 
+    def micro_batch_size(self, batch_size: int) -> int:
+        """Samples per microbatch of one replica; raises :class:`PlanError` when a global
+        batch of ``batch_size`` does not split into ``data`` replicas x ``microbatches``."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise PlanError(f"the batch size must be an integer >= 1, got {batch_size!r}")
+        parts = self.data * self.microbatches
+        if batch_size % parts:
+            raise PlanError(
+                f"a global batch of {batch_size} does not split into {self.data} replica(s) x "
+                f"{self.microbatches} microbatch(es) of equal size; use a batch size divisible "
+                f"by {parts}, or fewer microbatches")
+        return batch_size // parts
+
     def to_json(self) -> dict[str, Any]:
         out = {"data": self.data, "pipeline": self.pipeline, "microbatches": self.microbatches,
                "schedule": self.schedule, "shard": self.shard}
@@ -410,6 +423,14 @@ class Plan:
         for key in ("predicted", "measured"):
             if data.get(key) is not None and not isinstance(data[key], dict):
                 raise PlanError(f"\"{key}\" must be an object or null")
+        model = data.get("model", {})
+        if "spec" in model and not isinstance(model["spec"], str):
+            raise PlanError(f"model.spec must be a string, got {model['spec']!r}")
+        if not isinstance(model.get("options", {}), dict):
+            raise PlanError("model.options must be an object of workload options")
+        seed = model.get("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise PlanError(f"model.seed must be an integer, got {seed!r}")
         parallel = ParallelConfig.from_json(data.get("parallel", {}))
         try:
             plan = cls(

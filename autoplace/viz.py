@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from autoplace.errors import AutoplaceError  # noqa: E402
-from autoplace.files import write_atomic  # noqa: E402
+from autoplace.files import PICTURE_FORMATS, write_atomic  # noqa: E402
 
 if TYPE_CHECKING:
     from autoplace.graph import OpGraph
@@ -51,7 +51,7 @@ def _resource_key(name: str) -> tuple[int, int, str]:
 
 
 #: picture formats the functions here write (the file's suffix picks one)
-FORMATS = ("png", "svg", "pdf", "jpg", "jpeg")
+FORMATS = PICTURE_FORMATS
 
 
 def _save(fig: Any, path: str | Path) -> Path:

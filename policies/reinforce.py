@@ -102,11 +102,12 @@ class ReinforceResult:
 
 
 def parse_budget(budget: str | int) -> tuple[str, float]:
-    """``200`` / ``"200"`` -> updates, ``"2000ep"`` -> episodes, ``"90s"``/``"5m"``/``"1h"``
+    """``200`` / ``"200"`` / ``"100up"`` -> updates, ``"2000ep"`` -> episodes, ``"90s"``/``"5m"``/``"1h"``
     -> seconds. Returns ``(unit, amount)`` with unit ``updates``, ``episodes`` or ``seconds``."""
     text = str(budget).strip().lower()
     units = (("episodes", "episodes", 1), ("episode", "episodes", 1), ("ep", "episodes", 1),
-             ("updates", "updates", 1), ("u", "updates", 1), ("s", "seconds", 1),
+             ("updates", "updates", 1), ("update", "updates", 1), ("up", "updates", 1),
+             ("u", "updates", 1), ("s", "seconds", 1),
              ("m", "seconds", 60), ("h", "seconds", 3600))
     for suffix, unit, scale in (("", "updates", 1), *units):
         number = text[: len(text) - len(suffix)] if suffix else text
@@ -115,7 +116,7 @@ def parse_budget(budget: str | int) -> tuple[str, float]:
             if amount > 0:
                 return unit, amount
     raise AutoplaceError(
-        f"cannot read a budget from {budget!r}; write updates (200), episodes (2000ep) or "
+        f"cannot read a budget from {budget!r}; write updates (100up), episodes (2000ep) or "
         "wall time (90s, 5m, 1h)"
     )
 

@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
+from autoplace.errors import AutoplaceError
+
+__all__ = ["checkpoint_step", "load_checkpoint", "require_resumable", "save_checkpoint"]
 
 
 def _distributed() -> bool:
@@ -88,6 +90,60 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
             if old.name != final.name and not old.name.endswith(".tmp"):
                 shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
+
+
+def checkpoint_step(directory: str | Path) -> int | None:
+    """The steps done by the checkpoint in ``directory`` (None: it holds none), read
+    without loading the model: ``latest`` of a multi-process run, else ``checkpoint.pt``.
+
+    Raises:
+        AutoplaceError: the folder holds something that is not a readable checkpoint.
+    """
+    directory = Path(directory)
+    latest = directory / "latest"
+    if latest.exists():
+        try:
+            name = latest.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise AutoplaceError(f"{latest}: cannot read it: {e}") from None
+        prefix, _, number = name.partition("-")
+        if prefix != "step" or not number.isdigit() or not (directory / name).is_dir():
+            raise AutoplaceError(f"{latest} names {name[:60]!r}, not a step-N folder of "
+                                 f"{directory}: not a checkpoint autoplace wrote")
+        return int(number)
+    single = directory / "checkpoint.pt"
+    if single.exists():
+        try:
+            state = torch.load(single, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the same error
+            raise AutoplaceError(f"{single} is not a checkpoint autoplace can read "
+                                 f"({type(e).__name__})") from None
+        step = state.get("step") if isinstance(state, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise AutoplaceError(f"{single} is not a checkpoint autoplace wrote (no step)")
+        return step
+    return None
+
+
+def require_resumable(directory: str | Path, resume: bool, steps: int | None = None) -> int:
+    """The step a run with this checkpoint folder starts at; an existing checkpoint is
+    resumed or refused, never overwritten.
+
+    Raises:
+        AutoplaceError: ``directory`` holds a checkpoint and ``resume`` is False, or it
+            already holds ``steps`` steps or more.
+    """
+    step = checkpoint_step(directory)
+    if step is None:
+        return 0
+    if not resume:
+        raise AutoplaceError(
+            f"{directory} holds a checkpoint at step {step}: pass --resume to continue from "
+            "it, or name an empty --checkpoint-dir (autoplace never overwrites a checkpoint)")
+    if steps is not None and step >= steps:
+        raise AutoplaceError(f"the checkpoint in {directory} is at step {step}, and --steps "
+                             f"is {steps}: nothing is left to run; raise --steps")
+    return step
 
 
 def load_checkpoint(directory: str | Path, model: nn.Module,

@@ -16,18 +16,22 @@ Command line: ``python -m autoplace.executor.launch PLAN.json --workload gpt-tin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from autoplace.cluster import Cluster, resolve
-from autoplace.errors import AutoplaceError
+from autoplace.errors import AutoplaceError, PlanError
+from autoplace.executor.checkpoint import require_resumable
+from autoplace.executor.lifetime import LAUNCHER_ENV, child_preexec, folder_lock, stop_group
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions
 from autoplace.lowering import validate
@@ -99,9 +103,14 @@ def run_plan(
     options: RunOptions | None = None,
     out: str | Path | None = None,
     timeout_s: float | None = None,
+    trusted: bool = True,
     **option_fields: Any,
 ) -> RunReport:
     """Run ``plan`` for ``workload`` in one process or under torchrun; return rank 0's report.
+
+    The devices the plan needs must be present (checked before any process starts). A
+    run with a checkpoint folder holds its lock (:func:`~autoplace.executor.lifetime.folder_lock`)
+    while it runs. torchrun and its workers end with this process, however it ends.
 
     Args:
         plan: a Plan or the path of a plan file.
@@ -110,6 +119,9 @@ def run_plan(
         options: run options (or pass their fields as keywords: ``steps=20``).
         out: also write the report JSON there (only when the run finished).
         timeout_s: wall-clock limit of the run.
+        trusted: whether the workload spec may import a module (``module:factory``): the
+            caller named it, or allowed the plan file that did
+            (:func:`autoplace.workloads.check_trusted`). Passed on to every worker.
     """
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
@@ -120,57 +132,104 @@ def run_plan(
     opts = options or RunOptions(**option_fields)
     spec = workload_spec(workload)
     nproc = plan.parallel.data * plan.parallel.pipeline
-    if nproc == 1:
-        from autoplace import workloads
-        from autoplace.executor.runner import capture_graph, run_here
-
-        wl = workload if isinstance(workload, Workload) else workloads.get(
-            spec["spec"], seed=spec.get("seed", 0), **spec["options"])
-        validate(capture_graph(wl), plan, cluster)
-        report = run_here(wl, plan, cluster, opts)
-    else:
-        report = _torchrun(plan, spec, cluster, opts, nproc, timeout_s)
+    _check_layout(plan, cluster, nproc)
+    with contextlib.ExitStack() as stack:
+        if opts.checkpoint_dir:
+            stack.enter_context(folder_lock(opts.checkpoint_dir))
+            require_resumable(opts.checkpoint_dir, opts.resume, opts.steps)
+        report = _run(plan, workload, spec, cluster, opts, nproc, timeout_s, trusted)
     if out is not None:
         report.save(out)
     return report
 
 
+def _check_layout(plan: Plan, cluster: Cluster, nproc: int) -> None:
+    """What a run needs of the plan and the machine, checked before any process starts."""
+    p = plan.parallel.pipeline
+    used = sorted(set(plan.placement))
+    if p > 1 and used != list(range(p)):
+        raise PlanError(f"a {p}-stage pipeline must place ops on local devices 0..{p - 1}, "
+                        f"one stage each; the plan uses devices {used}")
+    cluster.require_present(max(plan.num_devices, nproc), what=f"the plan ({plan.split()})")
+
+
+def _run(plan: Plan, workload: Any, spec: dict[str, Any], cluster: Cluster, opts: RunOptions,
+         nproc: int, timeout_s: float | None, trusted: bool) -> RunReport:
+    if nproc == 1:
+        from autoplace import workloads
+        from autoplace.executor.runner import capture_graph, run_here
+
+        wl = workload if isinstance(workload, Workload) else workloads.get(
+            spec["spec"], seed=spec.get("seed", 0), trusted=trusted, **spec["options"])
+        validate(capture_graph(wl), plan, cluster)
+        return run_here(wl, plan, cluster, opts)
+    return _torchrun(plan, spec, cluster, opts, nproc, timeout_s, trusted)
+
+
 def _torchrun(plan: Plan, spec: dict[str, Any], cluster: Cluster, opts: RunOptions,
-              nproc: int, timeout_s: float | None) -> RunReport:
+              nproc: int, timeout_s: float | None, trusted: bool = True) -> RunReport:
     with tempfile.TemporaryDirectory(prefix="autoplace-run-") as tmp:
         cfg = Path(tmp) / "config.json"
         result = Path(tmp) / "report.json"
         cfg.write_text(json.dumps({
             "plan": plan.to_json(), "cluster": cluster.to_json(), "workload": spec,
-            "options": asdict(opts), "out": str(result),
+            "trusted": bool(trusted), "options": asdict(opts), "out": str(result),
         }, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o)))
         env = dict(os.environ)
         env["NCCL_NVLS_ENABLE"] = "0"
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
+        env[LAUNCHER_ENV] = str(os.getpid())
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}", "-m", "autoplace.executor.worker",
                "--config", str(cfg)]
         log_path = Path(tmp) / "log.txt"
-        with open(log_path, "w") as log:
-            try:
-                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                      timeout=timeout_s)
-                rc = proc.returncode
-            except subprocess.TimeoutExpired:
-                rc = None
+        rc = _run_logged(cmd, env, log_path, timeout_s, echo=opts.progress)
         text = log_path.read_text(errors="replace")
         if os.environ.get("AUTOPLACE_RUN_LOG"):  # keep the whole log for debugging
             Path(os.environ["AUTOPLACE_RUN_LOG"]).write_text(text)
-        if opts.progress:
-            print(text, end="")
         if rc == 0 and result.exists():
             return RunReport.from_json(json.loads(result.read_text()))
-        for path in sorted(Path(tmp).glob("report.json.rank*")):  # a rank's OOM report
+        for path in sorted(Path(tmp).glob("report.json.rank*")):  # a rank's failed report
             return RunReport.from_json(json.loads(path.read_text()))
         if rc is None:
             raise AutoplaceError(f"the run took longer than {timeout_s} s and was stopped")
         raise AutoplaceError(_failure_message(text, rc, nproc))
+
+
+def _run_logged(cmd: list[str], env: dict[str, str], log_path: Path,
+                timeout_s: float | None, echo: bool) -> int | None:
+    """Run ``cmd`` (torchrun) in a process group of its own, tied to this process; its
+    output goes to ``log_path`` and, with ``echo``, to stdout as it comes (each rank's
+    progress lines). The group is stopped whenever this returns or raises (Ctrl-C, a
+    signal turned into an exception). Returns the exit code, None on timeout."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, preexec_fn=child_preexec)
+        reader = threading.Thread(target=_copy_output, args=(proc.stdout, log, echo),
+                                  daemon=True)
+        reader.start()
+        try:
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                rc = None
+        finally:
+            if proc.poll() is None:
+                stop_group(proc.pid)
+                proc.wait()
+            reader.join(timeout=10)
+    return rc
+
+
+def _copy_output(stream: Any, log: Any, echo: bool) -> None:
+    for line in iter(stream.readline, b""):
+        log.write(line)
+        log.flush()
+        if echo:
+            sys.stdout.write(line.decode(errors="replace"))
+            sys.stdout.flush()
+    stream.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ from typing import Any
 from autoplace.cluster import Cluster
 from autoplace.errors import AutoplaceError
 from autoplace.executor.launch import _failure_message, workload_spec
+from autoplace.executor.lifetime import LAUNCHER_ENV, child_preexec
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
@@ -237,15 +238,16 @@ class PlanPool:
         _write_json(cfg, {"devices": list(layout), "parent_pid": os.getpid(),
                           "preload": self._preload, "launched_at": time.time()})
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-                   PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1", **{LAUNCHER_ENV: str(os.getpid())})
         env.setdefault("OMP_NUM_THREADS", "1")
         log_path = self.log_dir / f"pool-job{self._n}.log"
         log = open(log_path, "w")  # noqa: SIM115 - closed in _close
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={len(layout)}", "-m", "autoplace.executor.worker",
                "--serve", str(cfg)]
+        # a group of its own, killed with this process (lifetime.child_preexec)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                preexec_fn=child_preexec)
         self.starts += 1
         return _Job(proc, folder, log_path, log)
 

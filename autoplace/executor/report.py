@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,14 +77,20 @@ class RunReport:
                 self.samples_per_s = self.global_batch_size / self.step_time_s
         if self.reference_loss and self.loss:
             self.max_loss_rel_diff = max_rel_diff(self.loss, self.reference_loss)
+        bad = next((i for i, x in enumerate(self.loss) if not math.isfinite(x)), None)
+        if self.error is None and bad is not None:  # never a success with a NaN loss
+            step = bad + int(self.extra.get("start_step", 0))
+            self.error = f"the loss is {self.loss[bad]} at step {step}: training diverged"
         return self
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("step_time_s", "max_loss_rel_diff"):
             v = d[k]
-            if isinstance(v, float) and v != v:  # NaN is not JSON
+            if isinstance(v, float) and not math.isfinite(v):  # NaN, inf are not JSON
                 d[k] = None
+        for k in ("loss", "reference_loss"):
+            d[k] = [x if math.isfinite(x) else None for x in d[k]]
         return d
 
     @classmethod
@@ -91,6 +98,9 @@ class RunReport:
         data = dict(data)
         if data.get("step_time_s") is None:
             data["step_time_s"] = float("nan")
+        for k in ("loss", "reference_loss"):  # a non-finite loss is written as null
+            if isinstance(data.get(k), list):
+                data[k] = [math.nan if x is None else x for x in data[k]]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -135,4 +145,6 @@ class RunReport:
 def max_rel_diff(loss: list[float], reference: list[float]) -> float:
     """Largest relative difference between two loss curves (over their common steps)."""
     diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(loss, reference)]
+    if any(not math.isfinite(d) for d in diffs):  # a NaN loss is not 0 apart from anything
+        return math.inf
     return max(diffs) if diffs else 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import os
 import re
 import signal
@@ -301,6 +302,15 @@ def _maybe_fail(step: int, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class NonFiniteLoss(Exception):
+    """The training loss became NaN or infinite at ``step``."""
+
+    def __init__(self, step: int, value: float) -> None:
+        super().__init__(f"the loss is {value} at step {step}: training diverged (lower the "
+                         "learning rate, check the data and the model's numerics)")
+        self.step = step
+
+
 class _Tracer:
     """``torch.profiler`` over the timed steps of a run, when ``opts.trace_dir`` asks."""
 
@@ -431,6 +441,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             _sync(built.devices)
             times.append(time.perf_counter() - t0)
             losses.append(loss.detach().float().reshape(()))
+            if built.has_loss and not math.isfinite(value := float(losses[-1])):
+                raise NonFiniteLoss(step, value)
             if opts.checkpoint_dir and (step + 1) % opts.checkpoint_every == 0:
                 save_checkpoint(opts.checkpoint_dir, built.state_module, opt, step + 1)
             if opts.progress and rank == 0:
@@ -447,6 +459,14 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         report.step_times_s = step_times[max(0, opts.warmup - start):]
         report.extra["warmup_step_s"] = [round(t, 4) for t in
                                          step_times[:max(0, opts.warmup - start)]]
+    except NonFiniteLoss as e:
+        # stop here: the steps after a NaN or an infinity train nothing, and a report
+        # without an error would read as a run that worked
+        report.error = str(e)
+        report.extra["non_finite_step"] = e.step
+        report.loss = [float(x) for x in losses]
+        if distributed:  # the other ranks wait in a collective: the worker ends the job
+            print(f"rank {rank}: {report.error}", flush=True)
     except (torch.OutOfMemoryError, RuntimeError) as e:
         oom = _out_of_memory_cause(e)
         if oom is None:

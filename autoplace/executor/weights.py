@@ -54,8 +54,9 @@ def _meta_leftovers(model: nn.Module) -> list[str]:
     return bad
 
 
-def load_workload(spec: dict[str, Any], path: str | Path) -> Workload:
-    """Build ``spec``'s workload with its initial weights read from ``path``.
+def load_workload(spec: dict[str, Any], path: str | Path, *, trusted: bool = True) -> Workload:
+    """Build ``spec``'s workload with its initial weights read from ``path``
+    (``trusted``: as :func:`autoplace.workloads.get`).
 
     Raises:
         AutoplaceError: the file is not a weights file, or does not match the model
@@ -63,7 +64,7 @@ def load_workload(spec: dict[str, Any], path: str | Path) -> Workload:
     """
     from autoplace import workloads
 
-    wl = workloads.get(spec["spec"], device="meta", seed=spec.get("seed", 0),
+    wl = workloads.get(spec["spec"], device="meta", seed=spec.get("seed", 0), trusted=trusted,
                        **spec.get("options", {}))
     try:
         data = torch.load(path, weights_only=True, mmap=True, map_location="cpu")

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from autoplace import workloads
 from autoplace.cluster import Cluster
+from autoplace.executor.lifetime import die_with_parent, watch_launcher
 from autoplace.executor.pool import rank_devices, write_atomic
 from autoplace.executor.runner import RunOptions, run_here
 from autoplace.executor.weights import load_workload
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--config")
     mode.add_argument("--serve")
     args = ap.parse_args(argv)
+    die_with_parent()  # torchrun started this process in a session of its own
+    watch_launcher()
     if args.serve:
         return serve(Path(args.serve))
     cfg = json.loads(Path(args.config).read_text())
@@ -50,10 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dist.init_process_group("gloo")
     t_init = time.perf_counter()
+    trusted = cfg.get("trusted", False) is True  # the launcher's decision (run_plan)
     if opts.weights_file:
-        workload = load_workload(spec, opts.weights_file)
+        workload = load_workload(spec, opts.weights_file, trusted=trusted)
     else:
-        workload = workloads.get(spec["spec"], seed=spec.get("seed", 0),
+        workload = workloads.get(spec["spec"], seed=spec.get("seed", 0), trusted=trusted,
                                  **spec.get("options", {}))
     t_loaded = time.perf_counter()
     report = run_here(workload, plan, cluster, opts, copy_model=not opts.reference)

@@ -6,7 +6,7 @@ collectives' time overlapped compute on the same device; the GPU's idle time; an
 kernels and host operations that took longest. A CPU-only trace reports host
 operations only.
 
-    python scripts/trace_summary.py runs/trace/trace-rank0.json [more traces]
+    autoplace trace-summary runs/trace/trace-rank0.json [more traces]
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from autoplace.files import write_json_atomic
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         summaries.append(summarize(t, args.top))
         print(render(summaries[-1]))
     if args.json:
-        args.json.write_text(json.dumps(summaries, indent=1))
+        write_json_atomic(args.json, summaries)
     return 0
 
 

@@ -1,0 +1,196 @@
+"""Commands that run on the devices: execute a plan, profile ops and links, the demo, and
+the summary of a run's traces."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from autoplace.cli.args import ClusterArgs, ModelArgs, TrustArgs, opt, parse_options, req
+from autoplace.cli.common import (
+    build_model,
+    check_fits,
+    cluster_of,
+    gb,
+    graph_of,
+    load_plan,
+    ms,
+    plan_workload,
+)
+from autoplace.errors import AutoplaceError
+from autoplace.files import write_json_atomic
+from autoplace.plan import strict_json
+
+__all__ = ["COMMANDS"]
+
+
+@dataclass(kw_only=True)
+class RunConfig(TrustArgs, ClusterArgs):
+    plan: str = req("plan JSON file", positional=True)
+    cluster: str = opt("detect", "cluster preset, 'detect' or JSON path (devices used)")
+    steps: int = opt(10, "training steps, the warm-up ones included", min=1)
+    warmup: int = opt(2, "warm-up steps not counted in the step time", min=0)
+    report: str | None = opt(None, "write the RunReport JSON here", out="file")
+    write_measured: bool = opt(False, "fill the plan file's 'measured' block")
+    no_reference: bool = opt(False, "skip the unpartitioned reference loss")
+    checkpoint_dir: str | None = opt(None, "save checkpoints here (a folder that holds one "
+                                           "is resumed with --resume, never overwritten)",
+                                     out="dir")
+    resume: bool = opt(False, "resume from the checkpoint in --checkpoint-dir")
+    seed: int = opt(0, "data seed")
+    curve: str | None = opt(None, "write a training-curve plot (PNG, SVG, PDF)", out="picture")
+    trace: str | None = opt(None, "record the timed steps with torch.profiler: one Chrome "
+                                  "trace per rank in this folder", out="dir")
+
+    def check(self) -> None:
+        if self.steps <= self.warmup:
+            raise AutoplaceError(
+                f"--steps {self.steps} leaves no step to time after --warmup {self.warmup} "
+                "(the steps include the warm-up ones); use --steps greater than --warmup")
+        if self.resume and not self.checkpoint_dir:
+            raise AutoplaceError("--resume needs --checkpoint-dir (the folder to resume from)")
+
+
+@dataclass(kw_only=True)
+class ProfileConfig(ModelArgs, ClusterArgs):
+    out: str = opt("profile.json", "write the profiled OpGraph (and link speeds) here (an "
+                                   "existing file at the default path is kept unless --force)",
+                   flag="-o", out="file", guard=True)
+    repeats: int = opt(5, "timed repeats per op", min=1)
+    cache_dir: str | None = opt(None, "also keep the op times in this profile cache folder "
+                                "(for plan/compare --profile-dir)", out="dir")
+    links: bool = opt(True, "also measure copies between every device pair and collectives "
+                            "(all-reduce, all-gather, reduce-scatter) when there are several "
+                            "devices")
+    cluster_out: str = opt("cluster.json", "write the cluster with the measured link and "
+                                           "collective speeds here (for --cluster; an existing "
+                                           "file at the default path is kept unless --force)",
+                           out="file", guard=True)
+    force: bool = opt(False, "replace existing files at the default output paths")
+
+
+@dataclass(kw_only=True)
+class DemoConfig(ModelArgs, ClusterArgs):
+    model: str = opt("gpt-small", "zoo workload name or package.module:factory")
+    out: str = opt("runs/demo", "output directory", out="dir")
+    budget: str = opt("60s", "policy training budget: episodes (500ep), updates (100up) or "
+                             "time (60s, 5m)")
+    steps: int = opt(6, "training steps executed for real per plan, 2 warm-up steps included",
+                     min=3)
+    policy: str = opt("gnn", "policy to train: seq2seq, hierarchical or gnn")
+
+    def check(self) -> None:
+        from autoplace.policies.reinforce import parse_budget
+
+        try:
+            parse_budget(self.budget)
+        except AutoplaceError as e:
+            raise AutoplaceError(f"--budget: {e}") from None
+
+
+@dataclass(kw_only=True)
+class TraceSummaryConfig:
+    traces: list[str] = req("Chrome traces (autoplace run --trace DIR writes one per rank)",
+                            positional=True, nargs="+")
+    top: int = opt(12, "kernels and host operations listed", min=1)
+    json: str | None = opt(None, "also write the summaries as JSON here", out="file")
+
+
+def cmd_run(cfg: RunConfig) -> int:
+    from autoplace.executor import launch
+    from autoplace.executor.checkpoint import require_resumable
+
+    plan = load_plan(cfg.plan, cfg)
+    cluster = cluster_of(cfg.cluster, cfg.memory_cap)
+    nproc = plan.parallel.data * plan.parallel.pipeline
+    cluster.require_present(max(plan.num_devices, nproc),
+                            what=f"plan {cfg.plan} ({plan.split()})")
+    wl = plan_workload(plan, device="meta")
+    check_fits(plan, graph_of(wl), cluster, wl.batch_size)
+    if cfg.checkpoint_dir:
+        start = require_resumable(cfg.checkpoint_dir, cfg.resume, cfg.steps)
+        if cfg.resume:
+            print(f"resuming from step {start} of {cfg.checkpoint_dir} ({cfg.steps - start} "
+                  "steps to go)" if start else
+                  f"no checkpoint in {cfg.checkpoint_dir} yet: starting at step 0", flush=True)
+    spec = {"spec": plan.model["spec"], "options": plan.model.get("options", {}),
+            "seed": int(plan.model.get("seed", 0))}
+    report = launch.run_plan(
+        plan, spec, cluster=cluster, steps=cfg.steps, warmup=cfg.warmup,
+        reference=not cfg.no_reference, checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
+        seed=cfg.seed, progress=True, trace_dir=cfg.trace, trusted=True,
+    )
+    if cfg.report:
+        write_json_atomic(cfg.report, strict_json(report.to_json()), allow_nan=False)
+    if report.error:
+        print(f"autoplace: error: {report.error}", file=sys.stderr)
+        return 3
+    print(f"{plan.describe()}: step {ms(report.step_time_s)} ms (median of "
+          f"{len(report.step_times_s)}), {report.samples_per_s:.1f} samples/s, peak GiB "
+          f"{' / '.join(gb(b) for b in report.peak_memory_bytes)}")
+    if report.reference_loss:
+        print(f"loss {report.loss[-1]:.6f} vs reference {report.reference_loss[-1]:.6f} "
+              f"(max rel diff {report.max_loss_rel_diff:.2e})")
+        if report.extra.get("random_ops"):
+            print(f"note: the model has {report.extra['random_ops']} dropout ops; the plan "
+                  "draws their random masks on other shares of the batch than the reference "
+                  "does, so the losses agree only statistically (set dropout to 0 to compare "
+                  "them exactly)")
+    if report.extra.get("trace"):
+        print(f"trace of the timed steps (rank 0): {report.extra['trace']}")
+    if cfg.write_measured:
+        plan.with_measured({"step_time_s": report.step_time_s,
+                            "peak_memory_bytes": report.peak_memory_bytes,
+                            "device_names": report.device_names,
+                            "torch_version": report.torch_version}).save(cfg.plan)
+    if cfg.curve:
+        from autoplace import viz
+
+        viz.training_curve({"plan": report.loss, "reference": report.reference_loss or []},
+                           cfg.curve, ylabel="loss")
+    return 0
+
+
+def cmd_profile(cfg: ProfileConfig) -> int:
+    from autoplace.costs.profile import profile
+
+    cluster = cluster_of(cfg.cluster, cfg.memory_cap)
+    cluster.require_present(cluster.num_devices if cfg.links else 1, what="profile")
+    wl = build_model(cfg)
+    graph = profile(wl, [d.name for d in cluster.devices][:1], repeats=cfg.repeats,
+                    cache_dir=cfg.cache_dir)
+    graph.save(cfg.out)
+    print(f"profiled {len(graph)} ops on {cluster.devices[0].name} -> {cfg.out}")
+    if cfg.links and cluster.num_devices > 1:
+        from autoplace.executor.collectives import measured_cluster
+
+        measured, summary = measured_cluster(cluster)
+        measured.save(cfg.cluster_out)
+        print(f"links: {summary} -> {cfg.cluster_out} (use with --cluster {cfg.cluster_out})")
+    return 0
+
+
+def cmd_demo(cfg: DemoConfig) -> int:
+    from autoplace.demo import run_demo
+
+    cluster = cluster_of(cfg.cluster, cfg.memory_cap)
+    cluster.require_present(what="the demo (it executes plans)")
+    run_demo(cfg.model, cfg.cluster, memory_cap=cfg.memory_cap, options=parse_options(cfg),
+             out_dir=cfg.out, policy=cfg.policy, budget=cfg.budget, steps=cfg.steps)
+    return 0
+
+
+def cmd_trace_summary(cfg: TraceSummaryConfig) -> int:
+    from autoplace.tools import trace_summary
+
+    argv = [*cfg.traces, "--top", str(cfg.top)] + (["--json", cfg.json] if cfg.json else [])
+    return trace_summary.main(argv)
+
+
+COMMANDS = {
+    "run": (RunConfig, cmd_run, "execute a plan as real training and report"),
+    "profile": (ProfileConfig, cmd_profile, "measure per-op times on this machine's devices"),
+    "demo": (DemoConfig, cmd_demo, "the whole chain on a default workload (README's main job)"),
+    "trace-summary": (TraceSummaryConfig, cmd_trace_summary,
+                      "where a step's time went, from the traces of run --trace"),
+}
