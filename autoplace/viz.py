@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import matplotlib
+import networkx as nx
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -121,8 +122,6 @@ def placement_picture(graph: OpGraph, plan: Plan, path: str | Path, *, title: st
     colors = {d: _DEVICE_COLORS[d % len(_DEVICE_COLORS)] for d in devices}
     handles = [Patch(color=colors[d], label=f"device {d}") for d in devices]
     if len(graph) <= max_drawn_nodes:
-        import networkx as nx
-
         depth: dict[str, int] = {}
         for op in graph.order:
             depth[op] = 1 + max((depth[u] for u in graph.preds(op)), default=-1)

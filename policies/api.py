@@ -17,11 +17,18 @@ from typing import Any
 
 import torch
 
+from autoplace import workloads
+from autoplace.capture import capture_workload
+from autoplace.cluster import resolve
+from autoplace.envs import PlacementEnv
 from autoplace.errors import AutoplaceError
+from autoplace.graph import OpGraph
+from autoplace.grouping import auto_group_count
+from autoplace.plan import Plan
 
 from . import checkpoint as ckpt
-from . import make
 from .base import batch_obs
+from .registry import make
 from .reinforce import ReinforceConfig, _outcome, reinforce
 
 __all__ = ["TrainResult", "train", "place", "default_env_options"]
@@ -59,9 +66,6 @@ def default_env_options(num_devices: int) -> dict[str, Any]:
 
 def _make_envs(specs: list[Any], cluster: Any, backend: str, copies: int,
                options: dict[str, Any]) -> list[Any]:
-    from autoplace.envs import PlacementEnv
-    from autoplace.graph import OpGraph
-
     envs = []
     for spec in specs:
         if isinstance(spec, OpGraph):
@@ -77,11 +81,6 @@ def _make_envs(specs: list[Any], cluster: Any, backend: str, copies: int,
 
 def _auto_groups(spec: Any) -> int:
     """:func:`autoplace.grouping.auto_group_count` of a spec's captured graph."""
-    from autoplace import workloads
-    from autoplace.capture import capture_workload
-    from autoplace.graph import OpGraph
-    from autoplace.grouping import auto_group_count
-
     if isinstance(spec, OpGraph):
         return auto_group_count(spec)
     wl = workloads.get(spec, device="meta") if isinstance(spec, str) else spec
@@ -133,8 +132,6 @@ def train(
             :func:`default_env_options`).
         **reinforce_options: fields of :class:`ReinforceConfig` (``batch_size``, ``lr``...).
     """
-    from autoplace.cluster import resolve
-
     cl = resolve(cluster, memory_cap)
     specs = list(model_spec) if isinstance(model_spec, (list, tuple)) else [model_spec]
     if max_groups == "auto":
@@ -163,8 +160,6 @@ def train(
     if out_dir is not None:
         _plot(result.history, Path(out_dir) / "curve.png", f"{policy} on "
               f"{', '.join(extra['models'][:3])} ({cl.name})")
-    from autoplace.plan import Plan
-
     plans = {k: Plan.loads(v["plan"]) for k, v in result.best.items() if v.get("plan")}
     return TrainResult(best_plan=result.best_plan, best_step_time_s=result.best_step_time_s,
                        history=result.history, checkpoint_path=result.checkpoint_path,
@@ -221,9 +216,6 @@ def place(
         memory_cap: cap every device's memory.
         max_groups: coarsening of the graph (default: the one trained with).
     """
-    from autoplace.cluster import resolve
-    from autoplace.plan import Plan
-
     t0 = time.perf_counter()
     policy, data = ckpt.load_policy(checkpoint)
     cl = resolve(cluster, memory_cap)

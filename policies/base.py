@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from torch import Tensor, nn
 
 from autoplace.errors import AutoplaceError
@@ -60,8 +61,6 @@ def describe_spaces(observation_space: Any, action_space: Any) -> dict[str, Any]
     Returns:
         ``num_features``, ``num_devices``, ``max_groups``, ``hybrid_sizes`` and ``mode``.
     """
-    from gymnasium import spaces
-
     try:
         max_groups, num_features = observation_space["node_features"].shape
     except (KeyError, TypeError, ValueError):

@@ -28,6 +28,7 @@ import torch
 
 from autoplace.errors import AutoplaceError
 from autoplace.files import write_atomic, write_json_atomic
+from autoplace.plan import Plan
 
 from . import checkpoint as ckpt
 from .base import PlacementPolicy, batch_obs
@@ -445,8 +446,6 @@ def _result(best, keys, history, update, episodes, elapsed, ckpt_path, out_dir, 
 def _load_plan(text: str | None) -> Any:
     if text is None:
         return None
-    from autoplace.plan import Plan
-
     data = json.loads(text)
     try:
         return Plan.from_json(data)

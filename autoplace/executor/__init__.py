@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from autoplace.cluster import Cluster
+from autoplace.errors import PlanError
 from autoplace.executor.launch import run_plan
 from autoplace.executor.report import RunReport
+from autoplace.executor.runner import RunOptions, capture_graph, run_here
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
@@ -60,8 +64,6 @@ def execute(
         PlanError: the plan does not fit the model or the cluster.
         AutoplaceError: a training process died (the message names the rank).
     """
-    from autoplace.executor.runner import RunOptions, capture_graph, run_here
-
     cluster = cluster if cluster is not None else Cluster.detect()
     opts = RunOptions(steps=steps, warmup=warmup, reference=reference,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
@@ -75,10 +77,6 @@ def execute(
 
 
 def _check_present(plan: Plan, cluster: Cluster) -> None:
-    import torch
-
-    from autoplace.errors import PlanError
-
     names = [cluster.devices[i].name for i in range(plan.num_devices)]
     cuda = [n for n in names if n.startswith("cuda")]
     if cuda:

@@ -27,7 +27,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from autoplace.cluster import Cluster
+from autoplace.costs.links import fit_alpha_beta, measure_links
 from autoplace.errors import AutoplaceError
 
 __all__ = ["measure_collectives", "measured_cluster", "with_measured_links"]
@@ -79,11 +83,9 @@ def measure_collectives(devices: list[str], *, sizes: tuple[int, ...] | None = N
         raw = json.loads(out.read_text())
     p = len(devices)
     result: dict[str, Any] = {"devices": list(devices), "backend": raw["backend"]}
-    from autoplace.costs.profile import _fit_alpha_beta
-
     for kind in KINDS:
         pts = raw["points"][kind]
-        alpha, bw = _fit_alpha_beta([int(n * bus_factor(kind, p)) for n, _ in pts],
+        alpha, bw = fit_alpha_beta([int(n * bus_factor(kind, p)) for n, _ in pts],
                                     [t for _, t in pts])
         result[kind] = {"alpha_s": alpha, "bus_bandwidth": bw, "points": pts}
     return result
@@ -92,7 +94,7 @@ def measure_collectives(devices: list[str], *, sizes: tuple[int, ...] | None = N
 def with_measured_links(cluster: Cluster, links: tuple[list[list[float]], list[list[float]]]
                         | None, collectives: dict[str, Any] | None) -> Cluster:
     """``cluster`` with measured copy latency/bandwidth per device pair (``links``, from
-    :func:`autoplace.costs.profile.measure_links`) and measured collective speed: the median
+    :func:`autoplace.costs.links.measure_links`) and measured collective speed: the median
     over the three kinds of their latency per ring step and bus bandwidth."""
     out = cluster
     if links is not None:
@@ -115,8 +117,6 @@ def with_measured_links(cluster: Cluster, links: tuple[list[list[float]], list[l
 def measured_cluster(cluster: Cluster) -> tuple[Cluster, str]:
     """``cluster`` with copy speeds between every pair of its devices and collective
     speeds measured here (:func:`with_measured_links`), and a one-line summary."""
-    from autoplace.costs.profile import measure_links
-
     names = [d.name for d in cluster.devices]
     links = measure_links(names)
     coll = measure_collectives(names)
@@ -132,8 +132,6 @@ def measured_cluster(cluster: Cluster) -> tuple[Cluster, str]:
 
 # ------------------------------------------------------------------ one rank
 def _collective(kind: str, full: Any, part: Any) -> Any:
-    import torch.distributed as dist
-
     if kind == "allreduce":
         return lambda: dist.all_reduce(full)
     if kind == "allgather":
@@ -142,9 +140,6 @@ def _collective(kind: str, full: Any, part: Any) -> Any:
 
 
 def _rank_main(argv: list[str] | None = None) -> int:
-    import torch
-    import torch.distributed as dist
-
     ap = argparse.ArgumentParser(description="one rank of measure_collectives")
     ap.add_argument("--out", required=True)
     ap.add_argument("--devices", required=True)

@@ -28,26 +28,33 @@ __all__ = ["get", "names", "Planner"]
 
 Planner = Callable[..., "Plan"]
 
-# name -> (module, function); modules load on first use
-_REGISTRY: dict[str, tuple[str, str]] = {
-    "single": ("trivial", "single"),
-    "round-robin": ("trivial", "round_robin"),
-    "random": ("trivial", "random_placement"),
-    "hash": ("hashing", "hash_placement"),
-    "critical-path": ("critical_path", "critical_path"),
-    "critical-path-mo": ("critical_path", "critical_path_mo"),
-    "mincut": ("mincut", "mincut"),
-    "expert": ("expert", "expert"),
-    "m-topo": ("baechi", "m_topo"),
-    "m-etf": ("baechi", "m_etf"),
-    "m-sct": ("baechi", "m_sct"),
-    "hybrid-dp": ("pipeline_dp", "hybrid_dp"),
-    "ddp": ("pipeline_dp", "ddp"),
-    "zero2": ("pipeline_dp", "zero2"),
-    "fsdp": ("pipeline_dp", "fsdp"),
-    "pipeline": ("pipeline_dp", "pipeline"),
-    "anneal": ("anneal", "anneal"),
+# name -> entry point "module:function"; a planner's module is imported only when
+# get() is called, so planner modules can import this registry at the top
+_REGISTRY: dict[str, str] = {
+    "single": "autoplace.planners.trivial:single",
+    "round-robin": "autoplace.planners.trivial:round_robin",
+    "random": "autoplace.planners.trivial:random_placement",
+    "hash": "autoplace.planners.hashing:hash_placement",
+    "critical-path": "autoplace.planners.critical_path:critical_path",
+    "critical-path-mo": "autoplace.planners.critical_path:critical_path_mo",
+    "mincut": "autoplace.planners.mincut:mincut",
+    "expert": "autoplace.planners.expert:expert",
+    "m-topo": "autoplace.planners.baechi:m_topo",
+    "m-etf": "autoplace.planners.baechi:m_etf",
+    "m-sct": "autoplace.planners.baechi:m_sct",
+    "hybrid-dp": "autoplace.planners.pipeline_dp:hybrid_dp",
+    "ddp": "autoplace.planners.pipeline_dp:ddp",
+    "zero2": "autoplace.planners.pipeline_dp:zero2",
+    "fsdp": "autoplace.planners.pipeline_dp:fsdp",
+    "pipeline": "autoplace.planners.pipeline_dp:pipeline",
+    "anneal": "autoplace.planners.anneal:anneal",
 }
+
+
+def _load(entry_point: str) -> Callable[..., Plan]:
+    """The function an entry point ``"package.module:function"`` names."""
+    module, func = entry_point.split(":")
+    return getattr(importlib.import_module(module), func)
 
 
 def names() -> list[str]:
@@ -64,8 +71,7 @@ def get(name: str) -> Callable[..., Plan]:
     key = str(name).strip().lower().replace("_", "-")
     if key not in _REGISTRY:
         raise AutoplaceError(f"unknown planner {name!r}; valid: {', '.join(_REGISTRY)}")
-    module, func = _REGISTRY[key]
-    fn = getattr(importlib.import_module(f"autoplace.planners.{module}"), func)
+    fn = _load(_REGISTRY[key])
     valid = [p.name for p in inspect.signature(fn).parameters.values()
              if p.kind is inspect.Parameter.KEYWORD_ONLY]
 

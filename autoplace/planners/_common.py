@@ -10,6 +10,7 @@ import networkx as nx
 import numpy as np
 
 from autoplace.cluster import Cluster
+from autoplace.costs import estimate_costs
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 from autoplace.grouping import coarsen, colocation_groups, group_graph, placement_order
@@ -22,8 +23,6 @@ MODEL_STATE_FACTOR = 4
 def ensure_costs(graph: OpGraph, cluster: Cluster) -> OpGraph:
     """Fill per-op times for every device kind of ``cluster`` that the graph lacks."""
     if not all(graph.has_costs(k) for k in cluster.device_kinds):
-        from autoplace.costs import estimate_costs
-
         estimate_costs(graph, cluster)
     return graph
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoplace import sim
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
@@ -12,8 +13,6 @@ from autoplace.plan import Plan
 def evaluate(graph: OpGraph, plans: list[Plan], cluster: Cluster
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(step_time_s [P], peak_memory_bytes [P, D], oom [P])`` of ``plans``."""
-    from autoplace import sim
-
     if not plans:
         d = cluster.num_devices
         return np.zeros(0), np.zeros((0, d), dtype=np.int64), np.zeros(0, dtype=bool)

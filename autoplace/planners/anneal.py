@@ -23,6 +23,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.planners import get
 from autoplace.planners._common import ensure_costs, make_plan, working_groups
 from autoplace.planners._evaluate import evaluate, overflow
 
@@ -76,8 +77,6 @@ def anneal(
         initial_temperature, final_temperature: Metropolis temperature, as a fraction of
             the current cost, at the start and at the end of the budget.
     """
-    from autoplace.planners import get
-
     t0 = time.perf_counter()
     rng = random.Random(seed)
     ensure_costs(graph, cluster)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoplace import planners
 from autoplace.cluster import Cluster
+from autoplace.costs import estimate_costs
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 
@@ -28,8 +30,6 @@ _PROFILED = ("fwd_time_s", "bwd_time_s", "fwd_fixed_s", "bwd_fixed_s", "fwd_host
 def analytic_copy(graph: OpGraph, cluster: Cluster) -> OpGraph:
     """A copy of ``graph`` whose costs are all estimated from FLOPs and bytes for
     ``cluster``'s device kinds (``graph`` itself is not changed)."""
-    from autoplace.costs import estimate_costs
-
     data = graph.to_json()
     for node in data["nodes"]:
         for key in _PROFILED:
@@ -51,8 +51,6 @@ def hand_written(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
     contiguous split (:func:`halves_name`, two or more devices), ``ddp``, ``fsdp``,
     ``pipeline-gpipe`` and ``pipeline-1f1b`` (two or more devices; ``max(8, devices)``
     microbatches). Splits are balanced by analytic costs (:func:`analytic_copy`)."""
-    from autoplace import planners
-
     g = analytic_copy(graph, cluster)
     n = cluster.num_devices
     out: dict[str, Any] = {"single": planners.get("single")(g, cluster)}

@@ -45,6 +45,8 @@ from autoplace.planners.stage_split import (
     split_costs,
     split_objective,
 )
+from autoplace.sim import simulate
+from autoplace.sim.model import graph_arrays, recompute_boundary_bytes
 
 __all__ = ["ddp", "zero2", "fsdp", "pipeline", "hybrid_dp", "hybrid_candidates", "dp_recompute",
            "hybrid_family", "SplitCosts", "SplitConfig",
@@ -175,9 +177,6 @@ def dp_recompute(graph: OpGraph, cluster: Cluster, *, granularity: int = 48,
     falls as the prefix grows, up to the recomputed group held during its backward).
     Returns ``[]`` when plain DDP fits or nothing makes it fit.
     """
-    from autoplace.sim import simulate
-    from autoplace.sim.model import graph_arrays, recompute_boundary_bytes
-
     t0 = time.perf_counter()
     d = cluster.num_devices
     batch = getattr(graph, "batch_size", None)

@@ -39,11 +39,24 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autoplace import workloads
+from autoplace.capture import capture_workload
 from autoplace.errors import AutoplaceError, PlanError
+from autoplace.executor.launch import short_error
+from autoplace.executor.pool import PlanPool
+from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
+from autoplace.planners.manual import halves_name, hand_written
+from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_family
+from autoplace.policies import train
+from autoplace.search.calibration import Calibration, calibration_path
+from autoplace.search.compare import compare
+from autoplace.search.families import family, signature
+from autoplace.sim import simulate
 
 __all__ = ["auto_plan", "family", "parse_duration", "signature"]
 
@@ -58,30 +71,8 @@ def parse_duration(text: str | float | int) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
-def family(plan: Plan) -> str:
-    """The execution family of a plan: its measured/simulated error is shared in a family."""
-    p = plan.parallel
-    dp = f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "")
-    if p.pipeline > 1:
-        return "pipeline" if p.data == 1 else f"{dp}+pipeline"
-    local = "placement" if plan.devices_per_replica > 1 else "single"
-    if local == "placement" and p.microbatches > 1:
-        local = "placement+mb"  # microbatches flowing through a one-process placement
-    if p.data > 1:
-        return dp + ("+placement" if plan.devices_per_replica > 1 else "")
-    return local + ("+graphs" if p.graphs else "")
-
-
-def signature(plan: Plan) -> tuple:
-    """What makes two plans the same plan: each op's device, the split, the recompute set."""
-    return (tuple(plan.placement[plan.groups[op]] for op in sorted(plan.groups)),
-            plan.parallel, tuple(sorted(plan.recompute)))
-
-
 def _sim_row(graph: Any, cluster: Any, name: str, plan: Plan) -> dict[str, Any]:
     """A candidate row like :func:`autoplace.search.compare.compare`'s for a plan made elsewhere."""
-    from autoplace.sim import simulate
-
     r = simulate(graph, plan, cluster)
     return {"planner": name, "plan": plan, "sim_step_time_s": r.step_time_s, "oom": r.oom,
             "error": None, "peak_memory_bytes": r.peak_memory_bytes}
@@ -97,8 +88,6 @@ def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
     """The best simulated plan of every ``hybrid-dp`` family (data degree, replica kind,
     stages, shard, schedule) as extra candidates: the search itself returns only its
     single best, and a family the simulator misjudges may hold the measured winner."""
-    from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_family
-
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     try:
@@ -171,9 +160,6 @@ def auto_plan(
         extra_plans: plans made elsewhere (a policy trained earlier) to consider too,
             by name.
     """
-    from autoplace import workloads
-    from autoplace.capture import capture_workload
-
     t_start = time.perf_counter()
     limit_s = parse_duration(budget)
     if isinstance(spec, str):
@@ -190,9 +176,6 @@ def auto_plan(
         graph = capture_workload(wl)
     pool = None
     if measure is None:  # multi-process plans run in torchrun jobs kept alive between them
-        from autoplace.executor.pool import PlanPool
-        from autoplace.executor.runner import RunOptions
-
         pool = PlanPool(cluster)
 
         def measure(plan: Plan):
@@ -285,10 +268,6 @@ def _units_twin(c: dict[str, Any], graph: Any, cluster: Any) -> dict[str, Any] |
 
 def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, progress,
             cache_dir, extra_plans, t_start, say) -> Plan:
-    from autoplace.planners.manual import halves_name, hand_written
-    from autoplace.search.calibration import Calibration, calibration_path
-    from autoplace.search.compare import compare
-
     cal = Calibration.load(cache_dir, graph, cluster)
     if cal.samples:
         say(f"calibration from {len(cal.samples)} earlier measurements: "
@@ -297,8 +276,6 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     rows += _hybrid_rows(graph, cluster)
     extra_plans = dict(extra_plans or {})
     if policy is not None:
-        from autoplace.policies import train
-
         res = train(graph, cluster, policy=policy, backend="sim",
                     budget=f"{max(10.0, 0.2 * limit_s):.0f}s", out_dir=None, progress=progress)
         extra_plans[f"policy:{policy}"] = res.best_plan
@@ -409,8 +386,6 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         try:
             rep = measure(c["plan"])
         except AutoplaceError as e:  # a rank died: that plan failed, the search goes on
-            from autoplace.executor.launch import short_error
-
             say(f"  failed: {short_error(str(e))}")
             continue
         step = _step_of(rep)
@@ -504,7 +479,5 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
                 candidates=[{"planner": m["planner"], "family": m["family"],
                              "sim_step_time_s": m["sim"], "measured_step_time_s": m["measured"]}
                             for m in measured])
-    from dataclasses import replace
-
     say(f"chose {win['planner']}: {win['measured'] * 1e3:.2f} ms measured")
     return replace(plan, planner=info)

@@ -4,7 +4,7 @@ The simulator's op times come from a profile (or estimates); what it gets wrong 
 mostly per execution *family* (FSDP2's all-gathers, torch pipelining's per-microbatch
 costs, DDP's bucket overlap). After a plan is executed for real, the ratio of its
 measured to simulated step time, and of its measured to simulated peak memory, is a
-sample for its family (:func:`autoplace.search.auto.family`). A :class:`Calibration` keeps
+sample for its family (:func:`autoplace.search.families.family`). A :class:`Calibration` keeps
 the samples; a family's factor is the median of its samples' ratios; a family without
 samples keeps the simulator's own figures (factor 1.0, for time and memory): what
 FSDP2 or pipelining get wrong says nothing about a one-process placement (on 2x H200,
@@ -29,6 +29,7 @@ plain JSON; a corrupt or foreign file is ignored with a warning, never trusted.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import sys
@@ -41,6 +42,7 @@ from autoplace.cluster import Cluster
 from autoplace.files import write_json_atomic
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.search.families import family
 
 __all__ = ["Calibration", "calibration_path", "searched"]
 
@@ -92,10 +94,19 @@ def same_cap_regime(path: Path, tag: str = "") -> Path | None:
     return best[1] if best else None
 
 
-def _family(plan: Plan) -> str:
-    from autoplace.search.auto import family
 
-    return family(plan)
+
+def _good_sample(s: Any) -> bool:
+    """Whether a sample read from a file has what the factors compute with: a family
+    name and positive finite times and sizes (or none, where a run measured none)."""
+    def positive(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) \
+            and math.isfinite(x) and x > 0
+
+    return (isinstance(s, dict) and isinstance(s.get("family"), str)
+            and positive(s.get("sim_step_time_s"))
+            and all(s.get(k) is None or positive(s[k]) for k in (
+                "measured_step_time_s", "sim_peak_bytes", "measured_peak_bytes")))
 
 
 def _search_name(name: Any) -> bool:
@@ -175,10 +186,10 @@ class Calibration:
 
     def step_time(self, plan: Plan, sim_step_time_s: float) -> float:
         """The simulated step time of ``plan`` corrected by its family's factor."""
-        return sim_step_time_s * self.time_factor(_family(plan), searched(plan))
+        return sim_step_time_s * self.time_factor(family(plan), searched(plan))
 
     def peak_bytes(self, plan: Plan, sim_peak_bytes: float) -> float:
-        return sim_peak_bytes * self.memory_factor(_family(plan))
+        return sim_peak_bytes * self.memory_factor(family(plan))
 
     # ----------------------------------------------------------- samples
     def record(self, plan: Plan, planner: str, sim_step_time_s: float, sim_peak_bytes: float,
@@ -196,7 +207,7 @@ class Calibration:
             peak = max(peaks) if peaks else None
             oom = bool(getattr(report, "oom", False))
         self.samples.append({
-            "family": _family(plan), "planner": planner, "parallel": plan.split(),
+            "family": family(plan), "planner": planner, "parallel": plan.split(),
             "searched": searched(plan),
             "sim_step_time_s": float(sim_step_time_s),
             "measured_step_time_s": None if oom or not step else float(step),
@@ -234,10 +245,8 @@ class Calibration:
                   and data.get("device_kind") == empty.device_kind
                   and data.get("num_devices") == empty.num_devices
                   and isinstance(data.get("samples"), list))
-            samples = [s for s in data["samples"] if isinstance(s, dict)
-                       and isinstance(s.get("family"), str)
-                       and isinstance(s.get("sim_step_time_s"), (int, float))] if ok else []
-        except (OSError, ValueError, KeyError, TypeError):
+            samples = [s for s in data["samples"] if _good_sample(s)] if ok else []
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             ok, samples = False, []
         if not ok:
             print(f"autoplace: warning: ignoring {path}: not a calibration of this graph and "

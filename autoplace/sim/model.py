@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.cluster import Cluster
+from autoplace.costs import estimate_costs
 from autoplace.graph import OpGraph
 from autoplace.lowering import ROOT_UNIT, fsdp_unit_keys, gather_dtype
 from autoplace.plan import Plan
@@ -44,8 +45,6 @@ BUCKET_BYTES = 25 * 2**20
 def ensure_costs(graph: OpGraph, cluster: Cluster) -> None:
     """Fill missing per-kind costs with :func:`autoplace.costs.estimate_costs`."""
     if any(not graph.has_costs(kind) for kind in cluster.device_kinds):
-        from autoplace.costs import estimate_costs
-
         estimate_costs(graph, cluster)
 
 

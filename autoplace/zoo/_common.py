@@ -15,12 +15,14 @@ Batch makers and losses are module-level functions (bound with
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from autoplace.errors import AutoplaceError
+from autoplace.workloads import Workload
 
 __all__ = [
     "WORKLOAD_OPTIONS",
@@ -141,10 +143,6 @@ def image_workload(
     autocast_dtype: str | None = None,
 ) -> Any:
     """An image-classification workload on synthetic images (noise around class patterns)."""
-    from functools import partial
-
-    from autoplace.workloads import Workload
-
     return Workload(
         name=name,
         model=model,

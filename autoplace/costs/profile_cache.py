@@ -1,0 +1,94 @@
+"""Profile records: cached as JSON per (graph fingerprint, device kind), and applied to
+a graph's ops. Records written before the fixed parts existed still load, without them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autoplace.files import write_json_atomic
+from autoplace.graph import OpGraph
+
+__all__ = ["PROFILE_FORMAT", "apply_cached"]
+
+PROFILE_FORMAT = "autoplace.profile/1"
+
+
+def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
+    """Set every op's ``kind`` times from a profile record and note where they came from."""
+    ff, bf = cached.get("fwd_fixed_s") or {}, cached.get("bwd_fixed_s") or {}
+    hf, hb = cached.get("fwd_host_s") or {}, cached.get("bwd_host_s") or {}
+    hff, hbf = cached.get("fwd_host_fixed_s") or {}, cached.get("bwd_host_fixed_s") or {}
+    for op in graph:
+        op.fwd_time_s[kind] = float(cached["fwd_time_s"][op.name])
+        op.bwd_time_s[kind] = float(cached["bwd_time_s"][op.name])
+        # fixed parts where the record has them (older records have none: the simulator
+        # then uses the launch overhead); never keep those of an earlier profile
+        if op.name in ff and op.name in bf:
+            op.fwd_fixed_s[kind] = min(float(ff[op.name]), op.fwd_time_s[kind])
+            op.bwd_fixed_s[kind] = min(float(bf[op.name]), op.bwd_time_s[kind])
+        else:
+            op.fwd_fixed_s.pop(kind, None)
+            op.bwd_fixed_s.pop(kind, None)
+        for full, fixed, whole, part in ((hf, hff, op.fwd_host_s, op.fwd_host_fixed_s),
+                                         (hb, hbf, op.bwd_host_s, op.bwd_host_fixed_s)):
+            # host times: GPU records of this format on (older ones: host_dispatch_s)
+            if op.name in hf and op.name in hb:
+                whole[kind] = float(full[op.name])
+            else:
+                whole.pop(kind, None)
+            if kind in whole and op.name in fixed:
+                part[kind] = min(float(fixed[op.name]), whole[kind])
+            else:
+                part.pop(kind, None)
+    info = dict(getattr(graph, "profile_info", None) or {})
+    info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version",
+                                         "fixed_parts", "batch_size", "small_batch", "share",
+                                         "small_calibration")
+                  if k in cached}
+    info[kind].setdefault("fixed_parts", "absent: the profile record predates them")
+    graph.profile_info = info
+
+
+def apply_cached(graph: OpGraph, cache_dir: str | Path, kinds: Sequence[str]) -> list[str]:
+    """Fill ``graph``'s op times from profiles cached in ``cache_dir``; return the kinds found.
+
+    Needs no parameters (a meta-device graph works): the cache is keyed by the graph's
+    fingerprint and the device kind.
+    """
+    found = []
+    for kind in dict.fromkeys(kinds):
+        cached = _load(cache_dir, graph, kind)
+        if cached is None:
+            continue
+        _apply(graph, kind, cached)
+        found.append(kind)
+    return found
+
+
+def _cache_path(cache_dir: str | Path, graph: OpGraph, kind: str) -> Path:
+    return Path(cache_dir) / f"{graph.fingerprint}-{kind}.json"
+
+
+def _load(cache_dir: str | Path | None, graph: OpGraph, kind: str) -> dict[str, Any] | None:
+    if cache_dir is None:
+        return None
+    path = _cache_path(cache_dir, graph, kind)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (data.get("format") == PROFILE_FORMAT and data.get("fingerprint") == graph.fingerprint
+          and set(graph.order) <= set(data.get("fwd_time_s", {}))
+          and set(graph.order) <= set(data.get("bwd_time_s", {})))
+    return data if ok else None
+
+
+def _save(cache_dir: str | Path | None, graph: OpGraph, kind: str, data: dict) -> None:
+    if cache_dir is None:
+        return
+    path = _cache_path(cache_dir, graph, kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, data)

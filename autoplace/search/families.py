@@ -1,0 +1,29 @@
+"""What makes plans alike: the execution *family* a plan's measured/simulated error is
+shared in (:mod:`autoplace.search.calibration`), and the *signature* that makes two plans
+the same plan."""
+
+from __future__ import annotations
+
+from autoplace.plan import Plan
+
+__all__ = ["family", "signature"]
+
+
+def family(plan: Plan) -> str:
+    """The execution family of a plan: its measured/simulated error is shared in a family."""
+    p = plan.parallel
+    dp = f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "")
+    if p.pipeline > 1:
+        return "pipeline" if p.data == 1 else f"{dp}+pipeline"
+    local = "placement" if plan.devices_per_replica > 1 else "single"
+    if local == "placement" and p.microbatches > 1:
+        local = "placement+mb"  # microbatches flowing through a one-process placement
+    if p.data > 1:
+        return dp + ("+placement" if plan.devices_per_replica > 1 else "")
+    return local + ("+graphs" if p.graphs else "")
+
+
+def signature(plan: Plan) -> tuple:
+    """What makes two plans the same plan: each op's device, the split, the recompute set."""
+    return (tuple(plan.placement[plan.groups[op]] for op in sorted(plan.groups)),
+            plan.parallel, tuple(sorted(plan.recompute)))
