@@ -88,7 +88,7 @@ def test_plan_with_fsdp_units_by_module(tmp_path):
     p = run("plan", "--model", "gpt-tiny", "--cluster", "h100x2", "--planner", "ddp",
             "--shard-units", "modules", "-o", str(bad))
     assert_clean_error(p, "--shard-units", "ddp", "only to a sharded plan")
-    assert not bad.exists()  # a bad value: tests/test_fsdp_units.py::test_plan_field
+    assert not bad.exists()  # a bad value: tests/executor/test_fsdp_units.py::test_plan_field
 
 
 def test_corrupt_plan(tmp_path):

@@ -61,7 +61,7 @@ def test_training_curve_and_bar_chart(tmp_path):
 
 def test_suite_figure_from_a_stored_suite(tmp_path):
     """The benchmark suite's figure (bench_plans.py writes it beside the JSON) from the
-    stored session-20 suite: one row per scenario; a suite without plans is refused."""
+    stored 2026-11-27 2x H200 suite: one row per scenario; a suite without plans is refused."""
     import json
 
     import pytest

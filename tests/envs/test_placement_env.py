@@ -13,7 +13,6 @@ from gymnasium.utils.env_checker import check_env
 import autoplace.envs  # noqa: F401  (registers the id)
 from autoplace.envs import GROUP_FEATURES, PlacementEnv, obs_batch_to_pyg, obs_to_pyg
 from autoplace.errors import AutoplaceError
-from tests.helpers import ROOT
 from tests.helpers.graphs import skewed_cluster, small_graph
 
 ID = "autoplace/Placement-v0"
@@ -214,14 +213,3 @@ def test_zoo_workload_is_captured():
     _, r, *_, info = env.step(env.action_space.sample())
     assert info["error"] is None and -3 < r < 0
     assert env.unwrapped.graph.name
-
-
-def test_bench_env_script_runs():
-    import subprocess
-    import sys
-
-    script = ROOT / "scripts" / "bench_env.py"
-    out = subprocess.run([sys.executable, str(script), "--ops", "50", "--max-groups", "8",
-                          "--steps", "5"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "steps/s" in out.stdout and "incremental" in out.stdout

@@ -15,7 +15,6 @@ from autoplace.executor.data import wrap_data_parallel
 from autoplace.lowering import ROOT_UNIT, fsdp_unit_keys
 from autoplace.plan import ParallelConfig
 from autoplace.sim.model import fsdp_units, graph_arrays
-from tests.helpers import ROOT
 
 
 class Block(nn.Module):
@@ -129,21 +128,3 @@ def test_plan_field():
         ParallelConfig(data=2, shard="fsdp", shard_units="layers")
     with pytest.raises(PlanError, match="only to a sharded plan"):
         ParallelConfig(data=2, shard_units="modules")
-
-
-def test_bench_fsdp_units_runs(tmp_path):
-    """scripts/bench_fsdp_units.py on CPU records a run under the rule it was given (both
-    rules train like the reference: tests/test_executor_dist.py::test_data_parallel)."""
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path / "units.json"
-    script = ROOT / "scripts" / "bench_fsdp_units.py"
-    subprocess.run([sys.executable, str(script), "--out", str(out), "--scenarios", "tiny",
-                    "--rounds", "1", "--steps", "3", "--plans", "fsdp", "--units", "modules"],
-                   check=True, capture_output=True, timeout=300)
-    rows = json.loads(out.read_text())
-    assert [(r["plan"], r["units"], r["cap"]) for r in rows] == [("fsdp", "modules", "uncapped")]
-    assert rows[0]["error"] is None and len(rows[0]["step_times_s"]) == 1
-    assert len(rows[0]["loss"]) == 3 and all(x > 0 for x in rows[0]["loss"])

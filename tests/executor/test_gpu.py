@@ -1,6 +1,6 @@
 """The executor on 2 GPUs (NCCL): placement, pipeline, DDP, FSDP2, memory caps, failures.
 
-Run through the device tool: ``pytest -m gpu tests/test_executor_gpu.py``.
+Run through the device tool: ``pytest -m gpu tests/executor/test_gpu.py``.
 """
 
 from __future__ import annotations

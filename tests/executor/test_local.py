@@ -339,7 +339,7 @@ def _pieces(prog):
 def test_graphed_pieces_give_the_same_losses_and_gradients(name, layout, monkeypatch):
     """graphs=True (or AUTOPLACE_CUDA_GRAPHS=1) cuts each microbatch into runs of ops on
     one device, one module per run (on CPU they run eagerly; on GPUs each is replayed as
-    a CUDA graph: tests/test_executor_gpu.py); loss and gradients are unchanged."""
+    a CUDA graph: tests/executor/test_gpu.py); loss and gradients are unchanged."""
     wl = workloads.get(name, **SMALL[name])
     graph = capture_graph(wl)
     base = two_halves(graph) if layout == "halves" else interleaved(graph)

@@ -16,3 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def pythonpath_with_root() -> str:
     """``PYTHONPATH`` with the repository's root first, for subprocesses that import tests' models."""
     return os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+BENCH = ROOT / "scripts" / "bench"
+"""The benchmark scripts' folder: they import each other (and ``results``) by module name."""

@@ -5,7 +5,7 @@ torch.export): GPT-2 (tied input and output embeddings), BERT (an attention mask
 indexing by tensors), T5 (encoder-decoder, an optional input left ``None``, tied
 embeddings), Llama (rotary embeddings, grouped-query attention, RMSNorm, SwiGLU), Mixtral
 (Llama's attention with a top-2 mixture of experts in every layer: routing by the data)
-and ViT (image patches, a class token). Defaults are small, for CPU tests; ``scripts/bench_plans.py``'s ``hf-*``
+and ViT (image patches, a class token). Defaults are small, for CPU tests; ``scripts/bench/bench_plans.py``'s ``hf-*``
 scenarios pass GPT-2 small / BERT-base / T5-small sizes. ``dropout`` defaults to 0 so that
 a plan's losses can be compared with the unpartitioned model's exactly. Named
 ``tests.helpers.hf_models:gpt2`` with the repository root on ``PYTHONPATH`` (the executor's

@@ -1,4 +1,4 @@
-"""scripts/bench_host_costs.py on CPU (gloo, a group of one): every mode of every synthetic
+"""scripts/bench/bench_host_costs.py on CPU (gloo, a group of one): every mode of every synthetic
 stack is measured, FSDP2's units are its blocks, and the fit has its terms."""
 
 from __future__ import annotations
@@ -9,18 +9,17 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import BENCH
 
 
 @pytest.mark.slow
 def test_measures_every_mode_and_fits_the_stacks(tmp_path):
-    out = tmp_path / "host.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_host_costs.py"), "--cpu",
+    r = subprocess.run([sys.executable, str(BENCH / "bench_host_costs.py"), "--cpu",
                         "--scenarios", "", "--synthetic", "2x1,2x3,4x1", "--modes",
-                        "plain,ddp,fsdp", "--steps", "3", "--warmup", "1", "--out", str(out)],
+                        "plain,ddp,fsdp", "--steps", "3", "--warmup", "1", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    data = json.loads(out.read_text())
+    data = json.loads((tmp_path / "host-costs.json").read_text())
     assert [m["name"] for m in data["models"]] == ["stack-2x1", "stack-2x3", "stack-4x1"]
     for m, (blocks, layers) in zip(data["models"], [(2, 1), (2, 3), (4, 1)]):
         assert set(m["modes"]) == {"plain", "ddp", "fsdp"}
@@ -30,3 +29,6 @@ def test_measures_every_mode_and_fits_the_stacks(tmp_path):
         assert m["modes"]["plain"]["fsdp_units"] == 0
     assert set(data["fits"]["fsdp"]) == {"per_tensor_s", "per_unit_s", "const_s"}
     assert set(data["fits"]["ddp"]) == {"per_tensor_s", "const_s"}
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["tag"] == "host-costs" and "fsdp" in run["summary"] and "per unit" in run["summary"]
+    assert json.loads((tmp_path / "env.json").read_text())["card"] == "cpu"

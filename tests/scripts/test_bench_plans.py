@@ -1,4 +1,4 @@
-"""scripts/bench_plans.py end to end on two CPU devices (gloo): the smallest scenario."""
+"""scripts/bench/bench_plans.py end to end on two CPU devices (gloo): the smallest scenario."""
 
 from __future__ import annotations
 
@@ -6,16 +6,18 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+import pytest
+
+from tests.helpers import BENCH
 
 
 def test_bench_plans_cpu_smoke(tmp_path):
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_plans.py"), "--cpu", "--scenarios",
+    cmd = [sys.executable, str(BENCH / "bench_plans.py"), "--cpu", "--scenarios",
            "tiny", "--steps", "3", "--warmup", "1", "--reps", "2", "--auto-budget", "8s",
            "--policy-budget", "2s", "--links", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    out = json.loads(next(tmp_path.glob("*.json")).read_text())
+    out = json.loads((tmp_path / "suite.json").read_text())
     assert {"card", "driver", "torch_version", "date", "scenarios"} <= out.keys()
     # simulated with measured copy and collective speeds (gloo here)
     assert out["links"]["collective_bandwidth"] > 0 and out["links"]["bandwidth"][0][1] > 0
@@ -36,20 +38,21 @@ def test_bench_plans_cpu_smoke(tmp_path):
     # the allocator's counters are CUDA's: on CPU no retries, no reserved memory, per run
     assert all(r["alloc_retries"] == [0] * len(r["rep_medians_s"]) and
                r["reserved_peak_bytes"] is None for r in rows.values() if not r["error"])
-    md = next(tmp_path.glob("*.md")).read_text()
+    md = (tmp_path / "suite.md").read_text()
     assert "tiny" in md
     # the figure: every plan measured, and simulated against measured
-    png = next(tmp_path.glob("*.png"))
+    png = (tmp_path / "suite.png")
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10000
     assert f"]({png.name})" in md
+    # a run folder: where it ran, and what it is
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert env["card"] == "cpu" and env["gpus"] == 2
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["tag"] == "suite" and run["scenarios"] == ["tiny"] and run["kind"] == "suite"
 
 
 def test_tau_beyond_spread_counts_only_pairs_the_measurement_separates():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_plans", ROOT / "scripts" / "bench_plans.py")
-    bp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bp)
+    import bench_plans as bp
 
     def row(parallel, m, lo, hi, sim):
         return {"parallel": parallel, "measured_step_time_s": m, "spread_s": [lo, hi],
@@ -67,12 +70,20 @@ def test_tau_beyond_spread_counts_only_pairs_the_measurement_separates():
 
 
 def test_a_plan_that_hit_its_cap_says_so_in_the_table():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_plans", ROOT / "scripts" / "bench_plans.py")
-    bp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bp)
+    import bench_plans as bp
 
     assert bp.retried({"alloc_retries": [0, 0]}) == ""
     assert bp.retried({"alloc_retries": [15, 12]}) == " (cap hit: 27 allocator retries)"
     assert bp.retried({}) == ""  # results stored before the counters existed
+
+
+def test_hf_scenarios_name_the_module_they_are_given():
+    """The hf-* scenarios' workloads come from --hf-module; without it they are refused."""
+    import bench_plans as bp
+
+    assert bp.scenario("hf-t5", "mymodels")["model"] == "mymodels:t5"
+    assert bp.scenario("tiny")["model"] == "gpt-tiny"
+    with pytest.raises(SystemExit, match="--hf-module"):
+        bp.scenario("hf-gpt2")
+    with pytest.raises(SystemExit, match="valid: gpt1b-16GB"):
+        bp.scenario("no-such")

@@ -1,15 +1,10 @@
-"""scripts/replay_suite.py: a stored suite's plans rebuilt and simulated again offline."""
+"""scripts/bench/replay_suite.py: a stored suite's plans rebuilt and simulated again offline."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-
-from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _tiny_plans():
@@ -22,7 +17,7 @@ def _tiny_plans():
     from autoplace.cluster import preset
 
     cl = preset("cpu-x2")
-    sc = bp.SCENARIOS["tiny"]
+    sc = bp.scenario("tiny")
     g = capture_workload(workloads.get(sc["model"], device="meta", **sc["options"]))
     plans = dict(bp.hand_written(g, cl))
     for k in ("expert", "m-etf"):

@@ -483,8 +483,9 @@ def test_a_sharded_plan_near_the_cap_is_measured_with_a_unit_per_module(setup, t
     assert not any(p.parallel.shard_units == "modules" for p in log)
     assert plan.parallel.shard == "fsdp" and plan.parallel.shard_units == "blocks"
     # below that share, but the allocator retried in its timed steps: it hit the cap all
-    # the same (GNMT-4 on 2x H200, session 24: FSDP2 by blocks at 83% of the cap ran
-    # 100.2 ms capped and 67.8 ms uncapped, by modules 74.6 ms capped)
+    # the same (GNMT-4 on 2x H200, bench/results/2026-11-28-h200x2-fsdp-units: FSDP2 by
+    # blocks at 83% of the cap ran 100.2 ms capped and 67.8 ms uncapped, by modules 74.6 ms
+    # capped)
     plan, log = run(UNITS_NEAR_CAP - 0.05, retries=12)
     assert any(p.parallel.shard_units == "modules" for p in log)
     assert plan.parallel.shard_units == "modules"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -18,7 +16,6 @@ from autoplace.lowering import pipeline_actions as schedule_actions
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.sim import lower_bound, simulate, simulate_batch
 from autoplace.sim.model import UPDATE_TRAFFIC_PER_PARAM_BYTE
-from tests.helpers import ROOT
 
 GiB = 2**30
 
@@ -295,17 +292,6 @@ def test_gpt_1b_needs_two_devices_under_a_16gb_cap():
     out = next(op for op in graph if op.kind == "output")
     assert 3.5 * GiB < out.workspace_bytes < 4.2 * GiB  # bf16 logits, fp32 log-softmax, grads
     assert not simulate(graph, Plan.single(graph), cluster).oom
-
-
-@pytest.mark.slow
-def test_bench_script_runs():
-    out = subprocess.run(
-        [sys.executable, "scripts/bench_sim.py", "--ops", "60", "--plans", "20",
-         "--scalar-plans", "5", "--repeats", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "plans/s" in out.stdout and "max rel diff to batch 0.0e+00" in out.stdout
 
 
 def test_loss_workspace_counts_on_the_device_of_the_last_op_only():

@@ -1,9 +1,9 @@
 """RL policies vs baseline planners on the simulator: one row per scenario and policy.
 
-    python scripts/bench_policies.py                      # every zoo workload, 2 and 4 GPUs,
+    python scripts/bench/bench_policies.py                # every zoo workload, 2 and 4 GPUs,
                                                           # without and with a memory cap
-    python scripts/bench_policies.py --quick              # smoke test: 1 workload, tiny budget
-    python scripts/bench_policies.py --workloads gpt-small,gnmt-8 --budget 5000ep
+    python scripts/bench/bench_policies.py --quick        # smoke test: 1 workload, tiny budget
+    python scripts/bench/bench_policies.py --workloads gpt-small,gnmt-8 --budget 5000ep
 
 A scenario is workload x cluster preset x memory cap. The cap is a fraction of the
 simulated single-device peak memory (``--caps none,0.6``: uncapped, then 60% of what
@@ -13,15 +13,15 @@ REINFORCE on the simulator (``--budget`` per row, never more than ``--row-limit-
 over the graph coarsened to ``--max-groups`` groups (``auto``: a count per graph from
 its branch structure, ``autoplace.grouping.auto_group_count``). The table gives each
 policy's best simulated step time, the best baseline's, their ratio, the lower bound and
-the training time. Writes ``bench/results/policies_<tag>.json`` and ``.md``.
+the training time. Writes ``policies.json`` and ``policies.md`` to ``--out``, by default a
+new run folder ``bench/results/<date>-cpux1-<tag>/``.
 
 The table can run as parts side by side (one process per core) and be merged:
 
-    python scripts/bench_policies.py --workloads gpt-tiny,gpt-small --tag a &
-    python scripts/bench_policies.py --workloads gnmt-2,gnmt-4 --tag b &
+    python scripts/bench/bench_policies.py --workloads gpt-tiny,gpt-small --out /tmp/a &
+    python scripts/bench/bench_policies.py --workloads gnmt-2,gnmt-4 --out /tmp/b &
     wait
-    python scripts/bench_policies.py --tag cpu-sim \\
-        --merge bench/results/policies_a.json,bench/results/policies_b.json
+    python scripts/bench/bench_policies.py --merge /tmp/a/policies.json,/tmp/b/policies.json
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 
 import torch
+from results import write_run
+from run_folder import output_folder
 
 from autoplace import planners, workloads
 from autoplace.capture import capture_workload
@@ -74,8 +76,9 @@ parser.add_argument("--seed", type=int, default=0, help="training seed")
 parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 parser.add_argument("--quick", action="store_true",
                     help="smoke test: gnmt-2 on h100x2, 3 updates")
-parser.add_argument("--out", default="bench/results", help="output folder")
-parser.add_argument("--tag", default=None, help="file name suffix (default: a timestamp)")
+parser.add_argument("--out", default=None,
+                    help="output folder (default: a new run folder under bench/results)")
+parser.add_argument("--tag", default="policies", help="the new run folder's tag (without --out)")
 parser.add_argument("--merge", default=None,
                     help="comma-separated JSON files of earlier runs (e.g. parts of the table "
                          "run side by side with --workloads): train nothing, write their rows "
@@ -174,9 +177,7 @@ for workload in names:
                       f"train {train_s:6.1f} s", flush=True)
 
 # ---------------------------------------------------------------- write results
-tag = args.tag or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-out = Path(args.out)
-out.mkdir(parents=True, exist_ok=True)
+out = output_folder(args.out, args.tag)
 meta = {"benchmark": "policies_vs_baselines", "backend": "sim (simulated step times)",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
@@ -195,7 +196,7 @@ def ms(x: float | None) -> str:
     return f"{x * 1e3:.3f}" if x is not None and math.isfinite(x) else "OOM"
 
 
-(out / f"policies_{tag}.json").write_text(json.dumps(strict_json({**meta, "rows": rows}),
+(out / "policies.json").write_text(json.dumps(strict_json({**meta, "rows": rows}),
                                                      indent=1, default=str, allow_nan=False))
 lines = [
     f"# Policies vs baselines (simulated), {meta['date']}", "",
@@ -222,12 +223,13 @@ lines += [
     "| policy | geomean ratio | faster | tie (within 0.1%) | slower | worst | train s (max) |",
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
 ]
+geomeans: dict[str, float] = {}
 for policy in args.policies.split(","):
     mine = [r for r in rows if r["policy"] == policy and r["ratio_to_best_baseline"]]
     if not mine:
         continue
     ratios = [r["ratio_to_best_baseline"] for r in mine]
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    geo = geomeans[policy] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
     lines.append(
         f"| {policy} | {geo:.3f} | {sum(x < 0.999 for x in ratios)} | "
         f"{sum(0.999 <= x <= 1.001 for x in ratios)} | {sum(x > 1.001 for x in ratios)} | "
@@ -246,5 +248,11 @@ for r in rows:
         f"{ms(r['best_baseline_step_time_s'])} | {f'{ratio:.3f}' if ratio else '-'} | "
         f"{r['ratio_to_lower_bound']:.2f} | {r['train_time_s']:.1f} | "
         f"{r.get('row_limit_s', args.row_limit_s):.0f} |")
-(out / f"policies_{tag}.md").write_text("\n".join(lines) + "\n")
-print(f"wrote {out / f'policies_{tag}.json'} and .md ({time.perf_counter() - started:.0f} s)")
+(out / "policies.md").write_text("\n".join(lines) + "\n")
+write_run(out, tag=args.tag, scenarios=[f"policies:{w}" for w in dict.fromkeys(
+              r["workload"] for r in rows)], kind="experiment",
+          script="scripts/bench/bench_policies.py",
+          summary=f"{', '.join(geomeans) or 'no'} policies against the heuristics on the "
+                  f"simulator, {len(rows)} rows: geometric-mean ratio "
+                  + (", ".join(f"{p} {g:.3f}" for p, g in geomeans.items()) or "-") + ".")
+print(f"wrote {out / 'policies.json'} and .md ({time.perf_counter() - started:.0f} s)")

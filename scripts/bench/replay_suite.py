@@ -1,11 +1,12 @@
 """Replay a stored benchmark suite on today's simulator: fidelity work without GPUs.
 
-    python scripts/replay_suite.py bench/results/2026-11-27-h200x2-s17-suite.json \\
-        --profiles bench/results/raw --tag s17
+    R=bench/results/2026-11-28-h200x2-suite-uncapped
+    python scripts/bench/replay_suite.py $R/suite.json --profiles $R/profiles
 
-A suite's JSON (``scripts/bench_plans.py``) holds every plan's measured step time and
-the links measured on its machine; ``bench/results/raw/<fingerprint>-<kind>-<tag>.profile.json``
-holds the per-op profiles it simulated with. This script captures each scenario's
+A suite's ``suite.json`` (``bench_plans.py``) holds every plan's measured step time and
+the links measured on its machine; its run folder's ``profiles/`` holds the per-op profiles
+it simulated with (the profile cache's layout, ``<fingerprint>-<kind>.json``; a folder of
+``<fingerprint>-<kind>-<tag>.profile.json`` files with ``--tag``). This script captures each scenario's
 workload on the meta device, applies the stored profile, rebuilds the cluster (the
 card's preset, the measured links, the scenario's memory cap), rebuilds every plan a
 deterministic planner made (the hand-written options, expert, hash, critical-path,
@@ -23,9 +24,7 @@ Several suites at once, each ``RESULTS.json:TAG`` (its profiles' tag), print one
 scenario and the totals over all of them, stored and now (a change to the simulator
 judged against every stored run):
 
-    python scripts/replay_suite.py --profiles bench/results/raw \
-        bench/results/2026-11-27-h200x2-s20b-suite.json:s20b \
-        bench/results/2026-11-27-h200x4-s21-suite.json:s21x4
+    python scripts/bench/replay_suite.py --profiles PROFILES A/suite.json:TAG_A B/suite.json:TAG_B
 
 ``--carried-calibration`` (several suites, in the order they ran) adds held-out fidelity as
 a user gets it: auto saves its calibration (:mod:`autoplace.search.calibration`) in the profile
@@ -54,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_plans as bp
 
 DETERMINISTIC = ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp")
 
@@ -95,17 +94,18 @@ def _profile_dir(profiles: str | None, tag: str | None) -> str | None:
     return tmp
 
 
-def rebuild_plans(name: str, cluster, profiles: str | None, kind: str):
+def rebuild_plans(name: str, cluster, profiles: str | None, kind: str,
+                  hf_module: str | None = None):
     """Scenario ``name``'s workload captured on the meta device with the stored profile
     applied, and every plan the suite's deterministic planners made for it on ``cluster``
-    (the scenario's memory cap already applied): ``(graph, profiled, {planner: plan})``."""
-    import bench_plans as bp
-
+    (the scenario's memory cap already applied): ``(graph, profiled, {planner: plan})``.
+    ``hf_module``: the module of the ``hf-*`` scenarios' models (``bench_plans.py``'s
+    ``--hf-module``)."""
     from autoplace import planners, workloads
     from autoplace.capture import capture_workload
     from autoplace.costs.profile import apply_cached
 
-    sc = bp.SCENARIOS[name]
+    sc = bp.scenario(name, hf_module)
     meta = workloads.get(sc["model"], device="meta", **sc["options"])
     graph = capture_workload(meta)
     profiled = bool(profiles) and bool(apply_cached(graph, profiles, [kind]))
@@ -136,7 +136,7 @@ def calibration_tags(tag: str | None, num_devices: int) -> list[str]:
 def carried_calibration(folder: str | Path | None, graph, cluster, earlier: list[list[str]],
                         own: list[str]):
     """``(Calibration, tag)``: the calibration of ``graph`` on ``cluster`` in ``folder``
-    (bench/results/raw's layout, ``<calibration_path's name less .calibration.json>-<tag>
+    (a folder of ``<calibration_path's name less .calibration.json>-<tag>
     .calibration.json``) saved by the last suite of ``earlier`` (each suite's
     :func:`calibration_tags`, in command-line order) that has a usable one, never one of
     ``own`` tags; None without one (or without a folder). Read by ``Calibration.load`` from a
@@ -171,12 +171,11 @@ CarriedLookup = Callable[[Any, Any], Any]
 
 
 def replay(result: dict[str, Any], profiles: str | None,
-           carried: CarriedLookup | None = None) -> list[dict[str, Any]]:
+           carried: CarriedLookup | None = None,
+           hf_module: str | None = None) -> list[dict[str, Any]]:
     """Every rebuilt plan of every scenario with its stored, current and measured times;
     with ``carried`` also each plan's time corrected by the scenario's carried calibration
     (``sim_carried_s``, None without one) and the calibration's tag (``carried_from``)."""
-    import bench_plans as bp
-
     from autoplace.sim import simulate
 
     kind = base_cluster(result).devices[0].kind
@@ -185,8 +184,11 @@ def replay(result: dict[str, Any], profiles: str | None,
         if rec["name"] not in bp.SCENARIOS:
             print(f"{rec['name']}: not a scenario of bench_plans.py, skipped")
             continue
+        if bp.SCENARIOS[rec["name"]]["model"].startswith(bp.HF) and not hf_module:
+            print(f"{rec['name']}: a Hugging Face model, skipped (pass --hf-module)")
+            continue
         cl = scenario_cluster(result, rec)
-        graph, profiled, plans = rebuild_plans(rec["name"], cl, profiles, kind)
+        graph, profiled, plans = rebuild_plans(rec["name"], cl, profiles, kind, hf_module)
         found = carried(graph, cl) if carried is not None else None
         rows = []
         for r in rec["plans"]:
@@ -249,12 +251,14 @@ def fidelity(rows: list[dict[str, Any]], carried: bool = False) -> dict[str, Any
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", nargs="+",
-                    help="a suite's JSON from scripts/bench_plans.py; several as JSON:TAG "
+                    help="a suite's JSON from bench_plans.py; several as JSON:TAG "
                          "for a summary over all of them")
     ap.add_argument("--profiles", default=None,
                     help="folder of per-op profiles (profile cache layout, or with --tag "
-                         "bench/results/raw's *-TAG.profile.json); default: analytic costs")
-    ap.add_argument("--tag", default=None, help="the profiles' tag in bench/results/raw")
+                         "*-TAG.profile.json files); default: analytic costs")
+    ap.add_argument("--tag", default=None, help="the profiles' tag (*-TAG.profile.json)")
+    ap.add_argument("--hf-module", default=None, metavar="MODULE",
+                    help="module of the hf-* scenarios' model factories, as bench_plans.py's")
     ap.add_argument("--json", default=None, help="also write the replay here")
     ap.add_argument("--carried-calibration", action="store_true",
                     help="also each scenario's fidelity with the calibration (in --profiles) "
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     result = read_suite(path)
     if result is None:
         return 2
-    out = _replay_with(result, args.profiles, tag)
+    out = _replay_with(result, args.profiles, tag, hf_module=args.hf_module)
 
     def ms(x):
         return f"{x * 1e3:8.2f}" if x else "       -"
@@ -303,10 +307,11 @@ def _path_tag(item: str, default: str | None) -> tuple[str, str | None]:
 
 
 def _replay_with(result: dict[str, Any], profiles: str | None, tag: str | None,
-                 carried: CarriedLookup | None = None) -> list[dict[str, Any]]:
+                 carried: CarriedLookup | None = None,
+                 hf_module: str | None = None) -> list[dict[str, Any]]:
     folder = _profile_dir(profiles, tag)
     try:
-        return replay(result, folder, carried)
+        return replay(result, folder, carried, hf_module)
     finally:
         if folder is not None and folder != profiles:
             shutil.rmtree(folder, ignore_errors=True)
@@ -325,7 +330,7 @@ def _summary(args: argparse.Namespace) -> int:
         carried = (functools.partial(carried_calibration, args.profiles, earlier=list(earlier),
                                      own=own)
                    if args.carried_calibration else None)
-        for sc in _replay_with(result, args.profiles, tag, carried):
+        for sc in _replay_with(result, args.profiles, tag, carried, args.hf_module):
             rows.append((Path(path).stem, sc))
         earlier.append(own)
 

@@ -1,7 +1,7 @@
 """Zero-shot placement: a GNN trained on a family of graphs places held-out graphs.
 
-    python scripts/bench_generalization.py                 # defaults below
-    python scripts/bench_generalization.py --quick         # smoke test
+    python scripts/bench/bench_generalization.py           # defaults below
+    python scripts/bench/bench_generalization.py --quick   # smoke test
 
 Training family: zoo workloads at several sizes (gpt-tiny, gnmt, branchy-mlp, rnnlm,
 resnet50 variants) plus ``random_dag`` graphs. Held out: other sizes of the same
@@ -10,7 +10,8 @@ each held-out graph the family policy places it without training (``place``: gre
 plus ``--samples`` sampled plans scored on the simulator, timed), and a policy trained
 on that graph alone (``--dedicated-policy``, ``--graph-budget``) gives the reference.
 Goal: zero-shot within 10% of the dedicated policy (simulated step time), in under a
-second per graph. Writes ``bench/results/generalization_<tag>.json`` and ``.md``.
+second per graph. Writes ``generalization.json`` and ``.md`` to ``--out``, by default a new
+run folder ``bench/results/<date>-cpux1-<tag>/``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 
 import torch
+from results import write_run
+from run_folder import output_folder
 
 from autoplace import planners, workloads
 from autoplace.capture import capture_workload
@@ -48,8 +51,10 @@ parser.add_argument("--batch-size", type=int, default=16, help="episodes per upd
 parser.add_argument("--seed", type=int, default=0, help="training seed")
 parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 parser.add_argument("--quick", action="store_true", help="smoke test: tiny budgets")
-parser.add_argument("--out", default="bench/results", help="output folder")
-parser.add_argument("--tag", default=None, help="file name suffix (default: a timestamp)")
+parser.add_argument("--out", default=None,
+                    help="output folder (default: a new run folder under bench/results)")
+parser.add_argument("--tag", default="generalization",
+                    help="the new run folder's tag (without --out)")
 args = parser.parse_args()
 if args.quick:
     args.family_budget, args.graph_budget, args.samples = "4", "2", 4
@@ -133,16 +138,14 @@ for label, graph in held:
           f"ratio {ratio:.3f}  best baseline {min(base.values()) * 1e3:.3f} ms", flush=True)
 
 # ---------------------------------------------------------------- write results
-tag = args.tag or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-out = Path(args.out)
-out.mkdir(parents=True, exist_ok=True)
+out = output_folder(args.out, args.tag)
 meta = {"benchmark": "gnn_zero_shot_generalization", "backend": "sim (simulated step times)",
         "cluster": args.cluster, "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.processor() or platform.machine()}, {args.threads} torch threads",
         "torch": torch.__version__, "args": vars(args), "family_train_s": family_train_s,
         "family": [f[0] for f in FAMILY + FAMILY_DAGS], "total_time_s":
         time.perf_counter() - started}
-(out / f"generalization_{tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1,
+(out / "generalization.json").write_text(json.dumps({**meta, "rows": rows}, indent=1,
                                                            default=str))
 lines = [
     f"# GNN zero-shot placement on held-out graphs ({args.cluster}, simulated), {meta['date']}",
@@ -160,5 +163,10 @@ for r in rows:
                  f"{r['ratio_zero_shot_to_dedicated']:.3f} | "
                  f"{'yes' if r['within_10pct'] else 'no'} | "
                  f"{min(r['baselines'].values()) * 1e3:.3f} |")
-(out / f"generalization_{tag}.md").write_text("\n".join(lines) + "\n")
-print(f"wrote {out / f'generalization_{tag}.json'} and .md ({time.perf_counter() - started:.0f} s)")
+(out / "generalization.md").write_text("\n".join(lines) + "\n")
+within = sum(bool(r["within_10pct"]) for r in rows)
+write_run(out, tag=args.tag, scenarios=["generalization:zero-shot"], kind="experiment",
+          script="scripts/bench/bench_generalization.py",
+          summary=f"GNN policy zero-shot on {len(rows)} held-out graphs: {within} within 10% "
+                  "of a policy trained on that graph.")
+print(f"wrote {out / 'generalization.json'} and .md ({time.perf_counter() - started:.0f} s)")

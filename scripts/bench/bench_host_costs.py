@@ -1,7 +1,7 @@
 """Host costs of data parallelism, measured on one GPU: DDP and FSDP2 over a group of one.
 
-    python scripts/bench_host_costs.py --out host.json            # on a GPU machine
-    python scripts/bench_host_costs.py --cpu --scenarios tiny --synthetic 4x1 --out h.json
+    python scripts/bench/bench_host_costs.py                      # on a GPU machine
+    python scripts/bench/bench_host_costs.py --cpu --scenarios tiny --synthetic 4x1 --out /tmp/h
 
 The simulator charges DDP's and FSDP2's own work per parameter tensor (``Device.
 ddp_param_host_s``, ``shard_param_host_s``: constants fitted on 2-GPU suites). That work
@@ -11,7 +11,8 @@ every model is trained plain, under DDP and under FSDP2 (by blocks, as the execu
 it) and ZeRO-2, in one process group of one rank, built by the executor's own code
 (``build_local``, ``wrap_data_parallel``), and the step times are compared.
 
-Two kinds of model: the suite's scenarios (``scripts/bench_plans.py``) at the batch one
+Two kinds of model: the suite's scenarios (``bench_plans.py``; the ``hf-*`` ones with
+``--hf-module``) at the batch one
 replica of a 2-GPU data-parallel plan trains (half the scenario's), and synthetic stacks
 of ``B`` blocks of ``L`` tiny linear layers (``--synthetic BxL,...``: 2 B L parameter
 tensors, ``B`` FSDP2 units) whose steps are host-bound, so that the extra step time of a
@@ -20,6 +21,8 @@ mode is its host work: a fit over them gives the per-tensor and per-unit cost.
 Per model and mode the JSON holds the median step time (synchronised), the median host
 time of a step (the wall time until ``optimizer.step()`` returns, before synchronising),
 parameter tensors, FSDP2 units, parameter bytes and the peak allocated and reserved memory.
+It is ``host-costs.json`` in ``--out``, by default a new run folder
+``bench/results/<date>-<card>x1-host-costs/`` (with ``env.json`` and ``run.json``).
 """
 
 from __future__ import annotations
@@ -32,15 +35,15 @@ import statistics
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+import bench_plans as bp
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from results import write_run
+from run_folder import output_folder
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODES = ("plain", "ddp", "fsdp", "zero2")
 
@@ -72,12 +75,10 @@ def synthetic(blocks: int, layers: int, seed: int = 0):
                     make_batch=make_batch, loss_fn=F.mse_loss, batch_size=8)
 
 
-def scenario(name: str, seed: int = 0):
-    import bench_plans as bp
-
+def scenario(name: str, seed: int = 0, hf_module: str | None = None):
     from autoplace import workloads
 
-    sc = bp.SCENARIOS[name]
+    sc = bp.scenario(name, hf_module)
     wl = workloads.get(sc["model"], seed=seed, **sc["options"])
     return replace(wl, batch_size=max(1, wl.batch_size // 2))  # one replica of dp=2
 
@@ -95,17 +96,17 @@ def fsdp_units(model: nn.Module) -> int:
 
 def measure(make, mode: str, dev: torch.device, steps: int, warmup: int) -> dict[str, Any]:
     """Train a fresh workload under ``mode`` for ``warmup + steps`` steps in this process."""
-    from autoplace.executor.build import _issue_order, _param_dtype
     from autoplace.executor.data import wrap_data_parallel
     from autoplace.executor.local import build_local
     from autoplace.executor.runner import _autocast, _optimizer, capture_graph, global_batch
+    from autoplace.lowering import ROOT_UNIT, fsdp_unit_keys, gather_dtype, issue_order
     from autoplace.plan import Plan
 
     wl = make()
     graph = capture_graph(wl)
     plan = Plan.from_groups(graph, {op: 0 for op in graph.order}, [0])
     program = build_local(graph.module, plan, [dev], wl.loss_fn,
-                          order=_issue_order(graph, plan), graphs=False)
+                          order=issue_order(graph, plan), graphs=False)
     model: nn.Module = program
     if mode != "plain":
         mesh = None
@@ -113,9 +114,13 @@ def measure(make, mode: str, dev: torch.device, steps: int, warmup: int) -> dict
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh(dev.type, (1,))
-        model = wrap_data_parallel(program, wl.model, "none" if mode == "ddp" else mode,
+        # FSDP2's units as the executor shards them: by blocks, the root takes the rest
+        keys = dict(zip(graph.order, fsdp_unit_keys(graph, "blocks")))
+        units = {op.target: keys[op.name] for op in graph.ops if keys[op.name] != ROOT_UNIT}
+        dtype = gather_dtype(graph, dev.type)
+        model = wrap_data_parallel(program, units, "none" if mode == "ddp" else mode,
                                    mesh=mesh, device=dev,
-                                   param_dtype=_param_dtype(wl, dev, graph))
+                                   param_dtype=getattr(torch, dtype) if dtype else None)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _optimizer(params, wl, dev)
     cuda = dev.type == "cuda"
@@ -180,10 +185,27 @@ def fit(rows: list[dict[str, Any]], mode: str) -> dict[str, float] | None:
             "const_s": float(coef[2])}
 
 
+def fits_summary(fits: dict[str, Any]) -> str:
+    """One line of the fitted host costs per mode, for ``run.json``."""
+    def us(x):
+        return "-" if x is None else f"{x * 1e6:.0f} us"
+
+    parts = []
+    for mode, f in fits.items():
+        if f and f.get("per_tensor_s") is not None:
+            unit = f" + {us(f['per_unit_s'])} per unit" if "per_unit_s" in f else ""
+            parts.append(f"{mode} {us(f['per_tensor_s'])} per tensor{unit}")
+    return ("Host work of data parallelism in a group of one: " + "; ".join(parts) + "."
+            if parts else "Host work of data parallelism in a group of one: no fit.")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scenarios", default="branchy-mlp,inception,gnmt4-capped,hf-gpt2,hf-bert,"
-                                           "hf-t5,gpt1b")
+    ap.add_argument("--scenarios", default=None,
+                    help="bench_plans.py scenarios (default: branchy-mlp, inception, "
+                         "gnmt4-capped, gpt1b, and with --hf-module hf-gpt2, hf-bert, hf-t5)")
+    ap.add_argument("--hf-module", default=None, metavar="MODULE",
+                    help="module of the hf-* scenarios' model factories, as bench_plans.py's")
     ap.add_argument("--synthetic", default="4x1,4x8,16x1,16x4,32x1,32x4",
                     help="BxL stacks (B blocks of L linear layers); '' for none")
     ap.add_argument("--modes", default=",".join(MODES))
@@ -191,8 +213,16 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--deadline-s", type=float, default=420)
     ap.add_argument("--cpu", action="store_true", help="CPU and gloo (a smoke test)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None,
+                    help="folder for host-costs.json (default: a new run folder under "
+                         "bench/results)")
     args = ap.parse_args()
+    if args.scenarios is None:
+        args.scenarios = ",".join(["branchy-mlp", "inception", "gnmt4-capped", "gpt1b"]
+                                  + (["hf-gpt2", "hf-bert", "hf-t5"] if args.hf_module else []))
+    names = [s for s in args.scenarios.split(",") if s]
+    for name in names:
+        bp.scenario(name, args.hf_module)  # an unknown or unresolvable name stops here
     t_start = time.perf_counter()
     cuda = torch.cuda.is_available() and not args.cpu
     dev = torch.device("cuda:0" if cuda else "cpu")
@@ -208,10 +238,13 @@ def main() -> int:
     for spec in [s for s in args.synthetic.split(",") if s]:
         b, layers = (int(x) for x in spec.split("x"))
         jobs.append((f"stack-{b}x{layers}", lambda b=b, layers=layers: synthetic(b, layers)))
-    for name in [s for s in args.scenarios.split(",") if s]:
-        jobs.append((name, lambda name=name: scenario(name)))
+    for name in names:
+        jobs.append((name, lambda name=name: scenario(name, hf_module=args.hf_module)))
+    card = torch.cuda.get_device_name(dev) if cuda else "cpu"
+    folder = output_folder(args.out, "host-costs", card=card, gpus=1)
+    path = folder / "host-costs.json"
     out: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+        "device": card,
         "torch_version": torch.__version__, "steps": args.steps, "warmup": args.warmup,
         "models": []}
     for name, make in jobs:
@@ -236,10 +269,12 @@ def main() -> int:
                   f"{r['host_s'] * 1e3:.2f} ms, {r['param_tensors']} tensors, "
                   f"{r['fsdp_units']} units, {time.perf_counter() - t_start:.0f} s", flush=True)
         out["models"].append(rec)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        path.write_text(json.dumps(out, indent=1))
     out["fits"] = {m: fit(out["models"], m) for m in modes if m != "plain"}
     print("fits over the synthetic stacks:", json.dumps(out["fits"], indent=1), flush=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    path.write_text(json.dumps(out, indent=1))
+    write_run(folder, tag="host-costs", scenarios=["host:ddp-fsdp"], kind="experiment",
+              script="scripts/bench/bench_host_costs.py", summary=fits_summary(out["fits"]))
     dist.destroy_process_group()
     return 0
 

@@ -15,14 +15,14 @@ order:
   True / False, written by hand.
 
 ``--trace DIR`` then runs each variant once more under ``torch.profiler`` (Chrome traces
-``DIR/<variant>/trace-rank<R>.json``; summarise them with ``scripts/trace_summary.py``).
+``DIR/<variant>/trace-rank<R>.json``; summarise them with ``autoplace trace-summary``).
 
 Same data (``torch.manual_seed(seed + step)``), AdamW (fused), bf16 autocast.
 Step time = median over >= 20 steps after warm-up per job; the spread is the
-min..max of the per-job medians. JSON to ``--out`` (default
-``bench/results/<date>-<card>-executor.json``).
+min..max of the per-job medians. ``executor.json`` to ``--out``, by default a new run
+folder ``bench/results/<date>-<card>x2-executor/`` (with ``env.json`` and ``run.json``).
 
-    python scripts/bench_executor.py --steps 25 --warmup 5 --rounds 2
+    python scripts/bench/bench_executor.py --steps 25 --warmup 5 --rounds 2
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 
 import torch
+from results import write_run
+from run_folder import output_folder
 
 WORKLOAD = "gpt-1b"
 MICROBATCHES = 8
@@ -133,7 +135,7 @@ def _native(kind: str, steps: int, warmup: int, seed: int, out: str,
         x, y = x[0].to(dev), y.to(dev)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        # the span scripts/trace_summary.py cuts a trace's steps by
+        # the span autoplace trace-summary cuts a trace's steps by
         span = torch.profiler.record_function(f"autoplace step {step}") if prof else None
         if span is not None:
             span.__enter__()
@@ -198,7 +200,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps per job")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions")
     ap.add_argument("--seed", type=int, default=0, help="data seed")
-    ap.add_argument("--out", default=None, help="result JSON path")
+    ap.add_argument("--out", default=None,
+                    help="folder for executor.json (default: a new run folder under "
+                         "bench/results)")
     ap.add_argument("--modes", default="ddp,pp,fsdp,zero2",
                     help="comma-separated: ddp, pp, fsdp, zero2")
     ap.add_argument("--trace", default=None,
@@ -222,6 +226,7 @@ def main() -> None:
     from autoplace.plan import ParallelConfig, Plan
 
     card = torch.cuda.get_device_name(0)
+    folder = output_folder(a.out, "executor", card=card, gpus=2)
     cluster = Cluster.detect().subset([0, 1])
     real = workloads.get(WORKLOAD)
     graph = capture_graph(real)
@@ -257,8 +262,8 @@ def main() -> None:
             runs[name].append(res)
             print(f"round {rnd} {name}: {res['median_step_s'] * 1e3:.1f} ms "
                   f"(job {res['job_wall_s']:.0f} s)", flush=True)
-            _write(a, card, real.batch_size, runs, t_start, partial=True)
-    _write(a, card, real.batch_size, runs, t_start, partial=False)
+            _write(a, folder, card, real.batch_size, runs, t_start, partial=True)
+    _write(a, folder, card, real.batch_size, runs, t_start, partial=False)
     if a.trace:
         for name in runs:
             where = str(Path(a.trace) / name)
@@ -273,7 +278,8 @@ def main() -> None:
             print(f"traced {name}: {where}", flush=True)
 
 
-def _write(a, card: str, batch: int, runs: dict, t_start: float, partial: bool) -> None:
+def _write(a, folder: Path, card: str, batch: int, runs: dict, t_start: float,
+           partial: bool) -> None:
     """Summarise the jobs done so far and write the JSON (rewritten after every job)."""
     summary = {}
     for name, rs in runs.items():
@@ -301,12 +307,17 @@ def _write(a, card: str, batch: int, runs: dict, t_start: float, partial: bool) 
         "rounds": a.rounds, "microbatches_pp": MICROBATCHES, "global_batch": batch,
         "wall_s": time.time() - t_start, "partial": partial, "results": summary,
     }
-    out = Path(a.out or f"bench/results/{result['date']}-"
-               f"{card.lower().replace(' ', '-')}-executor.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = folder / "executor.json"
     out.write_text(json.dumps(result, indent=1))
     if partial:
         return
+    ratios = {m: summary[f"autoplace-{m}"]["throughput_vs_native"] for m in MODES
+              if "throughput_vs_native" in summary.get(f"autoplace-{m}", {})}
+    write_run(folder, tag="executor", scenarios=[f"executor:{m}" for m in ratios],
+              kind="experiment", script="scripts/bench/bench_executor.py",
+              summary=f"{WORKLOAD}: the executor's " + ", ".join(ratios) + " against the same "
+                      "written by hand (" + ", ".join(f"{r:.3f}x" for r in ratios.values())
+                      + " the hand-written throughput).")
     for mode in MODES:
         if "throughput_vs_native" not in summary.get(f"autoplace-{mode}", {}):
             continue

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Trace hand-written plans on the GPUs present (torch.profiler, one Chrome trace per
-# rank) and summarise where each step went: scripts/trace_summary.py per plan.
-#   scripts/trace_plans.sh OUT_DIR [cluster preset]
+# rank) and summarise where each step went: autoplace trace-summary per plan.
+#   scripts/bench/trace_plans.sh OUT_DIR [cluster preset]
 # Plans: gpt-1b DDP / ZeRO-2 / FSDP2 (and FSDP2 under a 16 GB cap), branchy-mlp DDP /
 # FSDP2, inception-v3 single and annealed placement.
 set -u
-out=${1:?usage: scripts/trace_plans.sh OUT_DIR [cluster]}
+out=${1:?usage: scripts/bench/trace_plans.sh OUT_DIR [cluster]}
 cluster=${2:-h200x2}
 mkdir -p "$out"
 plan() {  # name model planner [extra plan args]
@@ -18,7 +18,7 @@ trace() {  # name [run args]
     echo "== $name"
     timeout 170 autoplace run "$out/$name.json" --steps 8 --warmup 3 --no-reference \
         --trace "$out/tr-$name" "$@" 2>&1 | grep -v "Warning\|warn(" | tail -3
-    python3 scripts/trace_summary.py "$out/tr-$name"/trace-rank*.json --top 10 \
+    autoplace trace-summary "$out/tr-$name"/trace-rank*.json --top 10 \
         > "$out/sum-$name.txt" 2>&1
     head -c 3000 "$out/sum-$name.txt"
 }

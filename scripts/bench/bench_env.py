@@ -1,12 +1,13 @@
 """Env throughput: PlacementEnv steps per second, sim backend and (with GPUs) real backend.
 
-    python scripts/bench_env.py --ops 1000 --steps 500 --save
+    python scripts/bench/bench_env.py --ops 1000 --steps 500 --save
 
 Sim: ``random_dag(--ops)`` on ``cpu-x2`` (``--max-groups`` groups), uniformly random
 actions, the plan cache off (a policy rarely repeats a plan), oneshot and
 incremental mode. Real (only when at least 2 CUDA GPUs are visible): ``gpt-small``
 on the first two GPUs, oneshot, ``--real-steps`` env steps, each measuring
-``--measure-steps`` training steps. With ``--save`` writes JSON to bench/results/.
+``--measure-steps`` training steps. With ``--save`` writes ``env-steps.json`` to a new run
+folder ``bench/results/<date>-<card>x<n>-env-steps/`` (or to ``--out``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import datetime
 import json
 import platform
 import time
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
+from results import write_run
+from run_folder import output_folder
 
 import autoplace.envs  # noqa: F401  (registers the id)
 from autoplace.cluster import Cluster
@@ -34,7 +36,9 @@ parser.add_argument("--real-steps", type=int, default=10, help="env steps timed 
 parser.add_argument("--measure-steps", type=int, default=5,
                     help="training steps per real measurement (2 of them warm-up)")
 parser.add_argument("--seed", type=int, default=0, help="seed of the graph and the actions")
-parser.add_argument("--save", action="store_true", help="write JSON to bench/results/")
+parser.add_argument("--save", action="store_true",
+                    help="write env-steps.json to a new run folder under bench/results")
+parser.add_argument("--out", default=None, help="write env-steps.json to this folder")
 args = parser.parse_args()
 
 
@@ -86,9 +90,17 @@ if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
 else:
     print("real: skipped (needs 2 CUDA GPUs)")
 
-if args.save:
-    out = Path(__file__).resolve().parent.parent / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"env_steps_{datetime.date.today().isoformat()}.json"
+if args.save or args.out:
+    real = results.get("real")
+    folder = output_folder(args.out, "env-steps", card=real["gpu"] if real else "cpu",
+                           gpus=2 if real else 1)
+    path = folder / "env-steps.json"
     path.write_text(json.dumps(results, indent=1))
+    sim = results["sim"]
+    write_run(folder, tag="env-steps", scenarios=[f"env:{args.ops}ops"], kind="experiment",
+              script="scripts/bench/bench_env.py",
+              summary=f"PlacementEnv on random_dag({args.ops}): "
+                      f"{sim['oneshot']['steps_per_s']:,.0f} steps/s oneshot, "
+                      f"{sim['incremental']['steps_per_s']:,.0f} incremental (simulator)"
+                      + (f", {real['steps_per_s']:.2f} on 2 GPUs." if real else "."))
     print(f"wrote {path}")

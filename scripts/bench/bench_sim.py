@@ -1,12 +1,12 @@
 """Simulator throughput: plans per second, scalar vs vectorised, on a random DAG.
 
-    python scripts/bench_sim.py --ops 1000 --devices 2 --plans 1000 --save
+    python scripts/bench/bench_sim.py --ops 1000 --devices 2 --plans 1000 --save
 
 Random placements of a fixed grouping (what an RL policy samples), simulated with
 :func:`autoplace.sim.simulate_batch` and, on a subset, :func:`autoplace.sim.simulate`;
 checks that both agree. Plans/s are per CPU second of this
-process (one core; numpy single-threaded); with ``--save`` writes JSON to
-bench/results/.
+process (one core; numpy single-threaded); with ``--save`` writes ``sim-throughput.json``
+to a new run folder ``bench/results/<date>-cpux1-sim-throughput/`` (or to ``--out``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import os
 import platform
 import random
 import time
-from pathlib import Path
 
 import numpy as np
+from results import write_run
+from run_folder import output_folder
 
 from autoplace.cluster import preset
 from autoplace.graph import random_dag
@@ -38,7 +39,9 @@ parser.add_argument("--data", type=int, default=1, help="data-parallel degree of
 parser.add_argument("--scalar-plans", type=int, default=50, help="plans timed on the scalar path")
 parser.add_argument("--repeats", type=int, default=3, help="batch timings (the best is kept)")
 parser.add_argument("--seed", type=int, default=0, help="seed of the graph and the plans")
-parser.add_argument("--save", action="store_true", help="write JSON to bench/results/")
+parser.add_argument("--save", action="store_true",
+                    help="write sim-throughput.json to a new run folder under bench/results")
+parser.add_argument("--out", default=None, help="write sim-throughput.json to this folder")
 args = parser.parse_args()
 
 random.seed(args.seed)
@@ -90,9 +93,13 @@ print(f"batch : {row['batch_plans_per_s']:9.0f} plans/s CPU, "
       f"{row['batch_plans_per_wall_s']:.0f} wall  ({args.plans} plans, {args.ops} ops, "
       f"{args.devices} devices, {num_groups} groups, mb={args.microbatches}, dp={args.data})")
 print(f"scalar: {row['scalar_plans_per_s']:9.0f} plans/s CPU  (max rel diff to batch {max_rel_diff:.1e})")
-if args.save:
-    out = Path("bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"sim_throughput_{args.ops}ops_{args.devices}dev_mb{args.microbatches}.json"
+if args.save or args.out:
+    folder = output_folder(args.out, "sim-throughput")
+    path = folder / "sim-throughput.json"
     path.write_text(json.dumps(row, indent=1))
+    write_run(folder, tag="sim-throughput", scenarios=[f"sim:{args.ops}ops-{args.devices}dev"],
+              kind="experiment", script="scripts/bench/bench_sim.py",
+              summary=f"Simulator speed, {args.ops}-op graph on {args.devices} devices: "
+                      f"{row['batch_plans_per_s']:,.0f} plans per CPU-second batched, "
+                      f"{row['scalar_plans_per_s']:,.0f} one at a time.")
     print(f"wrote {path}")

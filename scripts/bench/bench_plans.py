@@ -1,7 +1,8 @@
 """Every plan of every scenario executed for real, side by side, in one run on one machine.
 
-    python scripts/bench_plans.py --out bench/results/                  # GPUs present
-    python scripts/bench_plans.py --cpu --scenarios tiny --out /tmp/b   # CPU smoke run
+    python scripts/bench/bench_plans.py                                     # GPUs present
+    python scripts/bench/bench_plans.py --cpu --scenarios tiny --out /tmp/b # CPU smoke run
+    python scripts/bench/bench_plans.py --scenarios hf-gpt2 --hf-module mymodels
 
 This process drives: it profiles and plans, and hands every plan to torchrun jobs it
 keeps alive between runs (:class:`autoplace.executor.pool.PlanPool`: a one-process job
@@ -34,6 +35,12 @@ For each scenario (workload x devices x memory cap):
 4. results: JSON (card, driver, torch version, date, scenarios with plans, ratios,
    simulator error and Kendall tau, wall time per scenario) and a markdown table,
    written after every measurement so a cut-off run keeps what it measured.
+
+Results go to ``--out`` (``suite.json``, ``suite.md``, ``suite.png``), by default a new
+run folder ``bench/results/<date>-<card>x<n>-<tag>/`` with its ``env.json`` and ``run.json``
+(``results.py``). The ``hf-*`` scenarios train Hugging Face models a user brings: their
+workloads are ``MODULE:<factory>`` with ``--hf-module MODULE`` (for example
+``tests.helpers.hf_models`` with the repository root on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -51,12 +58,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results import write_run
+from run_folder import output_folder
 
 from autoplace.planners.manual import halves_name, hand_written
 
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
 MANUAL = ("single", *(halves_name(n) for n in (2, 3, 4, 8)), "ddp", "fsdp", "pipeline-gpipe",
           "pipeline-1f1b")
+
+HF = "{hf}:"  # the workload module of the hf-* scenarios: --hf-module
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     # the workload of shared/MEASURED.md
@@ -74,30 +85,30 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "branchy-mlp": dict(model="branchy-mlp", options=dict(in_dim=1024, hidden=2048, branches=8,
                                                           depth=4, num_classes=1000,
                                                           batch_size=1024), cap=None),
-    # Hugging Face models, unmodified (tests/hf_models.py, a user's module:factory; run with
-    # the repository root on PYTHONPATH): GPT-2 small, BERT-base, T5-small sizes, bf16 autocast
-    "hf-gpt2": dict(model="tests.helpers.hf_models:gpt2", options=dict(layers=12, hidden=768, heads=12,
+    # Hugging Face models, unmodified, from the module --hf-module names (HF below): GPT-2
+    # small, BERT-base, T5-small sizes, bf16 autocast
+    "hf-gpt2": dict(model=HF + "gpt2", options=dict(layers=12, hidden=768, heads=12,
                                                          vocab=50257, seq=512, batch_size=16,
                                                          lr=3e-4, autocast_dtype="bfloat16"),
                     cap=None),
-    "hf-bert": dict(model="tests.helpers.hf_models:bert", options=dict(layers=12, hidden=768, heads=12,
+    "hf-bert": dict(model=HF + "bert", options=dict(layers=12, hidden=768, heads=12,
                                                          vocab=30522, seq=256, batch_size=32,
                                                          lr=3e-4, autocast_dtype="bfloat16"),
                     cap=None),
-    "hf-t5": dict(model="tests.helpers.hf_models:t5", options=dict(layers=6, hidden=512, heads=8, vocab=32128,
+    "hf-t5": dict(model=HF + "t5", options=dict(layers=6, hidden=512, heads=8, vocab=32128,
                                                      seq=128, batch_size=32, lr=3e-4,
                                                      autocast_dtype="bfloat16"), cap=None),
-    # the sizes measured on one H200 in session 28 (scripts/device_bench.sh models)
-    "hf-llama": dict(model="tests.helpers.hf_models:llama", options=dict(layers=12, hidden=768, heads=12,
+    # the sizes device_bench.sh's models mode measures on one H200
+    "hf-llama": dict(model=HF + "llama", options=dict(layers=12, hidden=768, heads=12,
                                                            kv_heads=4, vocab=32000, seq=512,
                                                            batch_size=16, lr=3e-4,
                                                            autocast_dtype="bfloat16"), cap=None),
-    "hf-mixtral": dict(model="tests.helpers.hf_models:mixtral", options=dict(layers=8, hidden=512, heads=8,
+    "hf-mixtral": dict(model=HF + "mixtral", options=dict(layers=8, hidden=512, heads=8,
                                                                kv_heads=4, experts=8, vocab=32000,
                                                                seq=256, batch_size=16, lr=3e-4,
                                                                autocast_dtype="bfloat16"),
                        cap=None),
-    "hf-vit": dict(model="tests.helpers.hf_models:vit", options=dict(image=224, patch=16, layers=12, hidden=768,
+    "hf-vit": dict(model=HF + "vit", options=dict(image=224, patch=16, layers=12, hidden=768,
                                                        heads=12, classes=1000, batch_size=64,
                                                        lr=3e-4, autocast_dtype="bfloat16"),
                    cap=None),
@@ -105,11 +116,30 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "tiny": dict(model="gpt-tiny", options=dict(batch_size=8), cap=None),
     "tiny-mlp": dict(model="branchy-mlp", options=dict(batch_size=16), cap=None),
     "tiny-capped": dict(model="gpt-tiny", options=dict(batch_size=8), cap="auto"),
-    "tiny-hf": dict(model="tests.helpers.hf_models:t5", options=dict(batch_size=8), cap=None),
+    "tiny-hf": dict(model=HF + "t5", options=dict(batch_size=8), cap=None),
 }
 
 
-def parse_args() -> argparse.Namespace:
+def scenario(name: str, hf_module: str | None = None) -> dict[str, Any]:
+    """The scenario ``name`` with its workload resolved (``hf-*``: ``hf_module:<factory>``).
+
+    Raises:
+        SystemExit: for an unknown name (the message lists the names), or an ``hf-*``
+            scenario without ``hf_module``.
+    """
+    if name not in SCENARIOS:
+        raise SystemExit(f"unknown scenario {name!r}; valid: {', '.join(SCENARIOS)}")
+    sc = dict(SCENARIOS[name])
+    if sc["model"].startswith(HF):
+        if not hf_module:
+            raise SystemExit(f"scenario {name!r} trains a Hugging Face model: pass "
+                             "--hf-module MODULE, a module with the factories gpt2, bert, t5, "
+                             "llama, mixtral and vit (e.g. tests.helpers.hf_models)")
+        sc["model"] = f"{hf_module}:{sc['model'][len(HF):]}"
+    return sc
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", default="gpt1b-16GB,gpt1b,gnmt4-capped,branchy-mlp,inception")
     p.add_argument("--steps", type=int, default=10,
@@ -128,10 +158,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cpu", action="store_true", help="CPU devices, gloo (smoke test)")
     p.add_argument("--nproc", type=int, default=None,
                    help="devices to use (default: every GPU present; 2 on CPU)")
-    p.add_argument("--out", default="bench/results", help="folder for the JSON and markdown")
+    p.add_argument("--out", default=None,
+                   help="folder for suite.json / .md / .png (default: a new run folder under "
+                        "bench/results)")
+    p.add_argument("--tag", default="suite", help="the new run folder's tag (without --out)")
+    p.add_argument("--hf-module", default=None, metavar="MODULE",
+                   help="module of the hf-* scenarios' model factories (importable: on "
+                        "PYTHONPATH or in the working directory)")
     p.add_argument("--render", default=None, metavar="JSON",
                    help="only regenerate the markdown table of a results JSON")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def say(msg: str) -> None:
@@ -294,10 +330,10 @@ def tau_beyond_spread(rows: list[dict[str, Any]]) -> tuple[float | None, int]:
 def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                  out: dict[str, Any], save) -> None:
     from autoplace import planners, workloads
-    from autoplace.search.auto import auto_plan, signature
     from autoplace.capture import capture_workload
     from autoplace.cluster import parse_bytes, resolve
     from autoplace.executor.launch import short_error
+    from autoplace.search.auto import auto_plan, signature
     from autoplace.sim import lower_bound, simulate
 
     t_scenario = time.perf_counter()
@@ -596,12 +632,9 @@ def main() -> int:
         cluster = Cluster.detect()
         if args.nproc:
             cluster = cluster.subset(list(range(args.nproc)))
+    scenarios = {name: scenario(name, args.hf_module) for name in args.scenarios.split(",")}
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    h = Driver(cluster, log_dir=Path(CACHE) / "pool-logs")
-    t_start = time.perf_counter()
     if args.cpu:
         card, driver = "cpu", "-"
     else:
@@ -613,6 +646,10 @@ def main() -> int:
         except OSError:
             driver = "?"
     date = dt.date.today().isoformat()
+    folder = output_folder(args.out, args.tag, card=card, gpus=cluster.num_devices,
+                           driver=None if driver in ("-", "?") else driver)
+    h = Driver(cluster, log_dir=Path(CACHE) / "pool-logs")
+    t_start = time.perf_counter()
     out: dict[str, Any] = {"card": card, "driver": driver, "torch_version": torch.__version__,
                            "date": date, "num_devices": cluster.num_devices,
                            "steps": args.steps,
@@ -626,8 +663,7 @@ def main() -> int:
         out["links"] = {"alpha_s": h.cluster.alpha_s, "bandwidth": h.cluster.bandwidth,
                         "collective_alpha_s": h.cluster.collective_alpha_s,
                         "collective_bandwidth": h.cluster.collective_bandwidth}
-    slug = card.lower().replace("nvidia ", "").replace(" ", "-")
-    path = folder / f"{date}-{slug}x{cluster.num_devices}.json"
+    path = folder / "suite.json"
 
     def save() -> None:
         out["wall_s"] = time.perf_counter() - t_start
@@ -636,12 +672,12 @@ def main() -> int:
         path.with_suffix(".md").write_text(markdown(out))
 
     try:
-        for name in args.scenarios.split(","):
+        for name, sc in scenarios.items():
             if time.perf_counter() - t_start > args.deadline_s:
                 say(f"deadline reached before {name}")
                 break
             try:
-                run_scenario(name, SCENARIOS[name], args, h, t_start, out, save)
+                run_scenario(name, sc, args, h, t_start, out, save)
             except Exception as e:  # noqa: BLE001 - keep the other scenarios
                 import traceback
 
@@ -652,6 +688,11 @@ def main() -> int:
         h.close()
         save()
         path.with_suffix(".md").write_text(markdown(out, draw(out, path)))
+        done = [sc["name"] for sc in out["scenarios"]]
+        write_run(folder, tag=args.tag, scenarios=done, kind="suite",
+                  script="scripts/bench/bench_plans.py",
+                  summary=f"{len(done)} scenarios on {cluster.num_devices}x {card}: every "
+                          "hand-written option and planner's plan, measured and simulated.")
         say(f"wrote {path}, {path.with_suffix('.md')} and {path.with_suffix('.png')}")
         print(path.with_suffix(".md").read_text())
     return 0
