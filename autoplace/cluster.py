@@ -426,8 +426,8 @@ GPU_HOST_DISPATCH_S = 30e-6
 #: FSDP2's per-parameter work per all-gather / reduce-scatter, which the device waits for.
 #: Per copy between two GPUs of one process (``Tensor.to`` forward, its gradient's copy back
 #: in backward), fitted on the one-process placements of four stored suites (2x and 4x H200,
-#: sessions 20-21: median simulator error 6.5% -> 5.8%, with autograd's ready-queue order)
-#: and checked on three earlier ones (sessions 18-19: 8.2% -> 5.7%); inception-v3's searched
+#: runs 20-21: median simulator error 6.5% -> 5.8%, with autograd's ready-queue order)
+#: and checked on three earlier ones (runs 18-19: 8.2% -> 5.7%); inception-v3's searched
 #: placements, 37-80 copies a step, had simulated 30-45% fast.
 GPU_COPY_HOST_S = 0.2e-3
 GPU_HOST_PARAM = dict(ddp_param_host_s=0.15e-3, shard_param_host_s=0.13e-3,

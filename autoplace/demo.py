@@ -8,11 +8,12 @@ one table, plus a Gantt chart of the best plan and a bar chart, under ``out``.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from autoplace.files import write_json_atomic
 
 __all__ = ["run_demo", "DEFAULT_PLANNERS"]
 
@@ -52,12 +53,12 @@ def run_demo(
             simulated first; ``single`` always).
     """
     from autoplace import viz, workloads
-    from autoplace.search.auto import signature
     from autoplace.capture import capture_workload
     from autoplace.cluster import resolve
-    from autoplace.search.compare import compare, format_table
     from autoplace.executor.launch import run_plan
     from autoplace.policies import train
+    from autoplace.search.auto import signature
+    from autoplace.search.compare import compare, format_table
     from autoplace.sim import simulate
 
     out = Path(out_dir)
@@ -119,7 +120,7 @@ def run_demo(
                  default=None)
     for r in rows:
         s, m = r.get("sim_step_time_s"), r.get("measured_step_time_s")
-        r["ratio_to_best"] = s / best_s if s and best_s else None
+        r["ratio_to_best"] = s / best_s if s and best_s and not r.get("oom") else None
         r["measured_ratio_to_best"] = m / best_m if m and best_m else None
     rows.sort(key=lambda r: (r.get("error") is not None, bool(r.get("oom")),
                              r.get("sim_step_time_s") or 0.0))
@@ -133,14 +134,15 @@ def run_demo(
         elif r.get("max_loss_rel_diff") is not None:
             print(f"  {r['planner']}: loss vs unpartitioned reference, max relative diff "
                   f"{r['max_loss_rel_diff']:.2e}")
-    (out / "compare.json").write_text(json.dumps(
-        [{k: v for k, v in r.items() if k != "plan"} for r in rows], indent=1, default=str))
+    write_json_atomic(out / "compare.json", [{k: v for k, v in r.items() if k != "plan"}
+                                             for r in rows], default=str)
     best = next((r for r in rows if r["plan"] is not None and not r["oom"]), None)
     if best is not None:
         best["plan"].save(out / "best_plan.json")
         tl = simulate(graph, best["plan"], cluster, timeline=True)
         viz.gantt(tl.timeline, out / "gantt.png",
                   title=f"{best['planner']}: {tl.step_time_s * 1e3:.2f} ms simulated")
-    viz.bar_chart(rows, out / "compare.png", title=f"{wl.name} on {cluster.name}")
+    viz.bar_chart(rows, out / "compare.png", value="sim_step_time_s", scale=1e3,
+                  ylabel="simulated step (ms)", title=f"{wl.name} on {cluster.name}")
     print(f"\nplans, reports and plots in {out}/ ({time.perf_counter() - t_start:.0f} s)")
     return rows

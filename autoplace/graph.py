@@ -302,9 +302,19 @@ class OpGraph:
     def from_json(cls, data: dict[str, Any]) -> OpGraph:
         if not isinstance(data, dict) or data.get("format") != GRAPH_FORMAT:
             raise AutoplaceError(f"not an OpGraph file: expected \"format\": \"{GRAPH_FORMAT}\"")
-        nodes = [OpNode.from_dict(d) for d in data["nodes"]]
-        edges = [(str(u), str(v), int(b)) for u, v, b in data["edges"]]
-        graph = cls(str(data["name"]), nodes, edges)
+        if not isinstance(data.get("nodes"), list) or not all(
+                isinstance(d, dict) for d in data["nodes"]):
+            raise AutoplaceError("OpGraph file is malformed: \"nodes\" must be a list of objects")
+        if not isinstance(data.get("edges"), list) or not all(
+                isinstance(e, list) and len(e) == 3 for e in data["edges"]):
+            raise AutoplaceError("OpGraph file is malformed: \"edges\" must be a list of "
+                                 "[source, target, bytes]")
+        try:
+            nodes = [OpNode.from_dict(d) for d in data["nodes"]]
+            edges = [(str(u), str(v), int(b)) for u, v, b in data["edges"]]
+            graph = cls(str(data.get("name", "")), nodes, edges)
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise AutoplaceError(f"OpGraph file is malformed: {e}") from None
         if data.get("autocast_dtype") in ("bfloat16", "float16"):
             graph.autocast_dtype = data["autocast_dtype"]
         if data.get("capture_method") in ("fx", "export"):
@@ -318,8 +328,8 @@ class OpGraph:
     @classmethod
     def load(cls, path: str | Path) -> OpGraph:
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
+            data = json.loads(Path(path).read_bytes())
+        except (OSError, ValueError, RecursionError) as e:
             raise AutoplaceError(f"cannot read graph file {path}: {e}") from None
         return cls.from_json(data)
 

@@ -199,6 +199,9 @@ def bar_chart(rows: Sequence[Mapping[str, Any]] | Mapping[str, float], path: str
     """
     if isinstance(rows, Mapping):
         rows = [{label: k, value: v} for k, v in rows.items()]
+    if rows and not any(value in r for r in rows):  # a chart of empty slots says nothing
+        raise AutoplaceError(f"bar_chart: no row has the value {value!r}; the rows hold "
+                             f"{sorted(set().union(*(r.keys() for r in rows)))}")
     names = [str(r.get(label, i)) for i, r in enumerate(rows)]
     vals = [r.get(value) for r in rows]
     heights = [float(v) * scale if v is not None else 0.0 for v in vals]

@@ -15,9 +15,9 @@ import gymnasium as gym
 
 from .config import EnvConfig
 from .observation import GROUP_FEATURES, obs_batch_to_pyg, obs_to_pyg
-from .placement_env import PlacementEnv
+from .placement_env import InvalidActionError, PlacementEnv
 
-__all__ = ["ENV_ID", "EnvConfig", "GROUP_FEATURES", "PlacementEnv", "obs_batch_to_pyg",
+__all__ = ["ENV_ID", "EnvConfig", "GROUP_FEATURES", "InvalidActionError", "PlacementEnv", "obs_batch_to_pyg",
            "obs_to_pyg"]
 
 ENV_ID = "autoplace/Placement-v0"

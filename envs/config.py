@@ -28,7 +28,8 @@ class EnvConfig:
     grouping: str = "contiguous"  #: coarsening method of autoplace.grouping.coarsen
     memory_cap: str | int | None = None  #: cap every device's memory ("16GB")
     reward: str = "neg_sqrt"  #: "neg_sqrt", "improvement" or "neg_time"
-    fail_reward: float = -2.0  #: score of an OOM, invalid or crashed plan
+    max_slowdown: float = 100.0  #: step-time ratio t / t1 past which a valid plan's score stops falling
+    fail_reward: float | None = None  #: score of an OOM, invalid or crashed plan (None: see env doc)
     data_options: tuple[int, ...] = (1,)  #: data-parallel degrees an action may pick
     pipeline_options: tuple[int, ...] = (1,)  #: pipeline stage counts an action may pick
     microbatch_options: tuple[int, ...] = (1,)  #: microbatch counts an action may pick
@@ -59,6 +60,13 @@ def check_config(cfg: EnvConfig, num_devices: int) -> None:
         if not values or any(v < 1 or v > limit for v in values):
             raise AutoplaceError(
                 f"{name} must be a non-empty list of integers in 1..{limit}, got {list(values)}")
+    if not (isinstance(cfg.max_slowdown, (int, float)) and math.isfinite(cfg.max_slowdown)
+            and cfg.max_slowdown > 1):
+        raise AutoplaceError(f"max_slowdown must be a finite number > 1, got {cfg.max_slowdown!r}")
+    if cfg.fail_reward is not None and not (isinstance(cfg.fail_reward, (int, float))
+                                            and math.isfinite(cfg.fail_reward)):
+        raise AutoplaceError(f"fail_reward must be a finite number or None, got "
+                             f"{cfg.fail_reward!r}")
     if cfg.max_groups < 1 or cfg.passes < 1:
         raise AutoplaceError(f"max_groups and passes must be >= 1, got {cfg.max_groups}, "
                              f"{cfg.passes}")

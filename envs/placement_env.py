@@ -25,12 +25,22 @@ Modes:
   entry of each option list. Reward is the improvement of the score (below) over
   the previous placement, so an episode's return is score(final) - score(initial).
 
-Score of a plan with step time ``t`` (``t1`` = the step time of everything on device 0
-with memory caps lifted, from the same backend):
-``"neg_sqrt"`` (default) ``-sqrt(t / t1)``; ``"improvement"`` ``1 - t / t1``;
-``"neg_time"`` ``-t / t1``. A plan that runs out of memory, is invalid, or crashes
-scores ``fail_reward`` (default -2.0, as bad as a plan 4x slower than one device
-under ``neg_sqrt``).
+Score of a valid plan with step time ``t`` (``t1`` = the step time of everything on
+device 0 with memory caps lifted, from the same backend), with ``r = min(t / t1,
+max_slowdown)``: ``"neg_sqrt"`` (default) ``-sqrt(r)``; ``"improvement"`` ``1 - r``;
+``"neg_time"`` ``-r``. Valid scores are thus bounded below by the *floor*, the score at
+``r = max_slowdown`` (default 100: ``-10`` under ``neg_sqrt``, ``-99`` under
+``improvement``, ``-100`` under ``neg_time``): every plan 100x slower than one device or
+worse scores the floor. A plan that runs out of memory, is invalid, or crashes scores
+``fail_reward``, strictly below every valid plan: by default ``floor - 1`` (``-11``
+under ``neg_sqrt``). An explicit ``fail_reward`` at or above the floor raises the floor
+to ``fail_reward + 1`` (valid plans are clipped there), so the order always holds.
+``env.config.fail_reward`` and ``env.score_floor`` hold the values in use.
+
+Actions follow the action space exactly: an action outside it (a device number out of
+range, the wrong length, floats) raises :class:`InvalidActionError` (a ``ValueError``),
+as Gymnasium's own environments do; nothing is taken modulo the device count except as
+the data split above describes for actions inside the space.
 
 ``info`` after a step: ``step_time_s`` (``inf`` when nothing ran), ``peak_memory_bytes``
 (per device), ``oom``, ``error`` (None or why it failed), ``backend``, ``measured``
@@ -63,9 +73,13 @@ from .config import EnvConfig, check_config, resolve_workload
 from .observation import group_edges, group_features, observation_space
 from .render import gantt_rgb, placement_table
 
-__all__ = ["PlacementEnv"]
+__all__ = ["InvalidActionError", "PlacementEnv"]
 
 _MEMORY_AFTER = ("allocated_bytes", "reserved_bytes")  # real backend: GPU memory after a run
+
+class InvalidActionError(AutoplaceError, ValueError):
+    """An action outside the env's action space."""
+
 
 class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     """Place a model's op groups on a cluster's devices; see the module docstring.
@@ -96,13 +110,22 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         for key in ("data_options", "pipeline_options", "microbatch_options"):
             if key in options:
                 options[key] = tuple(int(x) for x in options[key])
-        self.config = cfg = EnvConfig(**options)
+        cfg = EnvConfig(**options)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise AutoplaceError(f"unknown render_mode {render_mode!r}; valid: ansi, rgb_array")
         self.render_mode = render_mode
         self.cluster = resolve(cluster, cfg.memory_cap)
         self.num_devices = d = self.cluster.num_devices
         check_config(cfg, d)
+        # valid scores are >= the floor; the failing signal is strictly below it
+        floor = _shape(cfg.reward, float(cfg.max_slowdown))
+        if cfg.fail_reward is None:
+            fail = floor - 1.0
+        else:
+            fail = float(cfg.fail_reward)
+            floor = max(floor, fail + 1.0)
+        self.score_floor = floor
+        self.config = cfg = dataclasses.replace(cfg, fail_reward=fail)
         self.data_options = cfg.data_options
         self.pipeline_options = cfg.pipeline_options
         self.microbatch_options = cfg.microbatch_options
@@ -200,6 +223,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self, action: Any
     ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         g = self.num_groups
+        self._check_action(action)
         if self.incremental:
             if self._score is None:  # score of the initial placement, on the first step
                 self._score = self._score_of(self._evaluate(self._placement, self._parallel)[0])
@@ -360,15 +384,38 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             m = self.backend.evaluate(plan)
         return m, plan, m.error
 
+    def _check_action(self, action: Any) -> None:
+        """Raise :class:`InvalidActionError` unless ``action`` is in the action space."""
+        space = self.action_space
+        if self.incremental:
+            ok = not isinstance(action, (bool, np.bool_)) and space.contains(action)
+            if not ok:
+                raise InvalidActionError(
+                    f"action {action!r} is not in the action space {space}: an integer device "
+                    f"number in 0..{self.num_devices - 1}")
+            return
+        a = np.asarray(action)
+        if a.shape != space.shape:
+            raise InvalidActionError(
+                f"action has shape {a.shape}, the action space {space} takes "
+                f"{space.shape[0]} entries: a device per group (max_groups="
+                f"{self.config.max_groups}), then the data, pipeline and microbatch option "
+                "indices")
+        if not np.issubdtype(a.dtype, np.integer):
+            raise InvalidActionError(f"action entries must be integers, got dtype {a.dtype}")
+        bad = np.flatnonzero((a < 0) | (a >= space.nvec))
+        if bad.size:
+            i = int(bad[0])
+            what = (f"a device number in 0..{space.nvec[i] - 1}" if i < self.config.max_groups
+                    else f"an option index in 0..{space.nvec[i] - 1}")
+            raise InvalidActionError(f"action[{i}] = {int(a[i])} is out of range: it must be "
+                                     f"{what} (action space {space})")
+
     def _score_of(self, m: Measurement) -> float:
         if m.failed or not math.isfinite(m.step_time_s):
             return float(self.config.fail_reward)
-        r = m.step_time_s / self.single_device_step_time_s
-        if self.config.reward == "neg_sqrt":
-            return -math.sqrt(r)
-        if self.config.reward == "improvement":
-            return 1.0 - r
-        return -r
+        r = min(m.step_time_s / self.single_device_step_time_s, float(self.config.max_slowdown))
+        return max(_shape(self.config.reward, r), self.score_floor)
 
     def _observation(self) -> dict[str, np.ndarray]:
         mg = self.config.max_groups
@@ -386,6 +433,15 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             focus[self._step_in_episode % self.num_groups] = 1
             obs["focus"] = focus
         return dict(sorted(obs.items()))
+
+
+def _shape(reward: str, r: float) -> float:
+    """The score of a step-time ratio ``r`` under the reward kind (module docstring)."""
+    if reward == "neg_sqrt":
+        return -math.sqrt(r)
+    if reward == "improvement":
+        return 1.0 - r
+    return -r
 
 
 def _plan_json(plan: Plan) -> dict[str, Any]:

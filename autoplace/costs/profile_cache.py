@@ -4,6 +4,7 @@ a graph's ops. Records written before the fixed parts existed still load, withou
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -78,12 +79,27 @@ def _load(cache_dir: str | Path | None, graph: OpGraph, kind: str) -> dict[str, 
     path = _cache_path(cache_dir, graph, kind)
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    ok = (data.get("format") == PROFILE_FORMAT and data.get("fingerprint") == graph.fingerprint
-          and set(graph.order) <= set(data.get("fwd_time_s", {}))
-          and set(graph.order) <= set(data.get("bwd_time_s", {})))
-    return data if ok else None
+    return data if _valid_record(data, graph) else None
+
+
+def _valid_record(data: Any, graph: OpGraph) -> bool:
+    """Whether a cached profile is this graph's, with a time (finite, >= 0) for every op;
+    optional parts (fixed and host times) are objects of such numbers when present."""
+    def times(d: Any, every: bool) -> bool:
+        if not isinstance(d, dict):
+            return False
+        values = [d.get(op) for op in graph.order] if every else list(d.values())
+        return all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                   and math.isfinite(x) and x >= 0 for x in values)
+
+    return (isinstance(data, dict) and data.get("format") == PROFILE_FORMAT
+            and data.get("fingerprint") == graph.fingerprint
+            and times(data.get("fwd_time_s"), True) and times(data.get("bwd_time_s"), True)
+            and all(data.get(k) is None or times(data[k], False) for k in (
+                "fwd_fixed_s", "bwd_fixed_s", "fwd_host_s", "bwd_host_s", "fwd_host_fixed_s",
+                "bwd_host_fixed_s")))
 
 
 def _save(cache_dir: str | Path | None, graph: OpGraph, kind: str, data: dict) -> None:

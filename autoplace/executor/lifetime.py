@@ -3,7 +3,7 @@
 :func:`child_preexec` runs in a launched ``torchrun`` before it starts: the child gets
 a process group of its own (so the launcher can stop it and what it started) and
 ``PR_SET_PDEATHSIG``: the kernel kills it when the launcher dies, ``kill -9``
-included. torchrun starts each worker in a session of its own, so workers call
+included. torchrun starts each worker detached from its own group, so workers call
 :func:`die_with_parent` (killed when torchrun dies) and :func:`watch_launcher` (they
 end when the launcher's process is gone, whatever happened to torchrun).
 

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--config")
     mode.add_argument("--serve")
     args = ap.parse_args(argv)
-    die_with_parent()  # torchrun started this process in a session of its own
+    die_with_parent()  # torchrun started this process detached from its own group
     watch_launcher()
     if args.serve:
         return serve(Path(args.serve))

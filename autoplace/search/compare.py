@@ -134,11 +134,13 @@ def compare(
     best_measured = min(measured, default=None)
     for r in rows:
         s = r["sim_step_time_s"]
-        r["ratio_to_best"] = (s / best) if (s is not None and best) else None
+        # a plan that does not fit is no fraction of the best: no ratio on its row
+        r["ratio_to_best"] = (s / best) if (s is not None and best and not r["oom"]) else None
         r["ratio_to_lower_bound"] = (s / lb) if (s is not None and lb > 0) else None
         m = r.get("measured_step_time_s")
         if execute is not None:
-            r["measured_ratio_to_best"] = (m / best_measured) if (m and best_measured) else None
+            r["measured_ratio_to_best"] = (m / best_measured) if (
+                m and best_measured and not r.get("measured_oom")) else None
     time_key = "calibrated_step_time_s" if calibration is not None else "sim_step_time_s"
     rows.sort(key=lambda r: (r["error"] is not None, bool(r["oom"]),
                              r.get(time_key) if r.get(time_key) is not None else 0.0))

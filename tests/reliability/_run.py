@@ -1,0 +1,31 @@
+"""What the reliability tests share: the command line as a subprocess, and its checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, cwd: Path | None = None, timeout: float = 300,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m autoplace.cli ARGS`` with the repository on the path (tests.* importable)."""
+    full = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                **(env or {}))
+    return subprocess.run([sys.executable, "-m", "autoplace.cli", *args], capture_output=True,
+                          text=True, env=full, cwd=cwd, timeout=timeout)
+
+
+def clean_error(p: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:
+    """Assert a one-line error without a traceback, exit ``code``, naming every needle."""
+    assert p.returncode == code, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    assert "Traceback" not in p.stderr, p.stderr
+    assert "internal error" not in p.stderr, p.stderr
+    lines = [x for x in p.stderr.strip().splitlines() if x.startswith("autoplace:")]
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
