@@ -27,7 +27,7 @@ from autoplace.cluster import preset  # noqa: E402
 from autoplace.errors import PlanError  # noqa: E402
 from autoplace.executor import execute  # noqa: E402
 from autoplace.executor.runner import capture_graph  # noqa: E402
-from autoplace.lowering import stage_of_ops, tied_parameters  # noqa: E402
+from autoplace.lowering import stage_of_ops, tied_parameters, validate  # noqa: E402
 from tests.helpers import ROOT, pythonpath_with_root
 from tests.helpers.plans import single, split  # noqa: E402
 
@@ -129,8 +129,8 @@ def test_sharded_pipeline_with_tied_weights_is_a_clear_error():
     plan = split(graph, data=2, pipeline=2, microbatches=2, shard="fsdp")
     with pytest.raises(PlanError, match=r"'transformer.wte.weight' is used by pipeline stages "
                                         r"\[0, 1\] \(tied weights\)"):
-        plan.validate(graph, CPU4)
-    split(graph, data=2, pipeline=2, microbatches=2).validate(graph, CPU4)  # DDP: fine
+        validate(graph, plan, CPU4)  # the lowering's check, on the graph's fx module
+    validate(graph, split(graph, data=2, pipeline=2, microbatches=2), CPU4)  # DDP: fine
 
 
 def test_cli_finds_the_module_in_the_working_directory(tmp_path):
