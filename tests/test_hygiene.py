@@ -9,6 +9,8 @@
   ``autoplace.envs`` and ``autoplace.policies`` (setuptools ``package-dir``), so an import of
   ``autoplace.policies`` in ``envs/`` or of either in the library's lower layers is only
   found by reading the modules' import statements.
+* Tests share helpers through ``tests/helpers`` only: no test module imports another test
+  module or a script (scripts are run as subprocesses), and none edits ``sys.path``.
 
 Each check is a function over text, tested first on a planted violation.
 """
@@ -60,7 +62,7 @@ def module_name(path: Path) -> str:
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join([INSTALLED_AS[parts[0]], *parts[1:]])
+    return ".".join([INSTALLED_AS.get(parts[0], parts[0]), *parts[1:]])
 
 
 def imported_modules(source: str, module: str, is_package: bool = False) -> Iterator[tuple[int, str]]:
@@ -102,6 +104,21 @@ def forbidden_imports(source: str, module: str, forbidden: tuple[str, ...],
     """The imports of ``source`` that reach one of the ``forbidden`` packages."""
     return sorted({(line, name) for line, name in imported_modules(source, module, is_package)
                    if any(name == f or name.startswith(f + ".") for f in forbidden)})
+
+
+def imports_a_test_may_not_make(source: str, module: str, scripts: set[str]) -> list[tuple[int, str]]:
+    """The imports of test code ``source`` that reach a test module (``test_*``,
+    ``conftest``) or one of the ``scripts`` (module names), and its ``sys.path`` edits."""
+    hits = set()
+    for line, name in imported_modules(source, module):
+        last = name.rsplit(".", 1)[-1]
+        if last.startswith("test_") or last == "conftest" or name.split(".")[0] in scripts:
+            hits.add((line, name))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "path" \
+                and isinstance(node.value, ast.Name) and node.value.id == "sys":
+            hits.add((node.lineno, "sys.path"))
+    return sorted(hits)
 
 
 # ------------------------------------------------------------------ the repository
@@ -182,6 +199,21 @@ def test_the_import_check_finds_every_form_of_a_planted_import():
                              is_package=True) == []
 
 
+def test_the_test_import_check_finds_planted_imports():
+    planted = (
+        "from tests.core.test_grouping_branch import branches\n"
+        "import test_sim\n"
+        "from . import conftest\n"
+        "import bench_plans as bp\n"
+        "import sys\n"
+        "sys.path.insert(0, 'scripts')\n"
+        "from tests.helpers.graphs import branches\n"
+        "from autoplace.sim import simulate\n"
+    )
+    hits = imports_a_test_may_not_make(planted, "tests.envs.test_env_branch", {"bench_plans"})
+    assert sorted({line for line, _ in hits}) == [1, 2, 3, 4, 6]
+
+
 def test_module_names_follow_the_installed_layout():
     assert module_name(ROOT / "envs" / "backends.py") == "autoplace.envs.backends"
     assert module_name(ROOT / "policies" / "__init__.py") == "autoplace.policies"
@@ -223,3 +255,14 @@ def test_the_library_imports_no_environment_or_policy():
 def test_the_environments_import_no_policy():
     found = _layer_violations(package_modules("envs"), (POLICIES,))
     assert not found, "the environments import the policies:\n" + "\n".join(found)
+
+
+def test_tests_import_no_test_module_or_script():
+    scripts = {p.stem for p in (ROOT / "scripts").rglob("*.py")}
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        hits = imports_a_test_may_not_make(path.read_text(), module_name(path), scripts)
+        found += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in hits]
+    assert not found, ("tests import a test module or a script, or edit sys.path (shared "
+                       "code goes in tests/helpers; scripts run as subprocesses):\n"
+                       + "\n".join(found))

@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from tests.helpers import BENCH
 
 
@@ -51,39 +49,62 @@ def test_bench_plans_cpu_smoke(tmp_path):
     assert run["tag"] == "suite" and run["scenarios"] == ["tiny"] and run["kind"] == "suite"
 
 
-def test_tau_beyond_spread_counts_only_pairs_the_measurement_separates():
-    import bench_plans as bp
+def _render(tmp_path, scenarios) -> str:
+    """``bench_plans.py --render`` of a stored suite holding ``scenarios``: its table."""
+    suite = {"card": "cpu", "driver": "-", "torch_version": "x", "date": "2026-01-01",
+             "num_devices": 2, "steps": 3, "warmup": 1, "reps": 2, "scenarios": scenarios}
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    run = subprocess.run([sys.executable, str(BENCH / "bench_plans.py"), "--render", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return (tmp_path / "suite.md").read_text()
 
-    def row(parallel, m, lo, hi, sim):
-        return {"parallel": parallel, "measured_step_time_s": m, "spread_s": [lo, hi],
-                "sim_step_time_s": sim, "oom_measured": False}
 
-    rows = [row("a", 1.0, 0.95, 1.05, 1.0),
-            row("b", 1.02, 1.0, 1.04, 0.9),   # overlaps a: its flipped order is not counted
-            row("c", 2.0, 1.9, 2.1, 2.5),     # above both: concordant twice
-            row("d", 3.0, 2.9, 3.1, 1.5),     # above all, simulated below c: discordant with c
-            row("c", 2.0, 1.9, 2.1, 2.5)]     # the same plan credited to another planner
-    tau, pairs = bp.tau_beyond_spread(rows)
+def _row(planner, parallel, m, lo, hi, sim, **extra):
+    return {"planner": planner, "parallel": parallel, "manual": False, "executed": True,
+            "measured_step_time_s": m, "spread_s": [lo, hi], "sim_step_time_s": sim,
+            "oom_measured": False, "peak_memory_bytes": None, "sim_peak_memory_bytes": None,
+            "search_time_s": 0.1, "same_plan_as": [], **extra}
+
+
+def test_the_table_ranks_only_pairs_the_measurement_separates(tmp_path):
+    """Kendall tau beyond the spread: pairs whose repetitions overlap are not counted."""
+    rows = [_row("p1", "a", 1.0, 0.95, 1.05, 1.0),
+            _row("p2", "b", 1.02, 1.0, 1.04, 0.9),  # overlaps a: its flipped order not counted
+            _row("p3", "c", 2.0, 1.9, 2.1, 2.5),    # above both: concordant twice
+            _row("p4", "d", 3.0, 2.9, 3.1, 1.5),    # above all, simulated below c: discordant
+            _row("p5", "c", 2.0, 1.9, 2.1, 2.5)]    # the same plan credited to another planner
+    md = _render(tmp_path, [{"name": "five", "model": "m", "memory_cap_bytes": None,
+                             "plans": rows},
+                            {"name": "two", "model": "m", "memory_cap_bytes": None,
+                             "plans": rows[:2]}])
     # separated pairs: a-c, a-d, b-c, b-d, c-d; concordant a-c, a-d, b-c, b-d; discordant c-d
-    assert pairs == 5 and tau == (4 - 1) / 5
-    assert bp.tau_beyond_spread(rows[:2]) == (None, 0)
+    assert "over the 5 pairs of plans whose repetitions do not overlap: 0.60)" in md
+    assert "over the 0 pairs of plans whose repetitions do not overlap: n/a)" in md
 
 
-def test_a_plan_that_hit_its_cap_says_so_in_the_table():
-    import bench_plans as bp
+def test_a_plan_that_hit_its_cap_says_so_in_the_table(tmp_path):
+    rows = [_row("hit", "a", 1.0, 1.0, 1.0, 1.0, alloc_retries=[15, 12],
+                 peak_memory_bytes=[2**30, 2**30]),
+            _row("clean", "b", 2.0, 2.0, 2.0, 2.0, alloc_retries=[0, 0]),
+            _row("older", "c", 3.0, 3.0, 3.0, 3.0)]  # stored before the counters existed
+    md = _render(tmp_path, [{"name": "s", "model": "m", "memory_cap_bytes": None,
+                             "plans": rows}])
+    assert md.count("allocator retries") == 1
+    assert "| 1.0 / 1.0 (cap hit: 27 allocator retries) |" in md
 
-    assert bp.retried({"alloc_retries": [0, 0]}) == ""
-    assert bp.retried({"alloc_retries": [15, 12]}) == " (cap hit: 27 allocator retries)"
-    assert bp.retried({}) == ""  # results stored before the counters existed
 
+def test_hf_scenarios_need_the_module_of_their_models(tmp_path):
+    """The hf-* scenarios' workloads come from --hf-module: without it the run is refused
+    before it starts, as is an unknown scenario (the message lists the valid ones)."""
+    def run(*args):
+        return subprocess.run([sys.executable, str(BENCH / "bench_plans.py"), "--cpu",
+                               "--out", str(tmp_path), *args],
+                              capture_output=True, text=True, timeout=120)
 
-def test_hf_scenarios_name_the_module_they_are_given():
-    """The hf-* scenarios' workloads come from --hf-module; without it they are refused."""
-    import bench_plans as bp
-
-    assert bp.scenario("hf-t5", "mymodels")["model"] == "mymodels:t5"
-    assert bp.scenario("tiny")["model"] == "gpt-tiny"
-    with pytest.raises(SystemExit, match="--hf-module"):
-        bp.scenario("hf-gpt2")
-    with pytest.raises(SystemExit, match="valid: gpt1b-16GB"):
-        bp.scenario("no-such")
+    refused = run("--scenarios", "hf-gpt2")
+    assert refused.returncode != 0 and "--hf-module" in refused.stderr
+    unknown = run("--scenarios", "no-such")
+    assert unknown.returncode != 0 and "valid: gpt1b-16GB" in unknown.stderr
+    assert not (tmp_path / "suite.json").exists()

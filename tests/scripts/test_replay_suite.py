@@ -1,25 +1,35 @@
-"""scripts/bench/replay_suite.py: a stored suite's plans rebuilt and simulated again offline."""
+"""scripts/bench/replay_suite.py: a stored suite's plans rebuilt and simulated again offline
+(run as a subprocess, as a user runs it)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
+from autoplace import planners, workloads
+from autoplace.capture import capture_workload
+from autoplace.cluster import preset
+from autoplace.planners.manual import hand_written
+from tests.helpers import BENCH, ROOT, pythonpath_with_root
+
+
+def replay(*args: str) -> subprocess.CompletedProcess:
+    """``replay_suite.py ARGS`` in a process of its own."""
+    return subprocess.run([sys.executable, str(BENCH / "replay_suite.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
+
 
 def _tiny_plans():
-    """The 'tiny' scenario's graph (meta device), the CPU cluster and the hand-written,
-    expert and m-ETF plans, as bench_plans.py builds them."""
-    import bench_plans as bp
-
-    from autoplace import planners, workloads
-    from autoplace.capture import capture_workload
-    from autoplace.cluster import preset
-
+    """The 'tiny' scenario's graph (bench_plans.py's gpt-tiny at batch 8, meta device), the
+    CPU cluster and the hand-written, expert and m-ETF plans, as bench_plans.py builds them."""
     cl = preset("cpu-x2")
-    sc = bp.scenario("tiny")
-    g = capture_workload(workloads.get(sc["model"], device="meta", **sc["options"]))
-    plans = dict(bp.hand_written(g, cl))
+    g = capture_workload(workloads.get("gpt-tiny", device="meta", batch_size=8))
+    plans = dict(hand_written(g, cl))
     for k in ("expert", "m-etf"):
         plans[k] = planners.get(k)(g, cl)
     return g, cl, plans
@@ -45,14 +55,13 @@ def _stored_suite():
             "scenarios": [{"name": "tiny", "memory_cap_bytes": None, "plans": rows}]}
 
 
-def test_replay_rebuilds_every_deterministic_plan_and_scores_it(tmp_path, capsys):
-    import replay_suite
-
+def test_replay_rebuilds_every_deterministic_plan_and_scores_it(tmp_path):
     result = _stored_suite()
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(result))
     out_json = tmp_path / "replay.json"
-    assert replay_suite.main([str(path), "--json", str(out_json)]) == 0
+    run = replay(str(path), "--json", str(out_json))
+    assert run.returncode == 0, run.stderr[-2000:]
     (sc,) = json.loads(out_json.read_text())
     got = {r["planner"]: r for r in sc["plans"]}
     assert "rl-gnn" not in got and "auto" in got  # auto via the plan it was the same as
@@ -65,12 +74,10 @@ def test_replay_rebuilds_every_deterministic_plan_and_scores_it(tmp_path, capsys
     assert sc["measured_plans"] < len(got)
     assert sc["error_now"] == pytest.approx(0.1 / 1.1) and sc["error_stored"] == sc["error_now"]
     assert sc["tau_now"] == sc["tau_stored"] and -1 <= sc["tau_now"] < 1
-    assert "tiny (analytic costs)" in capsys.readouterr().out
+    assert "tiny (analytic costs)" in run.stdout
 
 
-def test_several_suites_give_a_line_per_scenario_and_totals(tmp_path, capsys):
-    import replay_suite
-
+def test_several_suites_give_a_line_per_scenario_and_totals(tmp_path):
     result = _stored_suite()
     paths = []
     for i in range(2):
@@ -78,12 +85,12 @@ def test_several_suites_give_a_line_per_scenario_and_totals(tmp_path, capsys):
         path.write_text(json.dumps(result))
         paths.append(f"{path}:none{i}")  # a tag with no profiles: analytic costs, as stored
     out_json = tmp_path / "all.json"
-    assert replay_suite.main([*paths, "--profiles", str(tmp_path), "--json",
-                              str(out_json)]) == 0
+    run = replay(*paths, "--profiles", str(tmp_path), "--json", str(out_json))
+    assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(out_json.read_text())
     assert [r["suite"] for r in rows] == ["suite0", "suite1"]
     assert rows[0]["error_now"] == pytest.approx(0.1 / 1.1)
-    out = capsys.readouterr().out
+    out = run.stdout
     assert out.count(" tiny ") == 2
     # each suite's distinct measured plans (auto is expert's plan: counted once)
     assert f"now: median error 0.091 over {2 * rows[0]['measured_plans']} measured plans" in out
@@ -91,24 +98,39 @@ def test_several_suites_give_a_line_per_scenario_and_totals(tmp_path, capsys):
     assert f"mean Kendall tau {tau:.3f} over 2 scenarios, {2 * (tau >= 0.8)} of them" in out
 
 
-def test_replay_refuses_a_file_that_is_no_suite(tmp_path, capsys):
-    import replay_suite
-
+def test_replay_refuses_a_file_that_is_no_suite(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"plan": 1}))
-    assert replay_suite.main([str(bad)]) == 2
-    assert "not a bench_plans.py result" in capsys.readouterr().err
+    run = replay(str(bad))
+    assert run.returncode == 2 and "not a bench_plans.py result" in run.stderr
 
 
-def test_carried_calibration_comes_from_the_latest_earlier_suite_never_its_own(tmp_path,
-                                                                               capsys):
+@pytest.mark.slow
+def test_a_hugging_face_scenario_needs_the_module_of_its_models(tmp_path):
+    """An hf-* scenario's models come from --hf-module (bench_plans.py's): without it the
+    scenario is skipped with the reason, with it its plans are rebuilt."""
+    suite = {"card": "cpu", "num_devices": 2, "scenarios": [
+        {"name": "tiny-hf", "memory_cap_bytes": None, "plans": [
+            {"planner": "single", "parallel": "x", "sim_step_time_s": 1.0,
+             "measured_step_time_s": 1.0, "oom_measured": False, "same_plan_as": []}]}]}
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    run = replay(str(path))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "tiny-hf: a Hugging Face model, skipped (pass --hf-module)" in run.stdout
+    out_json = tmp_path / "hf.json"
+    run = replay(str(path), "--hf-module", "tests.helpers.hf_models", "--json", str(out_json))
+    assert run.returncode == 0, run.stderr[-2000:]
+    (sc,) = json.loads(out_json.read_text())
+    assert sc["name"] == "tiny-hf" and [r["planner"] for r in sc["plans"]] == ["single"]
+
+
+def test_carried_calibration_comes_from_the_latest_earlier_suite_never_its_own(tmp_path):
     """Suites in order ax2, b, c, d, d; calibration files tagged a (ax2's, the device
     count dropped as the 4-GPU suites' were), b and d, with DDP's factor 2, 3 and 7: the
     first suite has none, b carries a's, c b's (the latest earlier one), d b's (c saved
     none, its own d never counts, nor does it when an earlier suite had the same tag);
     every plan's time is Calibration.step_time of the carried one."""
-    import replay_suite
-
     from autoplace.search.calibration import Calibration, calibration_path
     from autoplace.sim import simulate
 
@@ -127,9 +149,9 @@ def test_carried_calibration_comes_from_the_latest_earlier_suite_never_its_own(t
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(_stored_suite()))
     out_json = tmp_path / "carried.json"
-    assert replay_suite.main([f"{path}:{t}" for t in ("ax2", "b", "c", "d", "d")]
-                             + ["--profiles", str(tmp_path), "--carried-calibration",
-                                "--json", str(out_json)]) == 0
+    run = replay(*[f"{path}:{t}" for t in ("ax2", "b", "c", "d", "d")], "--profiles",
+                 str(tmp_path), "--carried-calibration", "--json", str(out_json))
+    assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(out_json.read_text())
     assert [r["carried_from"] for r in rows] == [None, "a", "b", "b", "b"]
     assert rows[0]["error_carried"] is None and rows[0]["tau_carried"] is None
@@ -145,7 +167,7 @@ def test_carried_calibration_comes_from_the_latest_earlier_suite_never_its_own(t
         assert any(p["sim_carried_s"] == pytest.approx(p["sim_now_s"]) for p in r["plans"])
     # ddp measured at half its simulated time: a factor above 1 makes its error worse
     assert rows[1]["error_carried"] >= rows[1]["error_now"]
-    out = capsys.readouterr().out
+    out = run.stdout
     assert "the 4 of 5 scenarios with an earlier suite's calibration:" in out
     n = 4 * rows[1]["measured_plans"]
     assert f"  uncalibrated (now): median error 0.091 over {n} measured plans" in out
