@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoplace.capture.op_rules import ATTENTION_KINDS, CONV_KINDS, MATMUL_KINDS, METADATA_KINDS, RNN_GATES
+from autoplace.capture.op_rules import (
+    ATTENTION_KINDS,
+    CONV_KINDS,
+    MATMUL_KINDS,
+    METADATA_KINDS,
+    RNN_GATES,
+)
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster, Device
