@@ -35,6 +35,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import time
@@ -63,12 +64,16 @@ __all__ = ["auto_plan", "family", "parse_duration", "signature"]
 
 def parse_duration(text: str | float | int) -> float:
     """``"90s"``, ``"5m"``, ``"1h"`` or a number of seconds -> seconds."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = re.fullmatch(r"\s*([0-9.]+)\s*(s|m|h|)\s*", str(text))
-    if not m:
-        raise AutoplaceError(f"cannot read a duration from {text!r}; write 90s, 5m or 1h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|h|)\s*", str(text))
+        if not m:
+            raise AutoplaceError(f"cannot read a duration from {text!r}; write 90s, 5m or 1h")
+        seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise AutoplaceError(f"a duration must be positive, got {text!r}; write 90s, 5m or 1h")
+    return seconds
 
 
 def _sim_row(graph: Any, cluster: Any, name: str, plan: Plan) -> dict[str, Any]:
