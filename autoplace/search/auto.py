@@ -71,8 +71,9 @@ def parse_duration(text: str | float | int) -> float:
         if not m:
             raise AutoplaceError(f"cannot read a duration from {text!r}; write 90s, 5m or 1h")
         seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise AutoplaceError(f"a duration must be positive, got {text!r}; write 90s, 5m or 1h")
+    if not math.isfinite(seconds) or seconds < 0:  # 0: only what is always measured
+        raise AutoplaceError(f"a duration must be finite and >= 0, got {text!r}; write 90s, "
+                             "5m or 1h")
     return seconds
 
 
