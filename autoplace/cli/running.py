@@ -78,6 +78,9 @@ class DemoConfig(ModelArgs, ClusterArgs):
     steps: int = opt(6, "training steps executed for real per plan, 2 warm-up steps included",
                      min=3)
     policy: str = opt("gnn", "policy to train: seq2seq, hierarchical or gnn")
+    profile: bool = opt(True, "measure the ops on the first device before ranking plans, so "
+                              "the simulator uses this machine's op times (--no-profile: "
+                              "estimated costs)")
 
     def check(self) -> None:
         from autoplace.policies.reinforce import parse_budget
@@ -176,7 +179,8 @@ def cmd_demo(cfg: DemoConfig) -> int:
     cluster = cluster_of(cfg.cluster, cfg.memory_cap)
     cluster.require_present(what="the demo (it executes plans)")
     run_demo(cfg.model, cfg.cluster, memory_cap=cfg.memory_cap, options=parse_options(cfg),
-             out_dir=cfg.out, policy=cfg.policy, budget=cfg.budget, steps=cfg.steps)
+             out_dir=cfg.out, policy=cfg.policy, budget=cfg.budget, steps=cfg.steps,
+             profile_ops=cfg.profile)
     return 0
 
 

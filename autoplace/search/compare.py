@@ -165,6 +165,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         head += ["calibrated ms", "calibrated OOM"]
     if measured:
         head += ["measured ms", "measured x best"]
+    order = any(r.get("order_note") for r in rows)
+    if order:  # the demo's note where simulated and measured orders disagree
+        head += ["sim vs measured"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r["error"] is not None:
@@ -183,5 +186,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 m = r.get("measured_step_time_s")
                 cells += ["OOM" if r.get("measured_oom") else _ms(m),
                           _ratio(r.get("measured_ratio_to_best"))]
+            if order:
+                cells += [r.get("order_note") or ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
