@@ -95,8 +95,8 @@ models)  # Hugging Face models as a user brings them: profile, plan --planner au
         timeout 200 autoplace plan --model "$HF_MODULE:$name" "${opts[@]}" --cluster detect \
             --planner auto --budget "$budget" --profile-dir /tmp/prof \
             -o "$out/$name-plan.json" 2>&1 | tail -n 12 | tee -a "$out/log.txt"
-        timeout 200 autoplace run "$out/$name-plan.json" --steps 20 --warmup 5 \
-            --report "/tmp/$name-report.json" 2>&1 | tail -n 3 | tee -a "$out/log.txt"
+        timeout 200 autoplace run "$out/$name-plan.json" --model "$HF_MODULE:$name" \
+            --steps 20 --warmup 5 --report "/tmp/$name-report.json" 2>&1 | tail -n 3 | tee -a "$out/log.txt"
         rc=$((rc || $?))
         echo "=== $name: $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
     done

@@ -149,7 +149,9 @@ def test_cli_finds_the_module_in_the_working_directory(tmp_path):
             "cpu-x2", "--planner", "pipeline", "-o", str(plan))
     assert r.returncode == 0, r.stderr
     assert json.loads(plan.read_text())["parallel"]["pipeline"] == 2
-    r = cli("run", str(plan), "--steps", "3")
+    r = cli("run", str(plan), "--steps", "3")  # a plan file names no code of its own
+    assert r.returncode == 2 and "--trust-model" in r.stderr
+    r = cli("run", str(plan), "--model", "mymodels:gpt2", "--steps", "3")
     assert r.returncode == 0, r.stderr
     assert "dropout ops" in r.stdout and "loss " in r.stdout
     r = cli("capture", "--model", "nomodule:gpt2")
