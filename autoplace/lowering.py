@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch import nn
 
 from autoplace.capture import fetch_attr
+from autoplace.capture.op_rules import ATTENTION_KINDS, CONV_KINDS, MATMUL_KINDS, RNN_GATES
 from autoplace.errors import PlanError
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
@@ -33,9 +34,15 @@ if TYPE_CHECKING:
     from autoplace.cluster import Cluster
 
 __all__ = [
-    "Lowering", "ROOT_UNIT", "fsdp_unit_keys", "gather_dtype", "issue_order", "issue_order_items",
+    "Lowering", "ROOT_UNIT", "SELECTIVE_SAVED_KINDS", "block_groups", "block_regions",
+    "fsdp_unit_keys", "gather_dtype", "issue_order", "issue_order_items",
     "lower", "op_levels", "pipeline_actions", "stage_of_ops", "tied_parameters", "validate",
 ]
+
+#: op kinds whose outputs a selective recompute keeps; the rest of a selectively
+#: recomputed group runs again in backward (the executor's policy names the same kernels:
+#: ``autoplace.executor.pieces.SELECTIVE_SAVED_OPS``)
+SELECTIVE_SAVED_KINDS = MATMUL_KINDS | CONV_KINDS | ATTENTION_KINDS | frozenset(RNN_GATES)
 
 #: the unit key of parameters FSDP2 shards with the root module (gathered when the step
 #: starts and, as torch does for the root, kept until backward ends)
@@ -316,3 +323,46 @@ def gather_dtype(graph: OpGraph, device_type: str = "cuda") -> str | None:
     if graph.capture_method == "export" or device_type != "cuda":
         return None
     return graph.autocast_dtype or None
+
+
+# ---------------------------------------------------------------------- regions
+def block_regions(graph: OpGraph) -> list[str]:
+    """The block each op belongs to (graph order): its module path up to the first integer
+    index (``"blocks.3.attn.qkv"`` -> ``"blocks.3"``: a transformer block, an LSTM layer of
+    a ``ModuleList``, an Inception module of an ``nn.Sequential``), or ``""`` outside any."""
+    out = []
+    for op in graph.ops:
+        parts = op.module_path.split(".") if op.module_path else []
+        cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+        out.append(".".join(parts[:cut + 1]) if cut is not None else "")
+    return out
+
+
+def block_groups(graph: OpGraph) -> dict[str, int]:
+    """Op groups that are the graph's blocks: every maximal run of consecutive ops (graph
+    order) in one block is a group, and so is every run between blocks. With these groups
+    a plan checkpoints or compiles block by block, as a hand-written per-block recipe does.
+    Parameter fetches and inputs join the group of their first user."""
+    regions = block_regions(graph)
+    idx = graph.index
+    first_user: dict[str, int] = {}
+    for u, v, _ in graph.edges:
+        first_user[u] = min(first_user.get(u, len(graph)), idx[v])
+    region_of = list(regions)
+    for i, op in enumerate(graph.ops):
+        if op.kind in ("input", "param") and op.name in first_user:
+            region_of[i] = regions[first_user[op.name]]
+    groups: dict[str, int] = {}
+    last, gid = None, -1
+    for i, op in enumerate(graph.ops):
+        if op.kind in ("input", "param"):
+            continue
+        if region_of[i] != last:
+            gid += 1
+            last = region_of[i]
+        groups[op.name] = gid
+    for op in graph.ops:  # inputs and fetches: with their first user
+        if op.name not in groups:
+            groups[op.name] = groups[graph.order[first_user[op.name]]] \
+                if op.name in first_user else 0
+    return groups

@@ -5,7 +5,11 @@ A plan says, for one replica of the model:
 * ``groups``: op name -> group id (groups are numbered ``0 .. G-1``);
 * ``placement``: group id -> *local* device index in ``0 .. devices_per_replica-1``;
 * ``parallel``: the hybrid split (:class:`ParallelConfig`);
-* ``recompute``: group ids whose activations are recomputed in backward.
+* ``recompute``: group ids whose activations are recomputed in backward
+  (``torch.utils.checkpoint``); ``selective``: group ids recomputed selectively (the
+  outputs of matmuls, convolutions and attention saved, the cheap rest recomputed);
+* ``parallel.compile``: every run of one group's ops compiled with ``torch.compile``
+  (with groups that are a model's blocks, a compile per block as torchtitan does).
 
 Device numbering. With ``parallel.data = d``, replica ``r`` uses cluster devices
 ``r * k + local`` for ``local`` in ``0 .. k-1`` where ``k = max(placement) + 1``.
@@ -25,7 +29,7 @@ JSON (``"format": "autoplace.plan/1"``), never pickle::
      "parallel": {"data": 1, "pipeline": 1, "microbatches": 1,
                   "schedule": "gpipe", "shard": "none"},   # + "graphs": true when on,
                                                            # + "shard_units": "modules"
-     "recompute": [3, 4],
+     "recompute": [3, 4], "selective": [5],                 # "selective" when not empty
      "model": {"spec": "gpt-tiny", "options": {}, "fingerprint": "...", "num_ops": 123},
      "cluster": {...}, "predicted": {...} | null, "measured": {...} | null,
      "planner": {"name": "expert", ...}}
@@ -53,7 +57,8 @@ SCHEDULES = ("gpipe", "1f1b")
 SHARD_MODES = ("none", "zero2", "fsdp")
 #: FSDP2 units of a sharded plan (executor.data.wrap_data_parallel)
 SHARD_UNITS = ("blocks", "modules")
-_TOP_KEYS = {"format", "groups", "placement", "parallel", "recompute", "model", "cluster",
+_TOP_KEYS = {"format", "groups", "placement", "parallel", "recompute", "selective", "model",
+             "cluster",
              "predicted", "measured", "planner"}
 
 
@@ -75,6 +80,8 @@ class ParallelConfig:
             ``nn.ModuleList`` / ``nn.Sequential``, then the root with the rest) or
             ``modules`` (also every other module holding parameters, embeddings and
             heads, a unit of its own: less memory held, more collectives).
+        compile: compile every run of one group's ops (on one device, of one microbatch)
+            with ``torch.compile``; not with ``graphs``.
     """
 
     data: int = 1
@@ -84,6 +91,7 @@ class ParallelConfig:
     shard: str = "none"
     graphs: bool = False
     shard_units: str = "blocks"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data", "pipeline", "microbatches"):
@@ -100,6 +108,11 @@ class ParallelConfig:
             )
         if not isinstance(self.graphs, bool):
             raise PlanError(f"parallel.graphs must be true or false, got {self.graphs!r}")
+        if not isinstance(self.compile, bool):
+            raise PlanError(f"parallel.compile must be true or false, got {self.compile!r}")
+        if self.compile and self.graphs:
+            raise PlanError("parallel.compile and parallel.graphs exclude each other: a "
+                            "piece is either compiled or replayed as a CUDA graph")
         if self.shard_units not in SHARD_UNITS:
             raise PlanError(f"parallel.shard_units {self.shard_units!r} is not valid; valid: "
                             f"{', '.join(SHARD_UNITS)}")
@@ -137,6 +150,8 @@ class ParallelConfig:
             out["graphs"] = True
         if self.shard_units != "blocks":  # likewise
             out["shard_units"] = self.shard_units
+        if self.compile:  # likewise
+            out["compile"] = True
         return out
 
     @classmethod
@@ -144,7 +159,7 @@ class ParallelConfig:
         if not isinstance(d, dict):
             raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
         unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs",
-                            "shard_units"}
+                            "shard_units", "compile"}
         if unknown:
             raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
         return cls(**d)
@@ -160,6 +175,8 @@ class ParallelConfig:
             parts.append(f"mb={self.microbatches}")
         if self.graphs:
             parts.append("graphs")
+        if self.compile:
+            parts.append("compile")
         return " ".join(parts) or "single"
 
 
@@ -171,6 +188,7 @@ class Plan:
     placement: tuple[int, ...]
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     recompute: frozenset[int] = frozenset()
+    selective: frozenset[int] = frozenset()
     model: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
     predicted: dict[str, Any] | None = None
@@ -213,6 +231,7 @@ class Plan:
         *,
         parallel: ParallelConfig | None = None,
         recompute: set[int] | frozenset[int] = frozenset(),
+        selective: set[int] | frozenset[int] = frozenset(),
         planner: str = "manual",
         cluster: Cluster | None = None,
         **planner_info: Any,
@@ -223,6 +242,7 @@ class Plan:
             placement=tuple(int(d) for d in placement),
             parallel=parallel or ParallelConfig(),
             recompute=frozenset(recompute),
+            selective=frozenset(selective),
             model=model_info(graph),
             cluster=cluster.summary() if cluster is not None else {},
             planner={"name": planner, **planner_info},
@@ -309,7 +329,14 @@ class Plan:
         bad_rc = sorted(x for x in self.recompute if not (0 <= x < g))
         if bad_rc:
             raise PlanError(f"recompute names group {bad_rc[0]}, but groups are 0..{g - 1}")
-        if self.recompute and self.parallel.graphs:
+        bad_sel = sorted(x for x in self.selective if not (0 <= x < g))
+        if bad_sel:
+            raise PlanError(f"selective names group {bad_sel[0]}, but groups are 0..{g - 1}")
+        both = sorted(self.recompute & self.selective)
+        if both:
+            raise PlanError(f"group {both[0]} is in both recompute and selective; a group is "
+                            "recomputed whole or selectively, not both")
+        if (self.recompute or self.selective) and self.parallel.graphs:
             raise PlanError("parallel.graphs cannot be combined with recompute: a recomputed "
                             "group runs under activation checkpointing, outside any CUDA graph")
         if any(d < 0 for d in self.placement):
@@ -378,6 +405,7 @@ class Plan:
             "placement": list(self.placement),
             "parallel": self.parallel.to_json(),
             "recompute": sorted(self.recompute),
+            **({"selective": sorted(self.selective)} if self.selective else {}),
             "model": self.model,
             "cluster": self.cluster,
             "predicted": self.predicted,
@@ -417,6 +445,11 @@ class Plan:
             isinstance(x, int) and not isinstance(x, bool) for x in recompute
         ):
             raise PlanError("\"recompute\" must be a list of group ids")
+        selective = data.get("selective", [])
+        if not isinstance(selective, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in selective
+        ):
+            raise PlanError("\"selective\" must be a list of group ids")
         for key in ("model", "cluster", "planner"):
             if not isinstance(data.get(key, {}), dict):
                 raise PlanError(f"\"{key}\" must be an object")
@@ -438,6 +471,7 @@ class Plan:
                 placement=tuple(placement),
                 parallel=parallel,
                 recompute=frozenset(recompute),
+                selective=frozenset(selective),
                 model=dict(data.get("model", {})),
                 cluster=dict(data.get("cluster", {})),
                 predicted=data.get("predicted"),

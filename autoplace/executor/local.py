@@ -7,9 +7,11 @@ that crosses devices (once per destination device), ops issued in an order that
 interleaves devices and microbatches, and the batch-size-weighted sum of the
 microbatch losses as its output. Because CUDA kernels launch asynchronously and
 autograd runs backward on one thread per device, the devices work at once: a
-GPipe inside one process, as torchgpipe does. Groups in ``plan.recompute`` run
-under ``torch.utils.checkpoint`` in convex pieces (runs of consecutive ops of the
-group in the issue order).
+GPipe inside one process, as torchgpipe does. Groups in ``plan.recompute`` (and
+``plan.selective``) run under ``torch.utils.checkpoint`` (a selective policy) in convex
+pieces (runs of consecutive ops of the group in the issue order); with
+``parallel.compile`` every group runs in such pieces, each compiled
+(:mod:`autoplace.executor.pieces`).
 
 Parameters live on the device of the first op that uses them; an op on another
 device gets them moved there (``.to`` keeps the autograd link, so gradients sum).
@@ -24,7 +26,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from autoplace.capture import (
     body_on_device,
@@ -49,6 +50,7 @@ from autoplace.executor.moves import (
 )
 from autoplace.executor.moves import _CopyTo as _CopyTo
 from autoplace.executor.moves import reflatten_rnns as reflatten_rnns
+from autoplace.executor.pieces import piece
 from autoplace.plan import Plan
 
 __all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env",
@@ -78,15 +80,6 @@ def split_value(value: Any, n: int) -> list[Any]:
     if isinstance(value, torch.Tensor):
         return list(value.chunk(n)) if n > 1 else [value]
     return [value] * n
-
-
-class _Checkpointed(nn.Module):
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args: Any) -> Any:
-        return checkpoint(self.inner, *args, use_reentrant=False)
 
 
 class LocalProgram(nn.Module):
@@ -220,7 +213,8 @@ def build_local(
         copy_streams = copy_streams_from_env()
     if graphs is None:
         graphs = graphs_from_env()
-    graphs = bool(graphs and not plan.recompute)
+    graphs = bool(graphs and not plan.recompute and not plan.selective
+                  and not plan.parallel.compile)
     m = microbatches or plan.parallel.microbatches
     plan_dev = {n.name: plan.device_of(n.name) for n in gm.graph.nodes}
     homes = _param_homes(gm, plan_dev)
@@ -259,7 +253,9 @@ def build_local(
         if node.op == "get_attr":
             b.env[(node.name, None)] = b.copy(g, node, lambda a: a, dev_of[node.name])
 
-    rc = set(plan.recompute)
+    rc = set(plan.recompute) | set(plan.selective)
+    compiled = plan.parallel.compile
+    pieced = set(plan.groups.values()) if compiled else rc  # groups run in pieces
     units: list[list[tuple[int, str]]] = []
     graphed: set[int] = set()  # indices of units that run as _Graphed pieces
     if graphs:
@@ -272,12 +268,12 @@ def build_local(
             node = nodes[name]
             if node.op in ("placeholder", "get_attr", "output"):
                 continue
-            grp = plan.groups[name] if (plan.groups[name] in rc and not _is_meta_op(node)) \
+            grp = plan.groups[name] if (plan.groups[name] in pieced and not _is_meta_op(node)) \
                 else None
             last = units[-1] if units else None
             if (grp is not None and last and last[0][0] == mb
                     and plan.groups[last[0][1]] == grp and not _is_meta_op(nodes[last[0][1]])
-                    and plan.groups[last[0][1]] in rc):
+                    and plan.groups[last[0][1]] in pieced):
                 last.append((mb, name))
             else:
                 units.append([(mb, name)])
@@ -302,14 +298,14 @@ def build_local(
         node = nodes[first]
         dev = dev_of[first]
         if i_unit not in graphed and len(unit) == 1 and (
-                plan.groups[first] not in rc or _is_meta_op(node)):
+                plan.groups[first] not in pieced or _is_meta_op(node)):
             if _is_meta_op(node):
                 arg = lambda a, mb=mb: b.env[b.key(a, mb)]  # noqa: E731
             else:
                 arg = lambda a, mb=mb, dev=dev: b.value(a, mb, dev)  # noqa: E731
             b.env[(first, mb)] = b.copy(g, node, arg, dev)
             continue
-        # a recomputed piece: its own GraphModule under torch.utils.checkpoint
+        # a piece: its own GraphModule, recomputed and/or compiled (or a CUDA graph)
         names = {n for _, n in unit}
         ext: list[fx.Node] = []
         for _, n in unit:
@@ -328,8 +324,11 @@ def build_local(
             target = f"_graphed{n_rc}"
             b.attrs[target] = _Graphed(sub_gm, devices[dev])
         else:
-            target = f"_recompute{n_rc}"
-            b.attrs[target] = _Checkpointed(sub_gm)
+            grp = plan.groups[first]
+            mode = "full" if grp in plan.recompute else \
+                "selective" if grp in plan.selective else None
+            target = f"_recompute{n_rc}" if mode else f"_piece{n_rc}"
+            b.attrs[target] = piece(sub_gm, mode, compiled, f"group {grp} (microbatch {mb})")
         n_rc += 1
         call = g.call_module(target, tuple(b.value(a, mb, dev) for a in ext))
         for i, u in enumerate(users):

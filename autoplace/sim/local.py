@@ -45,6 +45,7 @@ from autoplace.sim.model import (
     graphed_host,
     host_times,
     recompute_boundary_bytes,
+    recomputed_ops,
     replica_group,
     replicas_identical,
     scaled,
@@ -64,6 +65,7 @@ class LocalPlan:
     m: int
     shard: str
     recompute: frozenset[int]
+    selective: frozenset[int]
     needb: list[list[tuple[int, float]]]  # per op: (destination device, bytes), sorted
 
 
@@ -83,7 +85,7 @@ def local_plan(ga: GraphArrays, plan: Plan) -> LocalPlan:
     par = plan.parallel
     return LocalPlan(dev=dev, group=group, k=plan.devices_per_replica, d=par.data,
                      m=par.microbatches, shard=par.shard, recompute=plan.recompute,
-                     needb=needb)
+                     selective=plan.selective, needb=needb)
 
 
 @dataclass
@@ -106,9 +108,11 @@ def op_times(ga, lp: LocalPlan, tables: CostTables, base: int) -> tuple[list[flo
     oh = tables.overhead[cdev]
     tf = scaled(tables.fwd[kind, ar], tables.fwd_fixed[kind, ar], oh, share)
     tb = scaled(tables.bwd[kind, ar], tables.bwd_fixed[kind, ar], oh, share)
-    if lp.recompute:
-        rc = np.isin(np.asarray(lp.group), list(lp.recompute))
-        tb = tb + np.where(rc, tf, 0.0)
+    if lp.recompute or lp.selective:
+        # a recomputed op runs its forward again in backward; under a selective
+        # recompute only the ops whose outputs are not kept do
+        rerun = recomputed_ops(ga, lp.group, lp.recompute, lp.selective)
+        tb = tb + np.where(rerun, tf, 0.0)
     return tf.tolist(), tb.tolist()
 
 
@@ -472,7 +476,7 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     k, d, m = lp.k, lp.d, lp.m
     dev = np.asarray(lp.dev)
     group = lp.group
-    rc_bytes = recompute_boundary_bytes(ga, group, lp.recompute)
+    rc_bytes = recompute_boundary_bytes(ga, group, lp.recompute | lp.selective)
     max_unit = [0.0] * k
     root = [0.0] * k
     if lp.shard == "fsdp":  # the gathered units it holds (zero2 holds all of them)
@@ -482,7 +486,8 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
                 root[j] += b
             else:
                 max_unit[j] = max(max_unit[j], b)
-    rc_op = np.isin(np.asarray(group), list(lp.recompute)) if lp.recompute else np.zeros(ga.n, bool)
+    # ops whose activations are not kept: recomputed in backward, held only while it runs
+    rc_op = recomputed_ops(ga, group, lp.recompute, lp.selective)
     group_act: dict[int, float] = {}
     for i in np.flatnonzero(rc_op):
         group_act[group[i]] = group_act.get(group[i], 0.0) + ga.act_bytes[i]

@@ -28,7 +28,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.costs import estimate_costs
 from autoplace.graph import OpGraph
-from autoplace.lowering import ROOT_UNIT, fsdp_unit_keys, gather_dtype
+from autoplace.lowering import ROOT_UNIT, SELECTIVE_SAVED_KINDS, fsdp_unit_keys, gather_dtype
 from autoplace.plan import Plan
 
 #: bytes of memory traffic per parameter byte of a fused AdamW step (reads p, g, m, v;
@@ -64,6 +64,7 @@ class GraphArrays:
     param_count: np.ndarray  # float64 [n]: parameter tensors the op owns
     act_bytes: np.ndarray
     out_bytes: np.ndarray
+    saved: np.ndarray  # bool [n]: a selective recompute keeps this op's output (lowering)
     block_key: list[str]  # FSDP2 unit per op, shard_units="blocks" (lowering.fsdp_unit_keys)
     module_key: list[str]  # the same for shard_units="modules"
     gather_scale: float = 1.0  # FSDP2 gathers parameters at autocast's dtype: 0.5 of fp32
@@ -98,6 +99,7 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         param_count=np.array([len(op.param_names) for op in ops], dtype=np.float64),
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
         out_bytes=np.array([op.transient_bytes for op in ops], dtype=np.float64),
+        saved=np.array([op.kind in SELECTIVE_SAVED_KINDS for op in ops], dtype=bool),
         block_key=fsdp_unit_keys(graph, "blocks"),
         module_key=fsdp_unit_keys(graph, "modules"),
         # FSDP2 gathers at the autocast dtype; an exported graph's parameters as they are
@@ -321,6 +323,17 @@ def fsdp_units(ga: GraphArrays, dev: list[int], k: int, units: str = "blocks") -
             out.root.append(keys[i] == ROOT_UNIT)
         out.unit_of[i] = u
         out.unit_bytes[u] += float(ga.param_bytes[i])
+    return out
+
+
+def recomputed_ops(ga: GraphArrays, group: list[int], recompute: frozenset[int],
+                   selective: frozenset[int]) -> np.ndarray:
+    """bool ``[n]``: the ops whose forward runs again in backward (every op of a
+    ``recompute`` group; the ops of a ``selective`` group whose outputs are not kept)."""
+    gid = np.asarray(group)
+    out = np.isin(gid, list(recompute)) if recompute else np.zeros(ga.n, bool)
+    if selective:
+        out |= np.isin(gid, list(selective)) & ~ga.saved
     return out
 
 

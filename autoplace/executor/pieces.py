@@ -1,0 +1,122 @@
+"""Pieces of a local program: a run of one group's ops, recomputed and/or compiled.
+
+A plan's ``recompute`` groups run under ``torch.utils.checkpoint`` (their activations
+recomputed in backward), its ``selective`` groups under a selective checkpoint policy
+(``torch.utils.checkpoint.create_selective_checkpoint_contexts``: the outputs of
+matmuls, convolutions, attention and recurrent kernels are kept, the cheap rest is
+recomputed), and with ``parallel.compile`` every piece is compiled with ``torch.compile``
+outside the checkpoint, as torchtitan compiles a checkpointed block. A piece whose
+compile fails runs eager, and says so once.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+__all__ = ["COMPILE_BACKEND_ENV", "SELECTIVE_SAVED_OPS", "CompiledPiece", "Piece", "piece"]
+
+#: the ``torch.compile`` backend pieces use (default: inductor); tests on CPU use
+#: ``aot_eager``, which compiles nothing to machine code
+COMPILE_BACKEND_ENV = "AUTOPLACE_COMPILE_BACKEND"
+
+
+def _aten(*names: str) -> frozenset:
+    ops = []
+    for name in names:
+        packet, _, overload = name.partition(".")
+        op = getattr(torch.ops.aten, packet, None)
+        if op is not None and hasattr(op, overload or "default"):
+            ops.append(getattr(op, overload or "default"))
+    return frozenset(ops)
+
+
+#: the kernels whose outputs a selective recompute keeps: what
+#: :data:`autoplace.lowering.SELECTIVE_SAVED_KINDS` names at the captured graph's level
+SELECTIVE_SAVED_OPS = _aten(
+    "mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_cudnn_rnn", "lstm.input",
+)
+
+
+def _save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SELECTIVE_SAVED_OPS \
+        else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_selective_context = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
+
+
+class Piece(nn.Module):
+    """``inner`` run as it is, under a full checkpoint, or under a selective one."""
+
+    def __init__(self, inner: nn.Module, recompute: str | None) -> None:
+        super().__init__()
+        if recompute not in (None, "full", "selective"):
+            raise ValueError(f"recompute {recompute!r}; valid: None, full, selective")
+        self.inner = inner
+        self.recompute = recompute
+
+    def forward(self, *args: Any) -> Any:
+        if self.recompute is None:
+            return self.inner(*args)
+        if self.recompute == "full":
+            return checkpoint(self.inner, *args, use_reentrant=False)
+        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=_selective_context)
+
+    def __repr__(self) -> str:
+        return f"Piece(recompute={self.recompute})"
+
+
+class CompiledPiece(nn.Module):
+    """A :class:`Piece` compiled with ``torch.compile``; eager where compiling fails.
+
+    Compiling happens at the first call; its seconds are kept in ``compile_s`` and a
+    failure's message in ``failed`` (the piece then runs eager, with a warning)."""
+
+    def __init__(self, piece: Piece, name: str) -> None:
+        super().__init__()
+        self.piece = piece
+        self.name = name
+        backend = os.environ.get(COMPILE_BACKEND_ENV) or "inductor"
+        # kept outside the module tree: it wraps ``piece``, whose parameters are there once
+        object.__setattr__(self, "_compiled", torch.compile(piece, backend=backend))
+        self.compile_s: float | None = None
+        self.failed: str | None = None
+
+    def forward(self, *args: Any) -> Any:
+        if self.failed is not None:
+            return self.piece(*args)
+        if self.compile_s is not None:
+            return self._compiled(*args)
+        t0 = time.perf_counter()
+        try:
+            out = self._compiled(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # compile errors surface at the first call
+            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            warnings.warn(f"torch.compile of {self.name} failed ({self.failed}); it runs eager",
+                          stacklevel=2)
+            return self.piece(*args)
+        self.compile_s = time.perf_counter() - t0
+        return out
+
+
+def piece(inner: nn.Module, recompute: str | None, compiled: bool, name: str) -> nn.Module:
+    """The module a local program calls for one piece."""
+    p = Piece(inner, recompute)
+    return CompiledPiece(p, name) if compiled else p

@@ -1,0 +1,139 @@
+"""Per-block levers: activation checkpointing (whole or selective) and torch.compile per
+piece, executed by the local program and modelled by the simulator."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+
+from autoplace import workloads
+from autoplace.cluster import preset
+from autoplace.errors import PlanError
+from autoplace.executor.local import build_local
+from autoplace.executor.pieces import COMPILE_BACKEND_ENV, CompiledPiece, Piece
+from autoplace.executor.runner import capture_graph
+from autoplace.lowering import block_groups, block_regions, issue_order
+from autoplace.plan import ParallelConfig, Plan
+from autoplace.sim import simulate
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    wl = workloads.get("gpt-tiny")
+    return wl, capture_graph(wl)
+
+
+def _blocks_plan(graph, recompute=(), selective=(), **parallel) -> Plan:
+    groups = block_groups(graph)
+    n = max(groups.values()) + 1
+    return Plan.from_groups(graph, groups, [0] * n, recompute=set(recompute),
+                            selective=set(selective), parallel=ParallelConfig(**parallel))
+
+
+def _block_ids(graph, groups) -> list[int]:
+    regions = dict(zip(graph.order, block_regions(graph)))
+    return sorted({g for op, g in groups.items() if regions[op]})
+
+
+def test_block_groups_are_the_blocks(tiny):
+    _, graph = tiny
+    groups = block_groups(graph)
+    regions = dict(zip(graph.order, block_regions(graph)))
+    blocks = _block_ids(graph, groups)
+    assert len(blocks) == 2  # gpt-tiny's two transformer blocks
+    for g in blocks:  # one block per group, and every op of a block in its group
+        assert len({regions[op] for op, x in groups.items()
+                    if x == g and graph.ops[graph.index[op]].kind not in ("input", "param")}) == 1
+    assert {regions[op] for op in graph.order if regions[op]} == {"blocks.0", "blocks.1"}
+
+
+def _loss_and_grads(wl, graph, plan):
+    torch.manual_seed(0)
+    g = capture_graph(workloads.get("gpt-tiny"))  # the same initial weights every time
+    prog = build_local(g.module, plan, [torch.device("cpu")], wl.loss_fn,
+                       order=issue_order(g, plan))
+    x, y = wl.make_batch(wl.batch_size, "cpu")
+    loss = prog(x, y)
+    loss.backward()
+    return prog, loss.detach(), {n: p.grad.clone() for n, p in g.module.named_parameters()}
+
+
+@pytest.mark.parametrize("levers", ["full", "selective", "compile", "selective+compile"])
+def test_pieces_train_like_the_eager_program(tiny, monkeypatch, levers):
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "aot_eager")  # compiles without a C++ toolchain
+    wl, graph = tiny
+    blocks = _block_ids(graph, block_groups(graph))
+    kw = {"recompute": blocks} if "full" in levers else \
+        {"selective": blocks} if "selective" in levers else {}
+    plan = _blocks_plan(graph, compile="compile" in levers, **kw)
+    _, ref_loss, ref_grads = _loss_and_grads(wl, graph, _blocks_plan(graph))
+    prog, loss, grads = _loss_and_grads(wl, graph, plan)
+    pieces = [m for m in prog.program.modules() if isinstance(m, (Piece, CompiledPiece))]
+    assert pieces
+    if "compile" in levers:
+        assert all(isinstance(m, CompiledPiece) for m in prog.program.children()
+                   if isinstance(m, (Piece, CompiledPiece)))
+        compiled = [m for m in pieces if isinstance(m, CompiledPiece)]
+        assert compiled and all(m.failed is None and m.compile_s is not None for m in compiled)
+    modes = {m.recompute for m in pieces if isinstance(m, Piece)}
+    want = {"full"} if "full" in levers else {"selective"} if "selective" in levers else set()
+    if "compile" in levers:  # every group runs in compiled pieces
+        want.add(None)
+    assert modes == want
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6)
+
+
+def test_a_piece_whose_compile_fails_runs_eager_and_says_so():
+    inner = torch.nn.Linear(4, 4)
+    cp = CompiledPiece(Piece(inner, None), "group 3 (microbatch 0)")
+
+    def broken(*args):
+        raise RuntimeError("backend exploded")
+
+    object.__setattr__(cp, "_compiled", broken)
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = cp(x)
+    assert any("group 3 (microbatch 0)" in str(m.message) and "runs eager" in str(m.message)
+               for m in w)
+    assert cp.failed.startswith("RuntimeError: backend exploded")
+    torch.testing.assert_close(out, inner(x))
+    torch.testing.assert_close(cp(x), inner(x))  # and stays eager
+
+
+def test_the_simulator_prices_selective_between_none_and_full(tiny):
+    _, graph = tiny
+    base = preset("h100x1")  # device time only: gpt-tiny's step is otherwise host-bound
+    cluster = replace(base, devices=tuple(replace(d, host_dispatch_s=0.0) for d in base.devices))
+    blocks = _block_ids(graph, block_groups(graph))
+    runs = {name: simulate(graph, _blocks_plan(graph, **kw), cluster)
+            for name, kw in (("none", {}), ("selective", {"selective": blocks}),
+                             ("full", {"recompute": blocks}))}
+    t = {k: r.step_time_s for k, r in runs.items()}
+    act = {k: r.memory_breakdown[0]["activations"] for k, r in runs.items()}
+    assert t["none"] < t["selective"] < t["full"]
+    assert act["full"] < act["selective"] < act["none"]
+
+
+def test_plan_fields_round_trip_and_validate(tiny):
+    _, graph = tiny
+    blocks = _block_ids(graph, block_groups(graph))
+    plan = _blocks_plan(graph, selective=blocks[:1], recompute=blocks[1:], compile=True)
+    again = Plan.from_json(plan.to_json())
+    assert again.selective == plan.selective and again.parallel.compile
+    assert "compile" in again.parallel.describe()
+    plan.validate(graph)
+    old = _blocks_plan(graph).to_json()
+    assert "selective" not in old and "compile" not in old["parallel"]  # older readers
+    with pytest.raises(PlanError, match="both recompute and selective"):
+        _blocks_plan(graph, selective=blocks, recompute=blocks).validate(graph)
+    with pytest.raises(PlanError, match="exclude each other"):
+        ParallelConfig(compile=True, graphs=True)
+    with pytest.raises(PlanError, match="selective"):
+        Plan.from_json({**old, "selective": ["x"]})
