@@ -5,7 +5,8 @@ names, workload options).
 A config field's metadata says what to check: ``out="file" | "picture" | "dir"`` for
 outputs, ``min=N`` for numbers, ``guard=True`` for a default output path that must not
 replace an existing file unless ``--force`` (or the path is named on the command line).
-A config may add its own checks in a ``check()`` method.
+``when="FIELD"``: an output written only when that option is on. A config may add its own
+checks in a ``check()`` method.
 """
 
 from __future__ import annotations
@@ -99,11 +100,14 @@ def check_config(cfg: Any, given: set[str] | None = None) -> None:
     first one that is wrong. ``given``: fields the user named on the command line."""
     given = given or set()
     force = bool(getattr(cfg, "force", False))
+    listing = getattr(cfg, "list", False) is True  # --list writes nothing
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         meta = f.metadata
         if value is None or meta.get("unused"):
             continue
+        if meta.get("out") and (listing or not getattr(cfg, meta.get("when", f.name), True)):
+            continue  # an output this run does not write
         flag = flag_of(f)
         if "min" in meta and isinstance(value, (int, float)) and value < meta["min"]:
             raise AutoplaceError(f"{flag} must be at least {meta['min']}, got {value}")

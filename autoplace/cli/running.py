@@ -65,7 +65,7 @@ class ProfileConfig(ModelArgs, ClusterArgs):
     cluster_out: str = opt("cluster.json", "write the cluster with the measured link and "
                                            "collective speeds here (for --cluster; an existing "
                                            "file at the default path is kept unless --force)",
-                           out="file", guard=True)
+                           out="file", guard=True, when="links")
     force: bool = opt(False, "replace existing files at the default output paths")
 
 

@@ -8,13 +8,16 @@ run in this process; others run under ``torchrun``, started by
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
 
 from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
+from autoplace.executor.checkpoint import require_resumable
 from autoplace.executor.launch import run_plan
+from autoplace.executor.lifetime import folder_lock
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions, capture_graph, run_here
 from autoplace.lowering import validate
@@ -72,7 +75,11 @@ def execute(
     validate(capture_graph(workload), plan, cluster)
     _check_present(plan, cluster)
     if plan.parallel.data * plan.parallel.pipeline == 1:
-        return run_here(workload, plan, cluster, opts)
+        with contextlib.ExitStack() as stack:  # as run_plan: one run per checkpoint folder
+            if opts.checkpoint_dir:
+                stack.enter_context(folder_lock(opts.checkpoint_dir))
+                require_resumable(opts.checkpoint_dir, opts.resume, opts.steps)
+            return run_here(workload, plan, cluster, opts)
     return run_plan(plan, workload, cluster=cluster, options=opts, timeout_s=timeout_s)
 
 
