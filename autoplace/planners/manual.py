@@ -1,7 +1,11 @@
 """The options an engineer writes by hand (shared/MEASURED.md), as plans.
 
 One device; the model cut into one contiguous run per device in one process (the two
-halves); DDP; FSDP2; an even ``torch.distributed.pipelining`` split with GPipe and 1F1B.
+halves); DDP; FSDP2; an even ``torch.distributed.pipelining`` split with GPipe and 1F1B;
+and the per-block levers a strong user adds to the one-device and data-parallel options
+(:func:`lever_plans`): ``torch.compile`` on each block, ``torch.utils.checkpoint`` on each
+block (whole or selective), both; DDP + compile; FSDP2 + per-block checkpointing + compile
+(torchtitan's recipe).
 The splits are balanced by the graph's *analytic* costs (FLOPs and bytes, as
 :func:`autoplace.costs.estimate_costs` estimates them), never by a profile: a hand-made
 split does not move with a profile's noise, so the same options come out of every run
@@ -18,9 +22,10 @@ from autoplace import planners
 from autoplace.cluster import Cluster
 from autoplace.costs import estimate_costs
 from autoplace.graph import OpGraph
-from autoplace.plan import Plan
+from autoplace.lowering import block_groups, block_regions
+from autoplace.plan import ParallelConfig, Plan
 
-__all__ = ["analytic_copy", "hand_written", "halves_name"]
+__all__ = ["analytic_copy", "hand_written", "halves_name", "lever_plans"]
 
 #: every cost a profile fills; an analytic copy has none of them until estimated
 _PROFILED = ("fwd_time_s", "bwd_time_s", "fwd_fixed_s", "bwd_fixed_s", "fwd_host_s",
@@ -46,11 +51,12 @@ def halves_name(num_devices: int) -> str:
     return "two-halves" if num_devices == 2 else f"{num_devices}-parts"
 
 
-def hand_written(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
+def hand_written(graph: OpGraph, cluster: Cluster, *, levers: bool = True) -> dict[str, Plan]:
     """The hand-written options for ``graph`` on ``cluster``, by name: ``single``, the
     contiguous split (:func:`halves_name`, two or more devices), ``ddp``, ``fsdp``,
     ``pipeline-gpipe`` and ``pipeline-1f1b`` (two or more devices; ``max(8, devices)``
-    microbatches). Splits are balanced by analytic costs (:func:`analytic_copy`)."""
+    microbatches), and with ``levers`` the per-block recipes (:func:`lever_plans`). Splits
+    are balanced by analytic costs (:func:`analytic_copy`)."""
     g = analytic_copy(graph, cluster)
     n = cluster.num_devices
     out: dict[str, Any] = {"single": planners.get("single")(g, cluster)}
@@ -63,4 +69,47 @@ def hand_written(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
         for sched in ("gpipe", "1f1b"):
             out[f"pipeline-{sched}"] = planners.get("pipeline")(
                 g, cluster, microbatches=max(8, n), schedule=sched)
+    if levers:
+        out.update(lever_plans(g, cluster))
+    return out
+
+
+def lever_plans(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
+    """The per-block recipes, by name, as plans whose groups are the model's blocks
+    (:func:`autoplace.lowering.block_groups`): ``compile-blocks``, ``checkpoint-blocks``,
+    ``selective-blocks``, ``checkpoint-blocks+compile``, ``selective-blocks+compile`` on one
+    device, and with two or more devices ``ddp+compile`` and
+    ``fsdp+checkpoint-blocks+compile``. None when the graph has no blocks; the compiled
+    ones only on GPUs (on CPUs inductor's compile takes longer than the steps it saves)."""
+    groups = block_groups(graph)
+    regions = dict(zip(graph.order, block_regions(graph)))
+    blocks = {g for op, g in groups.items() if regions[op]}
+    if not blocks:
+        return {}
+    n_groups = max(groups.values()) + 1
+    n = cluster.num_devices
+
+    def plan(name: str, recompute=(), selective=(), **parallel: Any) -> Plan:
+        return Plan.from_groups(graph, groups, [0] * n_groups, recompute=set(recompute),
+                                selective=set(selective), parallel=ParallelConfig(**parallel),
+                                planner=name, cluster=cluster)
+
+    out = {
+        "checkpoint-blocks": plan("checkpoint-blocks", recompute=blocks),
+        "selective-blocks": plan("selective-blocks", selective=blocks),
+    }
+    if any(d.kind == "cpu" for d in cluster.devices):
+        return out
+    out.update({
+        "compile-blocks": plan("compile-blocks", compile=True),
+        "checkpoint-blocks+compile": plan("checkpoint-blocks+compile", recompute=blocks,
+                                          compile=True),
+        "selective-blocks+compile": plan("selective-blocks+compile", selective=blocks,
+                                         compile=True),
+    })
+    if n > 1:
+        out["ddp+compile"] = plan("ddp+compile", data=n, compile=True)
+        out["fsdp+checkpoint-blocks+compile"] = plan(
+            "fsdp+checkpoint-blocks+compile", recompute=blocks, data=n, shard="fsdp",
+            compile=True)
     return out

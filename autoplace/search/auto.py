@@ -51,7 +51,7 @@ from autoplace.executor.launch import short_error
 from autoplace.executor.pool import PlanPool
 from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
-from autoplace.planners.manual import halves_name, hand_written
+from autoplace.planners.manual import halves_name, hand_written, lever_plans
 from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_family
 from autoplace.policies import train
 from autoplace.search.calibration import Calibration, calibration_path
@@ -119,7 +119,7 @@ def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[
     out = []
     for r in rows:
         plan = r.get("plan")
-        if plan is None or r.get("oom") or plan.recompute or plan.parallel.graphs:
+        if plan is None or r.get("oom") or plan.recompute or plan.selective or plan.parallel.graphs:
             continue
         try:  # ParallelConfig says which plans run in one process
             twin = plan.with_parallel(graphs=True)
@@ -288,11 +288,16 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     rows += [_sim_row(graph, cluster, name, p) for name, p in extra_plans.items()]
     manual: list[tuple[str, tuple]] = []  # the hand-written options: (name, signature)
     try:
-        for name, p in hand_written(graph, cluster).items():
+        for name, p in hand_written(graph, cluster, levers=False).items():
             rows.append(_sim_row(graph, cluster, name, p))
             manual.append((name, signature(p)))
     except AutoplaceError as e:  # e.g. a pipeline the model's batch cannot feed
         say(f"hand-written options: {e}")
+    # the per-block recipes (checkpointing, compile) compete as candidates: a compiled one
+    # is a family of its own (measured once at least), a checkpointed one is measured where
+    # the simulator ranks it (first where nothing else fits)
+    rows += [_sim_row(graph, cluster, name, p)
+             for name, p in lever_plans(graph, cluster).items()]
     rows += _graphed_rows(graph, cluster, rows)
     usable = min(d.usable_memory_bytes for d in cluster.devices)
 

@@ -10,7 +10,12 @@ __all__ = ["family", "signature"]
 
 
 def family(plan: Plan) -> str:
-    """The execution family of a plan: its measured/simulated error is shared in a family."""
+    """The execution family of a plan: its measured/simulated error is shared in a family
+    (compiled plans apart: the simulator prices their pieces as eager ones)."""
+    return _layout(plan) + ("+compile" if plan.parallel.compile else "")
+
+
+def _layout(plan: Plan) -> str:
     p = plan.parallel
     dp = f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "")
     if p.pipeline > 1:
@@ -24,6 +29,10 @@ def family(plan: Plan) -> str:
 
 
 def signature(plan: Plan) -> tuple:
-    """What makes two plans the same plan: each op's device, the split, the recompute set."""
-    return (tuple(plan.placement[plan.groups[op]] for op in sorted(plan.groups)),
-            plan.parallel, tuple(sorted(plan.recompute)))
+    """What makes two plans the same plan: each op's device, the split, the ops recomputed
+    (whole and selectively), and, for compiled plans, the pieces (the groups)."""
+    ops = sorted(plan.groups)
+    return (tuple(plan.placement[plan.groups[op]] for op in ops), plan.parallel,
+            tuple(op for op in ops if plan.groups[op] in plan.recompute),
+            tuple(op for op in ops if plan.groups[op] in plan.selective),
+            tuple(plan.groups[op] for op in ops) if plan.parallel.compile else ())

@@ -8,7 +8,8 @@ from autoplace import planners, workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.costs import estimate_costs
-from autoplace.planners.manual import analytic_copy, halves_name, hand_written
+from autoplace.lowering import block_regions
+from autoplace.planners.manual import analytic_copy, halves_name, hand_written, lever_plans
 from autoplace.search.auto import signature
 
 
@@ -32,16 +33,30 @@ def graphs():
 
 def test_the_options_and_their_names(graphs):
     plain, _, cluster = graphs
-    opts = hand_written(plain, cluster)
+    opts = hand_written(plain, cluster, levers=False)
     assert list(opts) == ["single", "two-halves", "ddp", "fsdp", "pipeline-gpipe",
                           "pipeline-1f1b"]
+    blocks = ["checkpoint-blocks", "selective-blocks", "compile-blocks",
+              "checkpoint-blocks+compile", "selective-blocks+compile"]
+    assert list(hand_written(plain, cluster)) == [*opts, *blocks, "ddp+compile",
+                                                  "fsdp+checkpoint-blocks+compile"]
+    assert list(lever_plans(plain, preset("cpu-x2"))) == blocks[:2]  # no compile on CPUs
+    ckpt = hand_written(plain, cluster)["fsdp+checkpoint-blocks+compile"]
+    assert ckpt.parallel.compile and ckpt.parallel.shard == "fsdp" and ckpt.recompute
+    regions = dict(zip(plain.order, block_regions(plain)))
+    computed = [op for op in plain.order if plain.ops[plain.index[op]].kind
+                not in ("input", "param", "output")]
+    assert {regions[op] for op in computed if ckpt.groups[op] in ckpt.recompute} == \
+        {"blocks.0", "blocks.1"}  # the blocks are checkpointed, nothing else
+    assert all(regions[op] for op in computed if ckpt.groups[op] in ckpt.recompute)
     assert opts["two-halves"].devices_per_replica == 2
     assert opts["two-halves"].parallel.microbatches == 1
     assert opts["ddp"].parallel.data == 2 and opts["fsdp"].parallel.shard == "fsdp"
     assert opts["pipeline-1f1b"].parallel.pipeline == 2
     assert opts["pipeline-1f1b"].parallel.microbatches == 8
     assert halves_name(2) == "two-halves" and halves_name(4) == "4-parts"
-    assert list(hand_written(plain, preset("h100x1"))) == ["single", "ddp", "fsdp"]
+    assert list(hand_written(plain, preset("h100x1"), levers=False)) == ["single", "ddp",
+                                                                           "fsdp"]
 
 
 def test_splits_ignore_the_profile(graphs):

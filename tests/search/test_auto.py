@@ -43,7 +43,7 @@ def fake_measure(graph, cluster, log):
     def measure(plan):
         log.append(plan)
         sim = simulate(graph, plan, cluster)
-        fam = family(plan)
+        fam = family(plan).removesuffix("+compile")  # compiling changes nothing here
         if fam == "pipeline":
             return RunReport(plan=plan.describe(), oom=True, error="out of memory on cuda:1")
         return RunReport(plan=plan.describe(), step_time_s=sim.step_time_s * SLOW.get(fam, 1.0),
@@ -67,7 +67,7 @@ def test_auto_returns_fastest_measured_and_saves_calibration(setup, tmp_path):
     corr = plan.planner["correction"]
     measured_fams = {family(p) for p in log} - {"pipeline"}
     for fam in measured_fams:
-        assert corr[fam] == pytest.approx(SLOW.get(fam, 1.0), rel=1e-6)
+        assert corr[fam] == pytest.approx(SLOW.get(fam.removesuffix("+compile"), 1.0), rel=1e-6)
     # saved beside the profile, and complete
     path = calibration_path(tmp_path, graph, cluster)
     data = json.loads(path.read_text())
@@ -236,7 +236,7 @@ def test_the_one_device_plan_and_the_hand_written_options_are_measured_past_the_
     plan = auto_plan("gpt-tiny", cluster, budget=0, graph=graph, planners=PLANNERS,
                      measure=fake_measure(graph, cluster, log), progress=False,
                      cache_dir=tmp_path)
-    manual = hand_written(graph, cluster)
+    manual = hand_written(graph, cluster, levers=False)  # the per-block recipes compete
     assert family(log[0]) != "single" and family(log[1]) == "single"
     assert signature(log[2]) == signature(manual["two-halves"])
     sims = {k: simulate(graph, p, cluster) for k, p in manual.items()}
@@ -283,7 +283,8 @@ def test_a_near_tie_is_decided_on_two_runs_each(setup, tmp_path):
     calls: dict[str, int] = {}
 
     def measure(plan):
-        fam = family(plan)
+        # by family, but the per-block recipes (family "single" too) are slow here
+        fam = family(plan) if "blocks" not in plan.planner.get("name", "") else "blocks"
         k = calls.get(fam, 0)
         calls[fam] = k + 1
         seq = runs.get(fam, [0.500])
