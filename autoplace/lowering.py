@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Lowering", "ROOT_UNIT", "SELECTIVE_SAVED_KINDS", "block_groups", "block_regions",
-    "fsdp_unit_keys", "gather_dtype", "issue_order", "issue_order_items",
+    "fsdp_unit_keys", "gather_dtype", "issue_order", "issue_order_items", "stage_recompute",
     "lower", "op_levels", "pipeline_actions", "stage_of_ops", "tied_parameters", "validate",
 ]
 
@@ -62,6 +62,8 @@ class Lowering:
         tied: parameter -> the pipeline stages that use it (more than one).
         unit_keys: op -> FSDP2 unit (:func:`fsdp_unit_keys`); empty unless sharded.
         gather_dtype: FSDP2's gather dtype (``"bfloat16"``), None for parameters as they are.
+        stage_recompute: per pipeline stage, how it is recomputed: None, ``"full"`` or
+            ``"selective"`` (a stage is recomputed whole or not at all).
     """
 
     plan: Plan
@@ -71,6 +73,7 @@ class Lowering:
     tied: dict[str, list[int]]
     unit_keys: dict[str, str]
     gather_dtype: str | None
+    stage_recompute: tuple[str | None, ...] = ()
 
     def module_units(self, graph: OpGraph) -> dict[str, str]:
         """Called module path -> its FSDP2 unit, for the modules not in the root's unit
@@ -111,13 +114,33 @@ def lower(graph: OpGraph, plan: Plan, cluster: Cluster | None = None, *,
     keys = dict(zip(graph.order, fsdp_unit_keys(graph, par.shard_units))) if sharded else {}
     return Lowering(plan=plan, order=order, actions=actions, stage_of=stage, tied=tied,
                     unit_keys=keys,
-                    gather_dtype=gather_dtype(graph, device_type) if sharded else None)
+                    gather_dtype=gather_dtype(graph, device_type) if sharded else None,
+                    stage_recompute=tuple(stage_recompute(plan)) if par.pipeline > 1 else ())
+
+
+def stage_recompute(plan: Plan) -> list[str | None]:
+    """How each pipeline stage is recomputed (None, ``"full"``, ``"selective"``); raises
+    :class:`PlanError` for a stage whose groups are recomputed in different ways."""
+    out = []
+    for s in range(plan.parallel.pipeline):
+        modes = {"full" if g in plan.recompute else "selective" if g in plan.selective else None
+                 for g, d in enumerate(plan.placement) if d == s}
+        if len(modes) > 1:
+            raise PlanError(
+                f"pipeline stage {s} recomputes some of its groups and not others "
+                f"({', '.join(sorted(str(m or 'none') for m in modes))}); a stage runs whole "
+                "under one recompute mode: put all of its groups in recompute, in selective, "
+                "or in neither")
+        out.append(modes.pop() if modes else None)
+    return out
 
 
 def validate(graph: OpGraph, plan: Plan, cluster: Cluster | None = None) -> None:
     """:meth:`Plan.validate` and the checks that need the graph's fx module: a buffer used
     by several pipeline stages, tied weights under a sharded pipeline."""
     plan.validate(graph, cluster)
+    if plan.parallel.pipeline > 1:
+        stage_recompute(plan)
     gm = graph.module
     if plan.parallel.pipeline == 1 or gm is None:
         return

@@ -22,6 +22,7 @@ from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
 from autoplace.executor.data import allreduce_grads, sum_grads, wrap_data_parallel
 from autoplace.executor.local import build_local, split_value
+from autoplace.executor.pieces import piece
 from autoplace.executor.pipeline import build_stage, example_values, make_schedule
 from autoplace.lowering import Lowering, lower
 from autoplace.plan import Plan
@@ -137,6 +138,9 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         ex_inputs, _ = workload.make_batch(micro, "cpu")
     values = example_values(gm, ex_inputs, device, workload.autocast_dtype)
     stage_mod = build_stage(gm, plan, stage, ex_inputs, device, values).to(device)
+    mode = low.stage_recompute[stage]
+    if mode or par.compile:  # the stage whole: under a checkpoint, and/or compiled
+        stage_mod = piece(stage_mod, mode, par.compile, f"pipeline stage {stage}")
     group = dp_group = None
     model = stage_mod
     if par.data > 1:

@@ -136,7 +136,7 @@ def anneal(
         elif r < 0.13 and par.data > 1 and k == 1:
             shard = rng.choice([x for x in ("none", "zero2", "fsdp") if x != par.shard])
             return replace(plan, parallel=replace(par, shard=shard))
-        elif r < 0.17:
+        elif r < 0.17 and par.pipeline == 1:  # a pipeline stage is recomputed whole
             g = rng.randrange(n_groups)
             return replace(plan, recompute=plan.recompute ^ {g})
         if k == 1:

@@ -137,3 +137,51 @@ def test_plan_fields_round_trip_and_validate(tiny):
         ParallelConfig(compile=True, graphs=True)
     with pytest.raises(PlanError, match="selective"):
         Plan.from_json({**old, "selective": ["x"]})
+
+
+def _check(r, steps=3):
+    assert r.ok, r.error
+    assert r.max_loss_rel_diff < 1e-4, (r.loss, r.reference_loss)
+    assert len(r.loss) == steps
+
+
+@pytest.mark.parametrize("levers", ["recompute", "selective+compile"])
+def test_a_pipeline_stage_runs_recomputed_or_compiled(tiny, monkeypatch, levers):
+    """A pipeline stage's groups recomputed (whole or selectively) or compiled: the stage
+    runs as one piece under torch.distributed.pipelining, with the reference's losses."""
+    from autoplace.executor import execute
+    from tests.helpers.plans import split
+
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "aot_eager")
+    wl, graph = tiny
+    base = split(graph, pipeline=2, microbatches=2, compile="compile" in levers)
+    kw = {"selective": {1}} if "selective" in levers else {"recompute": {1}}
+    plan = Plan.from_groups(graph, base.groups, base.placement, parallel=base.parallel, **kw)
+    _check(execute(wl, plan, cluster=preset("cpu-x2"), steps=3, warmup=1))
+
+
+def test_a_stage_recomputed_in_part_is_refused(tiny):
+    from autoplace.lowering import validate
+
+    _, graph = tiny
+    groups = block_groups(graph)
+    n = max(groups.values()) + 1
+    placement = [0 if g < n // 2 else 1 for g in range(n)]
+    plan = Plan.from_groups(graph, groups, placement, recompute={n - 1},
+                            parallel=ParallelConfig(pipeline=2, microbatches=2))
+    with pytest.raises(PlanError, match="stage 1 recomputes some of its groups"):
+        validate(graph, plan)
+
+
+@pytest.mark.parametrize("recipe", ["ddp+compile", "fsdp+checkpoint-blocks+compile"])
+def test_data_parallel_recipes_train_like_the_reference(tiny, monkeypatch, recipe):
+    """DDP + compile and FSDP2 + per-block checkpointing + compile (torchtitan's recipe) as
+    autoplace runs them, two gloo ranks: the reference's losses."""
+    from autoplace.executor import execute
+    from autoplace.planners.manual import lever_plans
+
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "aot_eager")
+    wl, graph = tiny
+    gpu_like = preset("h100x2")  # the compiled recipes are offered for GPUs
+    plan = lever_plans(graph, gpu_like)[recipe]
+    _check(execute(wl, plan, cluster=preset("cpu-x2"), steps=3, warmup=1))
