@@ -421,7 +421,7 @@ def _non_negative(x: Any, what: str) -> None:
 #: (eager PyTorch with autocast: ~20-40 us per op).
 GPU_HOST_DISPATCH_S = 30e-6
 #: Per parameter tensor, fitted to what DDP and FSDP2 plans measured beyond the simulated
-#: step on 2x H200 (torch 2.11; bench/results/2026-11-26-h200x2-links.json: gpt-1b, gnmt-4,
+#: step on 2x H200 (torch 2.11; docs/simulator.md, the links run: gpt-1b, gnmt-4,
 #: inception-v3, 40 to 284 parameter tensors): DDP's backward hook, on the autograd thread, and
 #: FSDP2's per-parameter work per all-gather / reduce-scatter, which the device waits for.
 #: Per copy between two GPUs of one process (``Tensor.to`` forward, its gradient's copy back

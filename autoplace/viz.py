@@ -222,7 +222,7 @@ def bar_chart(rows: Sequence[Mapping[str, Any]] | Mapping[str, float], path: str
 
 
 def suite_figure(result: Mapping[str, Any], path: str | Path) -> Path:
-    """A benchmark suite (``scripts/bench_plans.py``'s JSON) in pictures: per scenario, the
+    """A benchmark suite (``scripts/bench/bench_plans.py``'s JSON) in pictures: per scenario, the
     measured step time of every distinct plan with its spread (hand-written options in
     grey, auto's choice in red, plans that ran out of memory marked, the best hand-written
     option as a dashed line), and the simulated against the measured step times (the

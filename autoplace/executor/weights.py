@@ -2,7 +2,7 @@
 
 A torchrun job builds the workload in every process. Initialising a large model on
 the CPU is slow (gpt-1b: about 16 s on one core, and torchrun gives each rank one),
-so a driver that runs many plans of one workload (``scripts/bench_plans.py``) saves
+so a driver that runs many plans of one workload (``scripts/bench/bench_plans.py``) saves
 the initial parameters and buffers once with :func:`save_weights` and passes the file
 as ``RunOptions.weights_file``; each process builds the model on the meta device and
 fills it from the file (:func:`load_workload`: memory-mapped copy-on-write, read with

@@ -113,7 +113,7 @@ def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[
     """On GPUs, every one-process plan among ``rows`` again with ``parallel.graphs`` (each
     run of ops on one device replayed as a CUDA graph): eager, a host thread issuing every
     op of Inception-v3 limits it; graphed, its two halves measured 36-40 ms against
-    44-66 ms eagerly on 2x H200 (bench/results/2026-11-27-h200x2-s19-graphs.md)."""
+    44-66 ms eagerly on 2x H200 (docs/executor.md, CUDA graphs)."""
     if not all(d.name.startswith("cuda") for d in cluster.devices):
         return []
     out = []
@@ -205,7 +205,7 @@ MANUAL_WITHIN = 1.5
 NEAR_TIE = 1.05
 #: a plan simulated over a device's usable memory by at most this factor is a candidate
 #: while its family's memory was not measured: the simulated peaks of measured plans were
-#: 0.7-1.3x the measured ones (bench/results, 2x H200); an out-of-memory run costs a few
+#: 0.7-1.3x the measured ones (2x H200, docs/simulator.md); an out-of-memory run costs a few
 #: seconds and is remembered. On 2x H200 under gpt-1b's 16 GiB cap ZeRO-2 simulated
 #: 16.2 GiB and measured 14.5 GiB (FSDP2: 14.7 and 13.1 GiB).
 TIGHT_MEMORY = 1.10
@@ -218,8 +218,7 @@ NEAR_BEST = 1.05
 #: the usable memory is measured with a unit per module next (``parallel.shard_units``):
 #: on 2x H200 under GNMT-4's 4.4 GiB cap FSDP2 as one unit (what blocks were on GNMT-4
 #: then, executor.data) peaked at 95% of it and ran 87.3 ms, by modules 74% and 66.5 ms,
-#: while without the cap one unit ran 46.6 ms and modules 61.2
-#: (bench/results/raw/2026-11-27-h200x2-s23-fsdp-units-cap.json)
+#: while without the cap one unit ran 46.6 ms and modules 61.2 (docs/executor.md)
 UNITS_NEAR_CAP = 0.90
 
 
@@ -242,7 +241,7 @@ def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[di
     The simulator decides this count least reliably (it hinges on host time per op, which
     varies between machines): on one 2x H200 machine under a 16 GiB cap gpt-1b's two
     halves measured 84.7 ms with 4 microbatches against 88.8 ms with 2, on another 129
-    against 94 (bench/results/raw/2026-11-27-h200x2-s16-*).
+    against 94 (docs/executor.md).
     """
     plan = c["plan"]
     par = plan.parallel
@@ -353,8 +352,8 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
 
     # then the hand-written options (shared/MEASURED.md) that fit: the contiguous split in
     # one process always (on Inception-v3 over 2x H200 it measured 39.9 ms, auto's choice
-    # 48.4 ms, with the profile-balanced split 50.4 ms: bench/results/
-    # 2026-11-27-h200x2-s19-suite.md), the others when predicted within MANUAL_WITHIN of
+    # 48.4 ms, with the profile-balanced split 50.4 ms: docs/results.md), the others when
+    # predicted within MANUAL_WITHIN of
     # the best prediction
     fastest = min(corrected(c) for c in cands)
     for name, sig in manual:

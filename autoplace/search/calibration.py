@@ -73,7 +73,7 @@ def same_cap_regime(path: Path, tag: str = "") -> Path | None:
     """For a capped calibration ``path`` (:func:`calibration_path`'s name) that does not
     exist, the file beside it of the same graph and cluster whose cap is nearest to
     ``path``'s within :data:`CAP_MATCH_REL`, if any; with ``tag``, among the files named
-    ``...-cap<G>GiB-<tag>.calibration.json`` (``scripts/replay_suite.py``'s stored ones)."""
+    ``...-cap<G>GiB-<tag>.calibration.json`` (``scripts/bench/replay_suite.py``'s stored ones)."""
     m = re.fullmatch(r"(.+)-cap([0-9.e+-]+)GiB\.calibration\.json", path.name)
     if m is None or not path.parent.is_dir():
         return None

@@ -184,8 +184,9 @@ def host_times(tables: CostTables, cdev: np.ndarray, ops: np.ndarray,
 
 #: host seconds to replay one graphed piece (``parallel.graphs``): the autograd call and
 #: its copies into the static inputs, plus this much per parameter tensor the piece takes
-#: (2x H200, session 19: gpt-1b on one GPU as one piece, 290 parameter tensors, issued its
-#: forward in 2.1 ms and its backward in 3.3 ms, against 13 and 24 ms eagerly)
+#: (fitted on 2x H200, docs/simulator.md: gpt-1b on one GPU as one piece, 290 parameter
+#: tensors, issued its forward in 2.1 ms and its backward in 3.3 ms, against 13 and 24 ms
+#: eagerly)
 GRAPH_PIECE_HOST_S = 50e-6
 GRAPH_PARAM_HOST_S = 9e-6
 
@@ -204,7 +205,7 @@ def graphed_host(dev: np.ndarray, param_count: np.ndarray) -> np.ndarray:
 def graphed_grad_bytes(param_bytes: np.ndarray | float, m: int) -> np.ndarray | float:
     """Gradient memory a graphed plan holds beyond eager's one ``.grad`` per parameter:
     each microbatch's piece returns its parameters' gradients in static buffers of its
-    own, and only the first microbatch's become the ``.grad`` (2x H200, session 19:
+    own, and only the first microbatch's become the ``.grad`` (2x H200, docs/simulator.md:
     gpt-1b's halves, 1.9 GiB of parameters each, peaked 1.5-2.1, 5.0-5.3 and 12.6-12.7 GiB
     higher per GPU graphed with 2, 4 and 8 microbatches; this predicts 1.9, 5.7, 13.3)."""
     return (m - 1) * param_bytes

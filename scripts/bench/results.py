@@ -190,7 +190,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def suite_headline(suite: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per scenario of a ``scripts/bench_plans.py`` result: the best hand-written option,
+    """Per scenario of a ``scripts/bench/bench_plans.py`` result: the best hand-written option,
     auto's plan, and how they compare.
 
     Args:

@@ -24,9 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from results import RESULTS, card_slug, read_run  # noqa: E402
+from results import RESULTS, card_slug, read_run  # beside this script
 
 __all__ = ["load_runs", "mark_current", "index_json", "bench_readme", "readme_table",
            "replace_between", "main"]

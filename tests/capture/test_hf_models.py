@@ -268,7 +268,8 @@ def test_profiles_mixtral_whose_expert_counts_do_not_require_grad():
 
 def test_an_exported_graph_is_one_fsdp_unit_gathered_in_fp32():
     """An exported graph calls no submodules, so the executor's FSDP2 finds no blocks in it
-    (one parameter group, gathered as the parameters are: fp32, ``build._param_dtype``);
+    (one parameter group, the root's, gathered as the parameters are: fp32,
+    ``lowering.gather_dtype``);
     the simulator's FSDP2 model says the same, and the graph file keeps how it was made."""
     from autoplace.graph import OpGraph
     from autoplace.sim import simulate
@@ -277,8 +278,8 @@ def test_an_exported_graph_is_one_fsdp_unit_gathered_in_fp32():
     g = capture_workload(workloads.get("tests.helpers.hf_models:gpt2", device="meta",
                                        autocast_dtype="bfloat16"))
     ga = graph_arrays(g)
-    _, unit_bytes, _ = fsdp_units(ga, [0] * ga.n, 1)
-    assert unit_bytes == [pytest.approx(float(ga.param_bytes.sum()))]
+    units = fsdp_units(ga, [0] * ga.n, 1)
+    assert units.unit_bytes == [pytest.approx(float(ga.param_bytes.sum()))] and units.root == [True]
     assert ga.gather_scale == 1.0
     again = OpGraph.from_json(g.to_json())
     assert again.capture_method == "export" and graph_arrays(again).gather_scale == 1.0
@@ -287,4 +288,4 @@ def test_an_exported_graph_is_one_fsdp_unit_gathered_in_fp32():
     fx_graph = capture_workload(workloads.get("gpt-tiny", device="meta",
                                               autocast_dtype="bfloat16"))
     assert graph_arrays(fx_graph).gather_scale == 0.5  # blocks, gathered in bf16
-    assert len(fsdp_units(graph_arrays(fx_graph), [0] * len(fx_graph), 1)[1]) > 1
+    assert len(fsdp_units(graph_arrays(fx_graph), [0] * len(fx_graph), 1).unit_bytes) > 1
