@@ -38,6 +38,8 @@ import traceback
 import weakref
 from typing import Any
 
+from autoplace.executor.lifetime import child_preexec
+
 __all__ = ["MeasuringWorker", "WorkerDied", "WorkerTimeout", "main"]
 
 
@@ -83,7 +85,9 @@ class MeasuringWorker:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "autoplace.envs.real_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-            start_new_session=True,  # its own process group: a kill takes its children too
+            # its own process group (a kill takes its children too), killed by the kernel
+            # when this process dies, kill -9 included
+            preexec_fn=child_preexec,
         )
         self._replies = queue.Queue()
         threading.Thread(target=_pump, args=(self._proc.stdout, self._replies),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,3 +103,39 @@ def test_sigterm_of_run_stops_its_processes(ddp_plan):
     finally:
         if run.poll() is None:
             run.kill()
+
+
+def test_kill_9_of_the_env_leaves_no_measuring_worker(tmp_path):
+    """The real backend's measuring worker dies with the process that started it, even
+    while its request pipe stays open (a forked child of the owner holds it here, as a
+    measurement in flight would keep the worker from reading it)."""
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from autoplace.envs.real_worker import MeasuringWorker\n"
+        "w = MeasuringWorker()\n"
+        "w.start()\n"
+        "holder = os.fork()\n"
+        "if holder == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(w.pid, holder, flush=True)\n"
+        "time.sleep(600)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    try:
+        worker, holder = map(int, owner.stdout.readline().split())
+        assert pid_alive(worker)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and pid_alive(worker):
+            time.sleep(0.2)
+        assert not pid_alive(worker), "the measuring worker outlived its owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        for pid in (worker, holder) if "holder" in locals() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
