@@ -10,6 +10,7 @@ and runs :func:`~autoplace.policies.reinforce.reinforce`. It writes
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,27 @@ def _describe_spec(spec: Any) -> str:
     return spec if isinstance(spec, str) else getattr(spec, "name", type(spec).__name__)
 
 
+#: what a training run writes in its ``out_dir``
+RUN_FILES = ("checkpoint.pt", "best_plan.json", "best_plans.json", "tb", "curve.png")
+
+
+def check_run_folder(out_dir: str | Path, *, resume: bool, force: bool) -> None:
+    """Refuse ``out_dir`` when it holds an earlier run and neither ``resume`` nor ``force``
+    says what to do with it (``train`` checks it before any work; with ``force`` it then
+    removes that run's files, so no events of two runs mix)."""
+    out = Path(out_dir)
+    if resume and force:
+        raise AutoplaceError("resume continues the run in the output folder and force "
+                             "replaces it: pass one of them")
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if found and not (resume or force):
+        raise AutoplaceError(
+            f"{out} holds an earlier run ({', '.join(found)}): resume it (--resume), start "
+            "over there (--force), or name another output folder")
+    if resume and not (out / "checkpoint.pt").exists():
+        raise AutoplaceError(f"nothing to resume: no checkpoint.pt in {out}")
+
+
 def train(
     model_spec: Any,
     cluster: Any,
@@ -103,6 +125,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     *,
+    force: bool = False,
     mode: str = "oneshot",
     memory_cap: str | int | None = None,
     policy_options: dict[str, Any] | None = None,
@@ -123,8 +146,11 @@ def train(
         max_groups: groups each graph is coarsened to, or ``"auto"``: the largest
             :func:`autoplace.grouping.auto_group_count` of the graphs (16 for a chain, more
             for graphs of many parallel-branch blocks, 8 for a small fork-join graph).
-        resume: continue from ``out_dir/checkpoint.pt`` when it exists.
+        resume: continue from ``out_dir/checkpoint.pt``.
         progress: show a progress bar.
+        force: start over in an ``out_dir`` of an earlier run (its checkpoint, plans and
+            TensorBoard events removed). Without ``resume`` or ``force`` such a folder is
+            refused (:func:`check_run_folder`): an earlier run is never overwritten.
         mode: ``oneshot`` or ``incremental`` (gnn only).
         memory_cap: cap every device's memory (``"16GB"``).
         policy_options: the policy's own options (``hidden``, ``conv``...).
@@ -132,6 +158,12 @@ def train(
             :func:`default_env_options`).
         **reinforce_options: fields of :class:`ReinforceConfig` (``batch_size``, ``lr``...).
     """
+    if out_dir is not None:
+        check_run_folder(out_dir, resume=resume, force=force)
+        if force:  # start over: the earlier run's files go, before any work
+            shutil.rmtree(Path(out_dir) / "tb", ignore_errors=True)
+            for name in RUN_FILES:
+                (Path(out_dir) / name).unlink(missing_ok=True)
     cl = resolve(cluster, memory_cap)
     specs = list(model_spec) if isinstance(model_spec, (list, tuple)) else [model_spec]
     if max_groups == "auto":

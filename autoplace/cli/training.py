@@ -3,7 +3,6 @@ resumed or refused, never overwritten without ``--force``."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from autoplace.errors import AutoplaceError
 __all__ = ["COMMANDS"]
 
 #: what a train run leaves in its folder (policies.api.train)
-RUN_FILES = ("checkpoint.pt", "best_plan.json", "best_plans.json", "tb", "curve.png")
 
 
 @dataclass(kw_only=True)
@@ -40,16 +38,12 @@ class TrainConfig(ModelArgs, ClusterArgs):
         except AutoplaceError as e:
             raise AutoplaceError(f"--budget: {e}") from None
         max_groups(self.max_groups)
-        if self.resume and self.force:
-            raise AutoplaceError("--resume continues the run in --out and --force replaces it: "
-                                 "pass one of them")
-        found = [name for name in RUN_FILES if (Path(self.out) / name).exists()]
-        if found and not (self.resume or self.force):
-            raise AutoplaceError(
-                f"--out {self.out} holds an earlier run ({', '.join(found)}): pass --resume to "
-                "continue it, --force to start over there, or name another --out")
-        if self.resume and not (Path(self.out) / "checkpoint.pt").exists():
-            raise AutoplaceError(f"--resume: no checkpoint.pt in {self.out} to resume from")
+        from autoplace.policies.api import check_run_folder  # heavy: loaded when used
+
+        try:
+            check_run_folder(self.out, resume=self.resume, force=self.force)
+        except AutoplaceError as e:
+            raise AutoplaceError(f"--out: {e}") from None
 
 
 def max_groups(text: str) -> int | str:
@@ -73,13 +67,9 @@ def cmd_train(cfg: TrainConfig) -> int:
         cluster.require_present(what="train --backend real (it measures plans)")
     wl = build_model(cfg, device="meta")
     out = Path(cfg.out)
-    if cfg.force:  # start over: no events of the earlier run mixed into this one's
-        shutil.rmtree(out / "tb", ignore_errors=True)
-        for name in ("checkpoint.pt", "best_plan.json", "best_plans.json"):
-            (out / name).unlink(missing_ok=True)
     res = train(wl, cluster, policy=cfg.policy, backend=cfg.backend, budget=cfg.budget,
                 out_dir=cfg.out, seed=cfg.seed, max_groups=max_groups(cfg.max_groups),
-                resume=cfg.resume, progress=True)
+                resume=cfg.resume, force=cfg.force, progress=True)
     print(f"best plan: {res.best_plan.describe()}, {ms(res.best_step_time_s)} ms -> "
           f"{out / 'best_plan.json'}")
     return 0

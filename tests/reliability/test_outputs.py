@@ -137,6 +137,22 @@ def test_train_never_restarts_over_an_earlier_run(tmp_path):
     assert cli(*args, "--force").returncode == 0
 
 
+def test_the_library_train_never_restarts_over_an_earlier_run(tmp_path):
+    from autoplace.errors import AutoplaceError
+    from autoplace.policies import train
+
+    out = tmp_path / "run"
+    kw = {"policy": "seq2seq", "budget": "1", "out_dir": out, "max_groups": 4,
+          "progress": False}
+    train("gpt-tiny", "cpu-x2", **kw)
+    ckpt = (out / "checkpoint.pt").read_bytes()
+    with pytest.raises(AutoplaceError, match="holds an earlier run"):
+        train("gpt-tiny", "cpu-x2", **kw)
+    assert (out / "checkpoint.pt").read_bytes() == ckpt
+    train("gpt-tiny", "cpu-x2", **kw, force=True)  # starts over, on purpose
+    assert not (out / "tb").exists() or len(list((out / "tb").rglob("events*"))) == 1
+
+
 @pytest.fixture(scope="module")
 def single_plan(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("ckpt") / "plan.json"
