@@ -95,8 +95,10 @@ def run_demo(
 
     _say(f"training a {policy} policy for {budget} on the simulator")
     t0 = time.perf_counter()
+    # a fresh policy every demo: the demo's own folder, replaced each time it runs
     res = train(graph, cluster, policy=policy, backend="sim", budget=budget,
-                out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True)
+                out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True,
+                force=True)
     policy_plan = res.best_plan
     sim_res = simulate(graph, policy_plan, cluster)
     policy_plan = policy_plan.with_predicted({"step_time_s": sim_res.step_time_s,
