@@ -55,7 +55,9 @@ def random_plan(graph: OpGraph, cluster: Cluster, rng: random.Random, *,
             par = ParallelConfig(data=d, pipeline=p, microbatches=rng.choice([p, 2 * p]),
                                  schedule=rng.choice(["gpipe", "1f1b"]),
                                  shard=rng.choice(["none", "zero2", "fsdp"]) if d > 1 else "none")
-            rc = {g for g in range(num_groups) if rng.random() < 0.2}
+            # a pipeline stage is recomputed whole or not at all (lowering.stage_recompute)
+            rc_stages = {s for s in range(p) if rng.random() < 0.2}
+            rc = {g for g in range(num_groups) if placement[g] in rc_stages}
             return Plan.from_groups(graph, groups, placement, parallel=par, recompute=rc)
     k = rng.choice([x for x in (1, 2, 4) if x <= n_dev])
     d = rng.choice([x for x in (1, 2, 4) if x * k <= n_dev])
