@@ -28,12 +28,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from autoplace import workloads
 from autoplace.cluster import Cluster, resolve
 from autoplace.errors import AutoplaceError, PlanError
 from autoplace.executor.checkpoint import require_resumable
 from autoplace.executor.lifetime import LAUNCHER_ENV, child_preexec, folder_lock, stop_group
 from autoplace.executor.report import RunReport
-from autoplace.executor.runner import RunOptions
+from autoplace.executor.runner import RunOptions, capture_graph, run_here
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
@@ -156,9 +157,6 @@ def _check_layout(plan: Plan, cluster: Cluster, nproc: int) -> None:
 def _run(plan: Plan, workload: Any, spec: dict[str, Any], cluster: Cluster, opts: RunOptions,
          nproc: int, timeout_s: float | None, trusted: bool) -> RunReport:
     if nproc == 1:
-        from autoplace import workloads
-        from autoplace.executor.runner import capture_graph, run_here
-
         wl = workload if isinstance(workload, Workload) else workloads.get(
             spec["spec"], seed=spec.get("seed", 0), trusted=trusted, **spec["options"])
         validate(capture_graph(wl), plan, cluster)

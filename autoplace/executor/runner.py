@@ -22,20 +22,23 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from autoplace.capture import random_ops
+from autoplace.capture import capture_workload, random_ops
 from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
+from autoplace.executor import build
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
-from autoplace.executor.local import move_to, split_value
+from autoplace.executor.local import graphs_from_env, move_to, split_value
 from autoplace.executor.report import RunReport
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
-__all__ = ["RunOptions", "capture_graph", "global_batch", "reference_losses", "run_here"]
+__all__ = ["RunOptions", "capture_graph", "global_batch", "reference_losses", "run_here",
+           "workload_autocast", "workload_optimizer"]
 
 
 @dataclass(kw_only=True)
@@ -86,13 +89,8 @@ def capture_graph(workload: Workload, batch_size: int | None = None):
     again: the earlier graph is bound to this model (a new ``fx.GraphModule`` of this
     model over a copy of the earlier fx graph; op names, shapes and costs shared).
     """
-    try:
-        from autoplace.capture import capture_workload
-    except ImportError:  # capture not available: trace directly
-        return _fx_graph(workload, batch_size)
     import json
 
-    import torch.fx as fx
 
     bs = int(batch_size or workload.batch_size)
     arch = {k: v for k, v in workload.spec.items() if k != "seed"}  # seeds: same graph
@@ -110,26 +108,6 @@ def capture_graph(workload: Workload, batch_size: int | None = None):
         template.module = None  # holds no model: its memory goes with the run
         _CAPTURES[key] = (template, copy.deepcopy(graph.module.graph),
                           _architecture(workload.model))
-    return graph
-
-
-def _fx_graph(workload: Workload, batch_size: int | None):
-    import torch.fx as fx
-
-    from autoplace.graph import OpGraph, OpNode
-
-    gm = fx.symbolic_trace(workload.model)
-    nodes, edges = [], []
-    for n in gm.graph.nodes:
-        kind = {"placeholder": "input", "get_attr": "param", "output": "output"}.get(n.op)
-        if kind is None:
-            kind = (type(gm.get_submodule(n.target)).__name__ if n.op == "call_module"
-                    else n.target if isinstance(n.target, str) else n.target.__name__)
-        nodes.append(OpNode(name=n.name, kind=kind, target=str(n.target)))
-        edges.extend((a.name, n.name, 0) for a in n.all_input_nodes)
-    graph = OpGraph(workload.name, nodes, edges, module=gm)
-    graph.spec = dict(workload.spec)
-    graph.batch_size = batch_size or workload.batch_size
     return graph
 
 
@@ -183,13 +161,11 @@ def _has_batch_coupling(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-def _autocast(workload: Workload, device: torch.device, cache: bool | None = None):
+def workload_autocast(workload: Workload, device: torch.device, cache: bool | None = None):
     """The workload's autocast on CUDA. ``cache``: keep autocast's cast copies of the
     weights within a forward (default: unless CUDA graphs are on, which cannot capture
     with it: ``AUTOPLACE_CUDA_GRAPHS=1``)."""
     if cache is None:
-        from autoplace.executor.local import graphs_from_env
-
         cache = not graphs_from_env()
     if device.type == "cuda" and workload.autocast_dtype:
         return torch.autocast("cuda", dtype=getattr(torch, workload.autocast_dtype),
@@ -214,8 +190,10 @@ class NoParameters:
         pass
 
 
-def _optimizer(params: list[nn.Parameter], workload: Workload,
-               device: torch.device) -> torch.optim.Optimizer | NoParameters:
+def workload_optimizer(params: list[nn.Parameter], workload: Workload,
+                       device: torch.device) -> torch.optim.Optimizer | NoParameters:
+    """The workload's AdamW over ``params`` (fused on CUDA); a stand-in that steps nothing
+    for a program without parameters."""
     if not params:
         return NoParameters()
     # fused on CUDA, sharded (DTensor) parameters included: foreach AdamW allocates
@@ -238,13 +216,13 @@ def reference_losses(workload: Workload, steps: int, seed: int, device: torch.de
     the reference sees the same per-piece statistics as the plan).
     """
     model = copy.deepcopy(workload.model).to(device)
-    opt = _optimizer(list(model.parameters()), workload, device)
+    opt = workload_optimizer(list(model.parameters()), workload, device)
     out = []
     for step in range(steps):
         inputs, targets = global_batch(workload, step, seed)
         pieces = list(zip(*[split_value(x, chunks) for x in (*inputs, targets)]))
         total = 0.0
-        with _autocast(workload, device):
+        with workload_autocast(workload, device):
             for piece in pieces:
                 *xs, y = (move_to(t, device) for t in piece)
                 loss = workload.loss_fn(model(*xs), y) / len(pieces)
@@ -365,8 +343,6 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
     ``copy_model=False``: train ``workload.model`` itself instead of a copy (a process
     that built the workload for this run only saves the copy's time and memory).
     """
-    from autoplace.executor import build
-
     par = plan.parallel
     # a one-process plan ignores a process group it may run inside (a benchmark job)
     distributed = dist.is_available() and dist.is_initialized() and par.data * par.pipeline > 1
@@ -415,7 +391,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             if d.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(d)
         params = [p for p in built.model.parameters() if p.requires_grad]
-        opt = _optimizer(params, workload, built.devices[0])
+        opt = workload_optimizer(params, workload, built.devices[0])
         if opts.resume and opts.checkpoint_dir:
             start = load_checkpoint(opts.checkpoint_dir, built.state_module, opt)
         losses: list[torch.Tensor] = []
@@ -434,7 +410,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             inputs, targets = global_batch(workload, step, opts.seed, pin=pin)
             _sync(built.devices)
             t0 = time.perf_counter()
-            with _autocast(workload, built.devices[0], cache=cache):
+            with workload_autocast(workload, built.devices[0], cache=cache):
                 loss = built.step(inputs, targets)
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -98,7 +98,12 @@ def measure(make, mode: str, dev: torch.device, steps: int, warmup: int) -> dict
     """Train a fresh workload under ``mode`` for ``warmup + steps`` steps in this process."""
     from autoplace.executor.data import wrap_data_parallel
     from autoplace.executor.local import build_local
-    from autoplace.executor.runner import _autocast, _optimizer, capture_graph, global_batch
+    from autoplace.executor.runner import (
+        capture_graph,
+        global_batch,
+        workload_autocast,
+        workload_optimizer,
+    )
     from autoplace.lowering import ROOT_UNIT, fsdp_unit_keys, gather_dtype, issue_order
     from autoplace.plan import Plan
 
@@ -122,7 +127,7 @@ def measure(make, mode: str, dev: torch.device, steps: int, warmup: int) -> dict
                                    mesh=mesh, device=dev,
                                    param_dtype=getattr(torch, dtype) if dtype else None)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = _optimizer(params, wl, dev)
+    opt = workload_optimizer(params, wl, dev)
     cuda = dev.type == "cuda"
     if cuda:
         torch.cuda.synchronize(dev)
@@ -133,7 +138,7 @@ def measure(make, mode: str, dev: torch.device, steps: int, warmup: int) -> dict
         if cuda:
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        with _autocast(wl, dev):
+        with workload_autocast(wl, dev):
             loss = model(inputs, targets)
             loss.backward()
         opt.step()
