@@ -46,6 +46,8 @@ class TrainResult:
         checkpoint_path: ``DIR/checkpoint.pt`` (None without ``out_dir``).
         best_plans: the best plan per graph when several were trained on.
         elapsed_s: training wall time.
+        warm_start: what the warm start did (``done``, ``steps``, ``matched``, and per
+            graph the ``source`` planner and ``step_time_s`` of the plan imitated).
     """
 
     best_plan: Any
@@ -54,6 +56,7 @@ class TrainResult:
     checkpoint_path: Path | None
     best_plans: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    warm_start: dict[str, Any] = field(default_factory=dict)
 
 
 def default_env_options(num_devices: int) -> dict[str, Any]:
@@ -130,6 +133,7 @@ def train(
     memory_cap: str | int | None = None,
     policy_options: dict[str, Any] | None = None,
     env_options: dict[str, Any] | None = None,
+    warm_start: bool = True,
     **reinforce_options: Any,
 ) -> TrainResult:
     """Train a placement policy with REINFORCE and return the best plan it found.
@@ -156,6 +160,9 @@ def train(
         policy_options: the policy's own options (``hidden``, ``conv``...).
         env_options: PlacementEnv options (default hybrid choices:
             :func:`default_env_options`).
+        warm_start: first imitate the best plan of the heuristics and the hybrid DP
+            (:mod:`autoplace.policies.warm_start`), which also starts the best plan so
+            far, so the result is never slower than it (oneshot mode).
         **reinforce_options: fields of :class:`ReinforceConfig` (``batch_size``, ``lr``...).
     """
     if out_dir is not None:
@@ -172,7 +179,7 @@ def train(
         raise AutoplaceError(f"max_groups must be a positive number or 'auto', got {max_groups!r}")
     cfg = ReinforceConfig(budget=budget, seed=seed, resume=resume, progress=progress,
                           out_dir=str(out_dir) if out_dir is not None else None,
-                          **reinforce_options)
+                          warm_start=warm_start, **reinforce_options)
     env_opts = {**default_env_options(cl.num_devices), "max_groups": max_groups, "mode": mode,
                 **(env_options or {})}
     copies = max(1, math.ceil(cfg.batch_size / len(specs)))
@@ -195,7 +202,8 @@ def train(
     plans = {k: Plan.loads(v["plan"]) for k, v in result.best.items() if v.get("plan")}
     return TrainResult(best_plan=result.best_plan, best_step_time_s=result.best_step_time_s,
                        history=result.history, checkpoint_path=result.checkpoint_path,
-                       best_plans=plans, elapsed_s=result.elapsed_s)
+                       best_plans=plans, elapsed_s=result.elapsed_s,
+                       warm_start=result.warm_start)
 
 
 def _plot(history: dict[str, list[float]], path: Path, title: str) -> None:

@@ -170,6 +170,11 @@ class PlacementPolicy(nn.Module):
         g = action.shape[1] - len(self.hybrid_sizes)
         return action[:, :g], (action[:, g:] if self.hybrid_sizes else None)
 
+    def imitation_latent(self, obs: dict[str, Tensor], action: Tensor) -> dict[str, Tensor]:
+        """Latent choices under which ``action`` can be scored for imitation (behaviour
+        cloning, :mod:`autoplace.policies.warm_start`); empty for policies without any."""
+        return {}
+
     def extra_repr(self) -> str:
         return (f"features={self.num_features}, devices={self.num_devices}, "
                 f"max_groups={self.max_groups}, hybrid={list(self.hybrid_sizes)}, "

@@ -65,6 +65,30 @@ class HierarchicalPolicy(PlacementPolicy):
         centre = (torch.arange(k, dtype=torch.float32) + 0.5) / k
         return -k * (pos.unsqueeze(2) - centre).abs()
 
+    def imitation_latent(self, obs, action):
+        """A grouping that can carry ``action``: each group's members share one device.
+
+        A group is the prior's contiguous segment where that keeps one device per group;
+        otherwise the nearest group whose members are on the action's device (or empty).
+        """
+        mask = obs["node_mask"]
+        devices, _ = self._split_action(action)
+        k = self.num_groups
+        grouping = torch.zeros_like(devices)
+        for b in range(devices.shape[0]):
+            n = max(int(mask[b].sum()), 1)
+            owner: dict[int, int] = {}
+            for i in range(devices.shape[1]):
+                if not bool(mask[b, i]):
+                    continue
+                device = int(devices[b, i])
+                segment = min(int((i + 0.5) / n * k), k - 1)
+                free = [j for j in range(k) if owner.get(j, device) == device]
+                j = min(free, key=lambda j: abs(j - segment)) if free else segment
+                owner[j] = device
+                grouping[b, i] = j
+        return {"grouping": grouping}
+
     def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False,
                 hybrid=None):
         x, mask = obs["node_features"], obs["node_mask"]

@@ -5,8 +5,10 @@ the policy runs once per step for all of them), turns rewards into returns, subt
 a moving-average baseline (one per graph and step), normalises the advantages, and
 takes one Adam step on ``-(log_prob * advantage) - entropy_coef * entropy`` with the
 gradient norm clipped and the learning rate following a schedule. The best plan seen
-(``info["plan"]`` of an env step) is kept. Checkpoints hold every piece of state, so a
-run killed at any moment resumes from its last checkpoint to the same result.
+(``info["plan"]`` of an env step) is kept; unless ``warm_start`` is off, the policy first
+imitates the best heuristic plan (:mod:`~autoplace.policies.warm_start`), which starts the
+best so far. Checkpoints hold every piece of state, so a run killed at any moment resumes
+from its last checkpoint to the same result.
 
 Reproducibility: ``random``, numpy and torch are seeded, the policy samples with a
 ``torch.Generator`` seeded here, and every env reset gets a seed derived from the run
@@ -32,6 +34,7 @@ from autoplace.plan import Plan
 
 from . import checkpoint as ckpt
 from .base import PlacementPolicy, batch_obs
+from .warm_start import heuristic_target, supports_warm_start, warm_start
 
 __all__ = ["ReinforceConfig", "ReinforceResult", "reinforce", "parse_budget", "LR_SCHEDULES"]
 
@@ -84,6 +87,11 @@ class ReinforceConfig:
     """show a tqdm progress bar"""
     tensorboard: bool = True
     """write TensorBoard scalars to out_dir/tb"""
+    warm_start: bool = True
+    """before REINFORCE, imitate the best plan of the heuristics and the hybrid DP (oneshot
+    PlacementEnvs; see autoplace.policies.warm_start); that plan starts the best so far"""
+    warm_start_steps: int = 300
+    """most Adam steps of the warm start (it stops once the greedy plan is the target)"""
 
 
 @dataclass
@@ -100,6 +108,7 @@ class ReinforceResult:
     elapsed_s: float
     checkpoint_path: Path | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    warm_start: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_budget(budget: str | int) -> tuple[str, float]:
@@ -280,6 +289,7 @@ def reinforce(
         "reward_mean", "reward_max", "best_step_time_s", "best_reward", "entropy", "loss", "lr",
         "episodes", "elapsed_s")}
 
+    warm: dict[str, Any] | None = None  # what the warm start did; None: not yet decided
     if cfg.resume and ckpt_path is not None and ckpt_path.exists():
         data = ckpt.load(ckpt_path)
         if data["policy"]["name"] != policy.name or data["policy"]["config"] != policy.config:
@@ -292,6 +302,8 @@ def reinforce(
         update, episodes_done = int(data["update"]), int(data["episodes"])
         elapsed_before = float(data["elapsed_s"])
         baselines, best, history = data["baselines"], data["best"], data["history"]
+        # a resumed run never redoes the warm start (nor adds one to a run without it)
+        warm = data.get("warm_start") or {"done": False, "why": "resumed a run without it"}
 
     def elapsed_s() -> float:
         return elapsed_before + time.perf_counter() - t0
@@ -309,10 +321,14 @@ def reinforce(
             "rng": ckpt.rng_state(generator), "update": update, "episodes": episodes_done,
             "elapsed_s": elapsed_s, "baselines": baselines, "best": best, "history": history,
             "config": {k: v for k, v in asdict(cfg).items() if k != "resume"},
-            "extra": extra or {},
+            "extra": extra or {}, "warm_start": warm,
         })
 
     t0 = time.perf_counter()
+    if warm is None:
+        warm = _warm_start(envs, keys, policy, cfg, best)
+        if warm["done"]:  # a run killed from here on resumes without redoing it
+            save_checkpoint(elapsed_s())
     writer = None
     if out_dir is not None and cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter
@@ -425,10 +441,40 @@ def reinforce(
         bar.close()
     if writer is not None:
         writer.close()
-    return _result(best, keys, history, update, episodes_done, elapsed, ckpt_path, out_dir, cfg)
+    return _result(best, keys, history, update, episodes_done, elapsed, ckpt_path, out_dir, cfg,
+                   warm)
 
 
-def _result(best, keys, history, update, episodes, elapsed, ckpt_path, out_dir, cfg):
+def _warm_start(envs, keys, policy, cfg, best) -> dict[str, Any]:
+    """Clone the best heuristic plan of every graph into ``policy`` and start ``best`` from
+    it (see :mod:`autoplace.policies.warm_start`). Returns what was done, as plain data."""
+    if not cfg.warm_start:
+        return {"done": False, "why": "warm_start=False"}
+    if policy.mode != "oneshot":
+        return {"done": False, "why": f"{policy.mode} mode: warm start clones oneshot actions"}
+    first = {}
+    for env, key in zip(envs, keys):
+        first.setdefault(key, env)
+    if not all(supports_warm_start(env) for env in first.values()):
+        return {"done": False, "why": "the envs are not oneshot PlacementEnvs"}
+    targets = {key: heuristic_target(env) for key, env in first.items()}
+    if any(t is None for t in targets.values()):
+        return {"done": False, "why": "no heuristic plan could be scored"}
+    stats = warm_start(policy, list(first.values()), [t.action for t in targets.values()],
+                       steps=cfg.warm_start_steps, lr=cfg.lr)
+    for key, target in targets.items():
+        rank, step, plan, measured = _outcome(target.info, target.reward)
+        planner = {"name": policy.name, "trainer": "warm-start", "source": target.source,
+                   "seed": cfg.seed}
+        best[key] = {"rank": list(rank), "step_time_s": step, "reward": -rank[2],
+                     "plan": _plan_text(plan, step, measured, planner), "update": 0}
+    return {"done": True, **stats, "targets": {
+        key: {"source": t.source, "step_time_s": t.step_time_s,
+              "action": [int(x) for x in t.action], "candidates": t.candidates}
+        for key, t in targets.items()}}
+
+
+def _result(best, keys, history, update, episodes, elapsed, ckpt_path, out_dir, cfg, warm):
     first = best.get(keys[0], {})
     plan = _load_plan(first.get("plan"))
     if out_dir is not None and plan is not None:
@@ -440,7 +486,7 @@ def _result(best, keys, history, update, episodes, elapsed, ckpt_path, out_dir, 
         best_plan=plan, best_step_time_s=float(first.get("step_time_s", math.inf)),
         best_reward=float(first.get("reward", -math.inf)), best=best, history=history,
         updates=update, episodes=episodes, elapsed_s=elapsed, checkpoint_path=ckpt_path,
-        config=asdict(cfg))
+        config=asdict(cfg), warm_start=warm or {})
 
 
 def _load_plan(text: str | None) -> Any:
