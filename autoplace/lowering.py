@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from autoplace.cluster import Cluster
 
 __all__ = [
-    "Lowering", "ROOT_UNIT", "SELECTIVE_SAVED_KINDS", "block_groups", "block_regions",
+    "Lowering", "ROOT_UNIT", "SELECTIVE_SAVED_KINDS", "block_group_ids", "block_groups",
+    "block_regions",
     "fsdp_unit_keys", "gather_dtype", "issue_order", "issue_order_items", "stage_recompute",
     "lower", "op_levels", "pipeline_actions", "stage_of_ops", "tied_parameters", "validate",
 ]
@@ -96,13 +97,11 @@ def lower(graph: OpGraph, plan: Plan, cluster: Cluster | None = None, *,
             executor lowers a capture at the microbatch size, whose fingerprint differs).
     """
     if not validated:
-        validate(graph, plan, cluster)
+        plan.validate(graph, cluster)
     par = plan.parallel
-    gm = graph.module
+    modes: list[str | None] = []
     if par.pipeline > 1:
-        stage = stage_of_ops(gm, plan) if gm is not None else \
-            {op: plan.device_of(op) for op in graph.order}
-        tied = tied_parameters(gm, plan) if gm is not None else {}
+        stage, tied, modes = _check_pipeline(graph, plan)
         actions = tuple(tuple(pipeline_actions(par.schedule, par.pipeline, par.microbatches, s))
                         for s in range(par.pipeline))
         order: tuple[tuple[int, str], ...] = ()
@@ -115,7 +114,7 @@ def lower(graph: OpGraph, plan: Plan, cluster: Cluster | None = None, *,
     return Lowering(plan=plan, order=order, actions=actions, stage_of=stage, tied=tied,
                     unit_keys=keys,
                     gather_dtype=gather_dtype(graph, device_type) if sharded else None,
-                    stage_recompute=tuple(stage_recompute(plan)) if par.pipeline > 1 else ())
+                    stage_recompute=tuple(modes))
 
 
 def stage_recompute(plan: Plan) -> list[str | None]:
@@ -140,12 +139,19 @@ def validate(graph: OpGraph, plan: Plan, cluster: Cluster | None = None) -> None
     by several pipeline stages, tied weights under a sharded pipeline."""
     plan.validate(graph, cluster)
     if plan.parallel.pipeline > 1:
-        stage_recompute(plan)
+        _check_pipeline(graph, plan)
+
+
+def _check_pipeline(graph: OpGraph, plan: Plan
+                    ) -> tuple[dict[str, int], dict[str, list[int]], list[str | None]]:
+    """A pipeline plan's stage of each op, tied parameters and per-stage recompute, after
+    the checks they allow: one recompute mode per stage, no buffer on several stages, no
+    tied weights under a sharded pipeline."""
+    modes = stage_recompute(plan)
     gm = graph.module
-    if plan.parallel.pipeline == 1 or gm is None:
-        return
-    stage_of_ops(gm, plan)
-    tied = tied_parameters(gm, plan)
+    if gm is None:
+        return {op: plan.device_of(op) for op in graph.order}, {}, modes
+    stage, tied = _stages_and_ties(gm, plan)
     if tied and plan.parallel.shard != "none":
         name, stages = next(iter(tied.items()))
         raise PlanError(
@@ -153,6 +159,7 @@ def validate(graph: OpGraph, plan: Plan, cluster: Cluster | None = None) -> None
             f"which parallel.shard={plan.parallel.shard!r} cannot keep equal; use "
             "shard='none' with this pipeline, or put those ops on one stage"
         )
+    return stage, tied, modes
 
 
 # ------------------------------------------------------------------ issue order
@@ -234,6 +241,18 @@ def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
     stay equal. A buffer used by several stages is refused: each copy would change on its
     own (a BatchNorm's running statistics).
     """
+    return _stages_and_ties(gm, plan)[0]
+
+
+def tied_parameters(gm: fx.GraphModule, plan: Plan) -> dict[str, list[int]]:
+    """Qualified name -> the stages (more than one) whose ops use that parameter."""
+    _, owners = _stages_and_owners(gm, plan)
+    return _ties(_tensor_names(gm)["param"], owners)
+
+
+def _stages_and_ties(gm: fx.GraphModule, plan: Plan
+                     ) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """:func:`stage_of_ops` and :func:`tied_parameters` from one walk of ``gm``."""
     stage, owners = _stages_and_owners(gm, plan)
     names = _tensor_names(gm)
     for t, s in owners.items():
@@ -243,13 +262,10 @@ def stage_of_ops(gm: fx.GraphModule, plan: Plan) -> dict[str, int]:
                 f"{sorted(s)}; a buffer cannot be kept equal on several stages, so the ops "
                 "that use it must be on one stage"
             )
-    return stage
+    return stage, _ties(names["param"], owners)
 
 
-def tied_parameters(gm: fx.GraphModule, plan: Plan) -> dict[str, list[int]]:
-    """Qualified name -> the stages (more than one) whose ops use that parameter."""
-    _, owners = _stages_and_owners(gm, plan)
-    params = _tensor_names(gm)["param"]
+def _ties(params: dict[int, str], owners: dict[int, set[int]]) -> dict[str, list[int]]:
     return {params[t]: sorted(s) for t, s in owners.items() if len(s) > 1 and t in params}
 
 
@@ -389,3 +405,10 @@ def block_groups(graph: OpGraph) -> dict[str, int]:
             groups[op.name] = groups[graph.order[first_user[op.name]]] \
                 if op.name in first_user else 0
     return groups
+
+
+def block_group_ids(graph: OpGraph, groups: dict[str, int]) -> set[int]:
+    """The groups of :func:`block_groups` that hold a block's ops (the rest run between
+    blocks: embeddings, a head, the loss)."""
+    regions = dict(zip(graph.order, block_regions(graph)))
+    return {g for op, g in groups.items() if regions[op]}
