@@ -22,7 +22,7 @@ from autoplace import planners
 from autoplace.cluster import Cluster
 from autoplace.costs import estimate_costs
 from autoplace.graph import OpGraph
-from autoplace.lowering import block_groups, block_regions
+from autoplace.lowering import block_group_ids, block_groups
 from autoplace.plan import ParallelConfig, Plan
 
 __all__ = ["analytic_copy", "hand_written", "halves_name", "lever_plans"]
@@ -82,8 +82,7 @@ def lever_plans(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
     ``fsdp+checkpoint-blocks+compile``. None when the graph has no blocks; the compiled
     ones only on GPUs (on CPUs inductor's compile takes longer than the steps it saves)."""
     groups = block_groups(graph)
-    regions = dict(zip(graph.order, block_regions(graph)))
-    blocks = {g for op, g in groups.items() if regions[op]}
+    blocks = block_group_ids(graph, groups)
     if not blocks:
         return {}
     n_groups = max(groups.values()) + 1

@@ -15,7 +15,7 @@ from autoplace.errors import PlanError
 from autoplace.executor.local import build_local
 from autoplace.executor.pieces import COMPILE_BACKEND_ENV, CompiledPiece, Piece
 from autoplace.executor.runner import capture_graph
-from autoplace.lowering import block_groups, block_regions, issue_order
+from autoplace.lowering import block_group_ids, block_groups, block_regions, issue_order
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.sim import simulate
 
@@ -34,8 +34,7 @@ def _blocks_plan(graph, recompute=(), selective=(), **parallel) -> Plan:
 
 
 def _block_ids(graph, groups) -> list[int]:
-    regions = dict(zip(graph.order, block_regions(graph)))
-    return sorted({g for op, g in groups.items() if regions[op]})
+    return sorted(block_group_ids(graph, groups))
 
 
 def test_block_groups_are_the_blocks(tiny):
