@@ -2,8 +2,8 @@
 
 Units come from the lowering (:func:`autoplace.lowering.fsdp_unit_keys`, grouped per
 device by :func:`autoplace.sim.model.fsdp_units`); the root module's unit is gathered
-first in forward and first again in backward, and held while either runs. Forward (and under ``fsdp``, not ``zero2``, backward too)
-all-gathers every unit once, on a gather stream per device, one unit prefetched ahead
+first in forward and first again in backward, and held while either runs. Forward (and
+under ``fsdp``, not ``zero2``, backward too) all-gathers every unit once, on a gather stream per device, one unit prefetched ahead
 (the next unit's gather is issued when the current unit's first op starts); with
 microbatches a gathered unit stays until its last microbatch. A unit's gradients are
 reduce-scattered on the collective stream once its last backward op ends.
@@ -36,7 +36,6 @@ class FsdpStreams:
         self.k = lp.k
         fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units)
         self.unit_of, self.unit_bytes, unit_dev = fu.unit_of, fu.unit_bytes, fu.unit_dev
-        self.root = fu.root
         self.gather_scale = ga.gather_scale  # gathered at the autocast dtype, reduced in fp32
         self.gather_backward = lp.shard == "fsdp"
         #: host seconds of FSDP2's per-parameter work per collective of each unit
@@ -45,7 +44,12 @@ class FsdpStreams:
             if u >= 0:
                 self.unit_host[u] += float(ga.param_count[i]) * shard_host[unit_dev[u]]
         self.host_charged: dict[str, set[int]] = {"f": set(), "b": set()}
-        self.units_on = [[u for u, j in enumerate(unit_dev) if j == jj] for jj in range(lp.k)]
+        units_on = [[u for u, j in enumerate(unit_dev) if j == jj] for jj in range(lp.k)]
+        # gather order per device: forward in order; backward the root module's unit first
+        # (gathered when its backward starts), then the others in reverse
+        self.seq = {"f": units_on,
+                    "b": [[u for u in us if fu.root[u]] + [u for u in us[::-1] if not fu.root[u]]
+                          for us in units_on]}
         self.unit_dev = unit_dev
         self.ag = [affine_collective(cluster, "allgather", replica_group(plan, j))
                    for j in range(lp.k)]
@@ -62,15 +66,8 @@ class FsdpStreams:
             if u >= 0:
                 self.left[u] += lp.m
 
-    def _seq(self, j: int, phase: str) -> list[int]:
-        # the root module's unit is gathered when its forward, and its backward, starts
-        if phase == "f":
-            return self.units_on[j]
-        return [u for u in self.units_on[j] if self.root[u]] + \
-            [u for u in self.units_on[j][::-1] if not self.root[u]]
-
     def prefetch(self, j: int, trigger: float, phase: str, events) -> None:
-        seq, p = self._seq(j, phase), self.ptr[phase][j]
+        seq, p = self.seq[phase][j], self.ptr[phase][j]
         if p >= len(seq):
             return
         u = seq[p]
