@@ -330,8 +330,9 @@ def fsdp_unit_keys(graph: OpGraph, units: str = "blocks") -> list[str]:
     def member(op: Any) -> bool:
         if not (_is_module_call(op) and op.param_names):
             return False
-        if any(op.target.startswith(c + ".") for c in called if c != op.target):
-            return False
+        parts = op.target.split(".")
+        if any(".".join(parts[:i]) in called for i in range(1, len(parts))):
+            return False  # inside another called module
         return not any(uses[p] > 1 or p in direct for p in op.param_names)
 
     keys = []
