@@ -326,12 +326,10 @@ class Plan:
         if bad:
             op, gid = next(iter(bad.items()))
             raise PlanError(f"op {op!r} is in group {gid}, but groups are 0..{g - 1}")
-        bad_rc = sorted(x for x in self.recompute if not (0 <= x < g))
-        if bad_rc:
-            raise PlanError(f"recompute names group {bad_rc[0]}, but groups are 0..{g - 1}")
-        bad_sel = sorted(x for x in self.selective if not (0 <= x < g))
-        if bad_sel:
-            raise PlanError(f"selective names group {bad_sel[0]}, but groups are 0..{g - 1}")
+        for key, ids in (("recompute", self.recompute), ("selective", self.selective)):
+            bad_ids = sorted(x for x in ids if not (0 <= x < g))
+            if bad_ids:
+                raise PlanError(f"{key} names group {bad_ids[0]}, but groups are 0..{g - 1}")
         both = sorted(self.recompute & self.selective)
         if both:
             raise PlanError(f"group {both[0]} is in both recompute and selective; a group is "
@@ -440,16 +438,12 @@ class Plan:
                 raise PlanError(f"placement of group {i} must be an integer, got {d!r}")
             if d < 0:
                 raise PlanError(f"placement of group {i} is {d}: device indices are >= 0")
-        recompute = data.get("recompute", [])
-        if not isinstance(recompute, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in recompute
-        ):
-            raise PlanError("\"recompute\" must be a list of group ids")
-        selective = data.get("selective", [])
-        if not isinstance(selective, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in selective
-        ):
-            raise PlanError("\"selective\" must be a list of group ids")
+        recompute, selective = (data.get(key, []) for key in ("recompute", "selective"))
+        for key, ids in (("recompute", recompute), ("selective", selective)):
+            if not isinstance(ids, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in ids
+            ):
+                raise PlanError(f"\"{key}\" must be a list of group ids")
         for key in ("model", "cluster", "planner"):
             if not isinstance(data.get(key, {}), dict):
                 raise PlanError(f"\"{key}\" must be an object")
