@@ -9,10 +9,16 @@ A plan says, for one replica of the model:
   (``torch.utils.checkpoint``); ``selective``: group ids recomputed selectively (the
   outputs of matmuls, convolutions and attention saved, the cheap rest recomputed);
 * ``parallel.compile``: every run of one group's ops compiled with ``torch.compile``
-  (with groups that are a model's blocks, a compile per block as torchtitan does).
+  (with groups that are a model's blocks, a compile per block as torchtitan does);
+* ``priority``: optional, one integer per group: among the ops ready on one device, those
+  of the group with the lower priority are issued first (the execution order a policy or
+  planner chooses; empty = the graph's topological order).
 
 Device numbering. With ``parallel.data = d``, replica ``r`` uses cluster devices
-``r * k + local`` for ``local`` in ``0 .. k-1`` where ``k = max(placement) + 1``.
+``r * k + local`` for ``local`` in ``0 .. k-1`` where ``k = max(placement) + 1``; with
+``parallel.tensor = t > 1`` each local device is ``t`` cluster devices (tensor-parallel
+ranks ``(r * k + local) * t + j``, ``j`` in ``0 .. t-1``: a tensor group is contiguous, on
+one node where it fits).
 With ``parallel.pipeline = p > 1`` the placement must use exactly devices
 ``0 .. p-1``, each holding one contiguous run of ops in topological order, in
 order (stage ``s`` on local device ``s``); every stage runs in its own process
@@ -30,6 +36,7 @@ JSON (``"format": "autoplace.plan/1"``), never pickle::
                   "schedule": "gpipe", "shard": "none"},   # + "graphs": true when on,
                                                            # + "shard_units": "modules"
      "recompute": [3, 4], "selective": [5],                 # "selective" when not empty
+     "priority": [0, 2, 1],                                 # when not empty
      "model": {"spec": "gpt-tiny", "options": {}, "fingerprint": "...", "num_ops": 123},
      "cluster": {...}, "predicted": {...} | null, "measured": {...} | null,
      "planner": {"name": "expert", ...}}
@@ -57,7 +64,8 @@ SCHEDULES = ("gpipe", "1f1b")
 SHARD_MODES = ("none", "zero2", "fsdp")
 #: FSDP2 units of a sharded plan (executor.data.wrap_data_parallel)
 SHARD_UNITS = ("blocks", "modules")
-_TOP_KEYS = {"format", "groups", "placement", "parallel", "recompute", "selective", "model",
+_TOP_KEYS = {"format", "groups", "placement", "parallel", "recompute", "selective", "priority",
+             "model",
              "cluster",
              "predicted", "measured", "planner"}
 
@@ -82,6 +90,14 @@ class ParallelConfig:
             heads, a unit of its own: less memory held, more collectives).
         compile: compile every run of one group's ops (on one device, of one microbatch)
             with ``torch.compile``; not with ``graphs``.
+        tensor: tensor-parallel degree: every local device of the placement is a group
+            of ``tensor`` GPUs that split the model's Linear pairs Megatron-style
+            (column then row, sequence parallel on the norms between), through
+            ``torch.distributed.tensor.parallel``; 1 = none.
+        replicate: HSDP: a sharded plan's ``data`` replicas form ``replicate`` groups;
+            parameters (``fsdp``) or gradients and optimizer state (``zero2``) are
+            sharded within a group and replicated across groups (across nodes, say);
+            1 = sharded over all ``data`` replicas.
     """
 
     data: int = 1
@@ -92,9 +108,11 @@ class ParallelConfig:
     graphs: bool = False
     shard_units: str = "blocks"
     compile: bool = False
+    tensor: int = 1
+    replicate: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("data", "pipeline", "microbatches"):
+        for name in ("data", "pipeline", "microbatches", "tensor", "replicate"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PlanError(f"parallel.{name} must be an integer >= 1, got {v!r}")
@@ -124,6 +142,16 @@ class ParallelConfig:
                 "parallel.graphs is valid only for a plan run in one process (pipeline = 1 "
                 f"and data = 1), got pipeline={self.pipeline}, data={self.data}"
             )
+        if self.graphs and self.tensor > 1:
+            raise PlanError("parallel.graphs is valid only for a plan run in one process, "
+                            f"got tensor={self.tensor}")
+        if self.replicate > 1:
+            if self.shard == "none":
+                raise PlanError("parallel.replicate (HSDP) applies only to a sharded plan "
+                                f"(shard zero2 or fsdp), got shard={self.shard!r}")
+            if self.data % self.replicate:
+                raise PlanError(f"parallel.replicate={self.replicate} must divide "
+                                f"parallel.data={self.data} (replica groups of equal size)")
         if self.pipeline > 1 and self.microbatches < self.pipeline:
             raise PlanError(
                 f"a {self.pipeline}-stage pipeline needs at least {self.pipeline} microbatches, "
@@ -152,6 +180,10 @@ class ParallelConfig:
             out["shard_units"] = self.shard_units
         if self.compile:  # likewise
             out["compile"] = True
+        if self.tensor > 1:  # likewise
+            out["tensor"] = self.tensor
+        if self.replicate > 1:  # likewise
+            out["replicate"] = self.replicate
         return out
 
     @classmethod
@@ -159,7 +191,7 @@ class ParallelConfig:
         if not isinstance(d, dict):
             raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
         unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs",
-                            "shard_units", "compile"}
+                            "shard_units", "compile", "tensor", "replicate"}
         if unknown:
             raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
         return cls(**d)
@@ -168,7 +200,10 @@ class ParallelConfig:
         parts = []
         if self.data > 1:
             parts.append(f"dp={self.data}" + ("" if self.shard == "none" else f"/{self.shard}")
+                         + ("" if self.replicate == 1 else f"/hsdp{self.replicate}")
                          + ("" if self.shard_units == "blocks" else f"/{self.shard_units}"))
+        if self.tensor > 1:
+            parts.append(f"tp={self.tensor}")
         if self.pipeline > 1:
             parts.append(f"pp={self.pipeline}/{self.schedule}")
         if self.microbatches > 1:
@@ -189,6 +224,7 @@ class Plan:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     recompute: frozenset[int] = frozenset()
     selective: frozenset[int] = frozenset()
+    priority: tuple[int, ...] = ()
     model: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
     predicted: dict[str, Any] | None = None
@@ -232,6 +268,7 @@ class Plan:
         parallel: ParallelConfig | None = None,
         recompute: set[int] | frozenset[int] = frozenset(),
         selective: set[int] | frozenset[int] = frozenset(),
+        priority: tuple[int, ...] | list[int] = (),
         planner: str = "manual",
         cluster: Cluster | None = None,
         **planner_info: Any,
@@ -243,6 +280,7 @@ class Plan:
             parallel=parallel or ParallelConfig(),
             recompute=frozenset(recompute),
             selective=frozenset(selective),
+            priority=tuple(int(x) for x in priority),
             model=model_info(graph),
             cluster=cluster.summary() if cluster is not None else {},
             planner={"name": planner, **planner_info},
@@ -264,8 +302,8 @@ class Plan:
 
     @property
     def num_devices(self) -> int:
-        """Devices the plan needs: replicas x devices per replica."""
-        return self.parallel.data * self.devices_per_replica
+        """Devices the plan needs: replicas x devices per replica x tensor degree."""
+        return self.parallel.data * self.devices_per_replica * self.parallel.tensor
 
     def device_of(self, op: str) -> int:
         """Local device index of ``op``."""
@@ -276,9 +314,9 @@ class Plan:
         return {op: self.placement[g] for op, g in self.groups.items()}
 
     def replica_devices(self, replica: int) -> list[int]:
-        """Cluster device indices used by ``replica``."""
-        k = self.devices_per_replica
-        return [replica * k + i for i in range(k)]
+        """Cluster device indices used by ``replica`` (each local device's tensor group)."""
+        k, t = self.devices_per_replica, self.parallel.tensor
+        return [(replica * k + i) * t + j for i in range(k) for j in range(t)]
 
     def with_parallel(self, **changes: Any) -> Plan:
         return replace(self, parallel=replace(self.parallel, **changes))
@@ -330,6 +368,9 @@ class Plan:
             bad_ids = sorted(x for x in ids if not (0 <= x < g))
             if bad_ids:
                 raise PlanError(f"{key} names group {bad_ids[0]}, but groups are 0..{g - 1}")
+        if self.priority and len(self.priority) != g:
+            raise PlanError(f"priority has {len(self.priority)} entries, but the plan has {g} "
+                            "groups: give one integer per group, or none")
         both = sorted(self.recompute & self.selective)
         if both:
             raise PlanError(f"group {both[0]} is in both recompute and selective; a group is "
@@ -342,13 +383,15 @@ class Plan:
         if cluster is not None:
             need = self.num_devices
             if need > cluster.num_devices:
+                tp = (f" x {self.parallel.tensor} tensor-parallel"
+                      if self.parallel.tensor > 1 else "")
                 raise PlanError(
                     f"plan needs {need} devices ({self.parallel.data} replicas x "
-                    f"{self.devices_per_replica} devices), but cluster {cluster.name!r} has "
+                    f"{self.devices_per_replica} devices{tp}), but cluster {cluster.name!r} has "
                     f"{cluster.num_devices}: device index {max(self.placement)} is out of range"
-                    if self.parallel.data == 1
+                    if self.parallel.data == 1 and not tp
                     else f"plan needs {need} devices ({self.parallel.data} replicas x "
-                    f"{self.devices_per_replica} devices), but cluster {cluster.name!r} has "
+                    f"{self.devices_per_replica} devices{tp}), but cluster {cluster.name!r} has "
                     f"{cluster.num_devices}"
                 )
         par = self.parallel
@@ -360,6 +403,11 @@ class Plan:
                 f"{self.devices_per_replica} devices in one process is not supported (FSDP2 "
                 "keeps one device per rank); use shard='none' (DDP) or a pipeline"
             )
+        if par.tensor > 1 and par.pipeline == 1 and self.devices_per_replica > 1:
+            raise PlanError(
+                f"parallel.tensor={par.tensor} with a replica spread over "
+                f"{self.devices_per_replica} devices in one process is not supported (a "
+                "tensor-parallel rank is one process on one device); use a pipeline")
         if par.pipeline > 1:
             self._validate_chain(graph)
         elif par.microbatches > 1:
@@ -404,6 +452,7 @@ class Plan:
             "parallel": self.parallel.to_json(),
             "recompute": sorted(self.recompute),
             **({"selective": sorted(self.selective)} if self.selective else {}),
+            **({"priority": list(self.priority)} if self.priority else {}),
             "model": self.model,
             "cluster": self.cluster,
             "predicted": self.predicted,
@@ -444,6 +493,11 @@ class Plan:
                 isinstance(x, int) and not isinstance(x, bool) for x in ids
             ):
                 raise PlanError(f"\"{key}\" must be a list of group ids")
+        priority = data.get("priority", [])
+        if not isinstance(priority, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in priority
+        ):
+            raise PlanError("\"priority\" must be a list of integers, one per group")
         for key in ("model", "cluster", "planner"):
             if not isinstance(data.get(key, {}), dict):
                 raise PlanError(f"\"{key}\" must be an object")
@@ -466,6 +520,7 @@ class Plan:
                 parallel=parallel,
                 recompute=frozenset(recompute),
                 selective=frozenset(selective),
+                priority=tuple(priority),
                 model=dict(data.get("model", {})),
                 cluster=dict(data.get("cluster", {})),
                 predicted=data.get("predicted"),
