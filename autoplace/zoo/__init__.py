@@ -2,7 +2,8 @@
 
 Names (see :func:`autoplace.workloads.names`): ``gpt-tiny``, ``gpt-small``,
 ``gpt-medium``, ``gpt-1b``, ``rnnlm``, ``gnmt-2``, ``gnmt-4``, ``gnmt-8``,
-``inception-v3``, ``resnet50``, ``branchy-mlp``. Each takes keyword options: the
+``inception-v3``, ``resnet50``, ``branchy-mlp``, ``llama3-tiny``, ``llama3-8b``,
+``llama3-70b``, ``llama3-405b``. Each takes keyword options: the
 fields of its model family's config dataclass plus ``batch_size``, ``lr`` and
 ``autocast_dtype``; ``autoplace.workloads.ZOO[name][1]`` holds the defaults.
 
@@ -19,6 +20,15 @@ from autoplace.zoo.inception import (
     inception_full,
     inception_small,
     inception_workload,
+)
+from autoplace.zoo.llama import (
+    Llama,
+    LlamaConfig,
+    llama3_8b,
+    llama3_70b,
+    llama3_405b,
+    llama3_tiny,
+    llama_workload,
 )
 from autoplace.zoo.mlp import BranchyMLP, BranchyMLPConfig, branchy_mlp_small, branchy_mlp_workload
 from autoplace.zoo.resnet import (
@@ -46,11 +56,13 @@ __all__ = [
     "RNNLM",
     "BranchyMLP",
     "InceptionV3",
+    "Llama",
     "ResNet",
     "BranchyMLPConfig",
     "GNMTConfig",
     "GPTConfig",
     "InceptionConfig",
+    "LlamaConfig",
     "RNNLMConfig",
     "ResNetConfig",
     "branchy_mlp_small",
@@ -62,6 +74,10 @@ __all__ = [
     "gpt_tiny",
     "inception_full",
     "inception_small",
+    "llama3_8b",
+    "llama3_70b",
+    "llama3_405b",
+    "llama3_tiny",
     "resnet50_full",
     "resnet50_small",
     "rnnlm_small",
@@ -69,6 +85,7 @@ __all__ = [
     "gnmt_workload",
     "gpt_workload",
     "inception_workload",
+    "llama_workload",
     "resnet_workload",
     "rnnlm_workload",
 ]
