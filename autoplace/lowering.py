@@ -5,8 +5,9 @@ dry-runs, :func:`lower` is the only place that decides, for a ``(graph, plan)``:
 
 * the pipeline stage of every op, and the parameters several stages use (tied weights,
   copied to each stage, their gradients summed over those stages);
-* the forward issue order of ``(microbatch, op)`` in a one-process replica (backward runs
-  it reversed, as autograd does);
+* the forward issue order of ``(microbatch, op)`` in a one-process replica, honouring the
+  plan's per-group issue priority (backward runs it reversed where ready, as autograd
+  does);
 * the action list of every pipeline stage (GPipe, 1F1B: ``"F0"``, ``"B0"``...), the same
   lists torch's ``ScheduleGPipe`` / ``Schedule1F1B`` run;
 * the FSDP2 units of a sharded plan and the dtype their parameters are gathered in.
@@ -18,6 +19,7 @@ programs.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +39,8 @@ __all__ = [
     "Lowering", "ROOT_UNIT", "SELECTIVE_SAVED_KINDS", "block_group_ids", "block_groups",
     "block_regions",
     "fsdp_unit_keys", "gather_dtype", "issue_order", "issue_order_items", "stage_recompute",
-    "lower", "op_levels", "pipeline_actions", "stage_of_ops", "tied_parameters", "validate",
+    "lower", "op_levels", "op_priority", "pipeline_actions", "stage_of_ops", "tied_parameters",
+    "validate",
 ]
 
 #: op kinds whose outputs a selective recompute keeps; the rest of a selectively
@@ -181,17 +184,67 @@ def op_levels(preds: list[list[int]], dev: list[int]) -> list[int]:
     return level
 
 
-def issue_order_items(preds: list[list[int]], dev: list[int], m: int) -> list[int]:
+def issue_order_items(preds: list[list[int]], dev: list[int], m: int,
+                      priority: list[int] | None = None) -> list[int]:
     """Forward issue order as items ``mb * n + op``: sorted by ``(mb + level, mb, op)``.
 
     Within a wavefront step the earlier microbatch goes first: the next device's part of
     microbatch ``i`` is issued before this device's part of ``i + 1``, as a hand-written
     flow does; when issuing the ops takes the host about as long as the GPUs take to run
     them, this starts the second device earlier (docs/executor.md).
+
+    With ``priority`` (one integer per op, lower first) the order is list scheduling: at
+    every step the device whose turn it is under the rule above (the device of the ready
+    item with the smallest key) issues, among its ready items, the one of the lowest
+    priority (ties by the key). Equal priorities give the sorted order exactly.
     """
     n = len(dev)
     level = op_levels(preds, dev)
-    return sorted(range(m * n), key=lambda it: (it // n + level[it % n], it // n, it % n))
+    if priority is None:
+        return sorted(range(m * n), key=lambda it: (it // n + level[it % n], it // n, it % n))
+    if len(priority) != n:
+        raise PlanError(f"issue priority has {len(priority)} entries for {n} ops")
+    return _prioritised_items(preds, dev, m, priority, level)
+
+
+def _prioritised_items(preds: list[list[int]], dev: list[int], m: int, priority: list[int],
+                       level: list[int]) -> list[int]:
+    """:func:`issue_order_items` under a priority: list scheduling over ready items (an
+    item is ready once its producers in the same microbatch are issued)."""
+    n = len(dev)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for v in range(n):
+        for u in preds[v]:
+            succs[u].append(v)
+    waiting = [len(preds[i % n]) for i in range(m * n)]
+    issued = [False] * (m * n)
+    ready_all: list[tuple[int, int, int, int]] = []  # (wavefront key..., item)
+    ready_dev: dict[int, list[tuple[int, int, int, int, int]]] = {d: [] for d in set(dev)}
+
+    def push(it: int) -> None:
+        mb, op = divmod(it, n)
+        key = (mb + level[op], mb, op)
+        heapq.heappush(ready_all, (*key, it))
+        heapq.heappush(ready_dev[dev[op]], (priority[op], *key, it))
+
+    for it in range(m * n):
+        if not waiting[it]:
+            push(it)
+    out: list[int] = []
+    while ready_all:
+        if issued[ready_all[0][-1]]:
+            heapq.heappop(ready_all)
+            continue
+        queue = ready_dev[dev[ready_all[0][-1] % n]]
+        it = heapq.heappop(queue)[-1]  # never issued: items leave a device queue only here
+        issued[it] = True
+        out.append(it)
+        base = it - it % n
+        for v in succs[it % n]:
+            waiting[base + v] -= 1
+            if not waiting[base + v]:
+                push(base + v)
+    return out
 
 
 def issue_order(graph: OpGraph, plan: Plan) -> list[tuple[int, str]]:
@@ -201,7 +254,13 @@ def issue_order(graph: OpGraph, plan: Plan) -> list[tuple[int, str]]:
     is the rank of the op's device in order of first use, raised to the largest level of
     its producers (every producer is issued before its consumers, even when a placement
     returns to an earlier device); within a wavefront step the earlier microbatch first.
-    Backward runs this order reversed.
+    With ``plan.priority``, each device issues, among its ready ops, those of the group
+    with the lowest priority first (list scheduling, :func:`issue_order_items`); the
+    interleaving of devices stays the wavefront's. The executor builds its program in this
+    order. Backward is autograd's: one thread per device takes, among its ready nodes, the
+    one created last in forward; the simulator assumes exactly that
+    (:func:`autoplace.sim.local.backward_issue`), so a priority reorders the backward too,
+    reversed.
     """
     names = graph.order
     idx = graph.index
@@ -211,7 +270,16 @@ def issue_order(graph: OpGraph, plan: Plan) -> list[tuple[int, str]]:
     dev = [plan.device_of(op) for op in names]
     n = len(names)
     m = plan.parallel.microbatches
-    return [(it // n, names[it % n]) for it in issue_order_items(preds, dev, m)]
+    return [(it // n, names[it % n])
+            for it in issue_order_items(preds, dev, m, op_priority(graph, plan))]
+
+
+def op_priority(graph: OpGraph, plan: Plan) -> list[int] | None:
+    """Each op's issue priority (graph order): its group's in ``plan.priority``; None when
+    the plan sets none."""
+    if not plan.priority:
+        return None
+    return [plan.priority[plan.groups[op]] for op in graph.order]
 
 
 # --------------------------------------------------------------------- pipeline

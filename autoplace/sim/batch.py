@@ -55,7 +55,7 @@ def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostT
     by_m: dict[int, list[int]] = {}
     for p, plan in enumerate(plans):
         par = plan.parallel
-        if par.pipeline > 1 or par.shard != "none" or plan.selective \
+        if par.pipeline > 1 or par.shard != "none" or plan.selective or plan.priority \
                 or not replicas_identical(cluster, plan):
             sim = simulate_pipeline if par.pipeline > 1 else simulate_local
             out = sim(ga, plan, cluster, tables, False)

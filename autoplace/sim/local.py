@@ -378,7 +378,8 @@ def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
 def simulate_local(ga, plan: Plan, cluster: Cluster, tables: CostTables, record: bool) -> dict:
     """Step time, busy time, memory and timeline of a ``pipeline == 1`` plan."""
     lp = local_plan(ga, plan)
-    order = issue_order_items(ga.preds, lp.dev, lp.m)
+    prio = [plan.priority[g] for g in lp.group] if plan.priority else None
+    order = issue_order_items(ga.preds, lp.dev, lp.m, prio)
     reps = [0] if replicas_identical(cluster, plan) else list(range(lp.d))
     runs = {r: run_replica(ga, lp, tables, cluster, plan, order, r * lp.k, record and r == 0)
             for r in reps}
