@@ -31,6 +31,7 @@ from autoplace.capture.op_rules import ATTENTION_KINDS, CONV_KINDS, MATMUL_KINDS
 from autoplace.errors import PlanError
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.tensor_shards import TensorShards, plan_tensor_shards
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
@@ -68,6 +69,8 @@ class Lowering:
         gather_dtype: FSDP2's gather dtype (``"bfloat16"``), None for parameters as they are.
         stage_recompute: per pipeline stage, how it is recomputed: None, ``"full"`` or
             ``"selective"`` (a stage is recomputed whole or not at all).
+        tensor: the Linear pairs ``parallel.tensor`` splits
+            (:func:`autoplace.tensor_shards.plan_tensor_shards`); None without tensor parallel.
     """
 
     plan: Plan
@@ -78,6 +81,7 @@ class Lowering:
     unit_keys: dict[str, str]
     gather_dtype: str | None
     stage_recompute: tuple[str | None, ...] = ()
+    tensor: TensorShards | None = None
 
     def module_units(self, graph: OpGraph) -> dict[str, str]:
         """Called module path -> its FSDP2 unit, for the modules not in the root's unit
@@ -117,7 +121,7 @@ def lower(graph: OpGraph, plan: Plan, cluster: Cluster | None = None, *,
     return Lowering(plan=plan, order=order, actions=actions, stage_of=stage, tied=tied,
                     unit_keys=keys,
                     gather_dtype=gather_dtype(graph, device_type) if sharded else None,
-                    stage_recompute=tuple(modes))
+                    stage_recompute=tuple(modes), tensor=plan_tensor_shards(graph, plan))
 
 
 def stage_recompute(plan: Plan) -> list[str | None]:
@@ -139,10 +143,12 @@ def stage_recompute(plan: Plan) -> list[str | None]:
 
 def validate(graph: OpGraph, plan: Plan, cluster: Cluster | None = None) -> None:
     """:meth:`Plan.validate` and the checks that need the graph's fx module: a buffer used
-    by several pipeline stages, tied weights under a sharded pipeline."""
+    by several pipeline stages, tied weights under a sharded pipeline, the Linear pairs
+    of a tensor-parallel plan."""
     plan.validate(graph, cluster)
     if plan.parallel.pipeline > 1:
         _check_pipeline(graph, plan)
+    plan_tensor_shards(graph, plan)
 
 
 def _check_pipeline(graph: OpGraph, plan: Plan

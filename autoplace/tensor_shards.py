@@ -1,0 +1,471 @@
+"""Tensor-parallel shards: which Linears a plan's ``parallel.tensor`` splits, Megatron-style.
+
+One rule, from the captured graph's structure and module paths alone (no model-specific
+code). A *pair unit* is a set of column Linears (their output features split over the
+tensor group: q / k / v or a fused qkv, an MLP's up and gate) whose outputs flow, through
+ops that are not Linears, only into a set of row Linears (their input features split: an
+attention's output projection, an MLP's down projection), every op of the flow inside one
+block (a module path with an integer index: a transformer block). The ops in between run
+on each rank's shard unchanged, so the rule follows the split dimension through them and
+accepts only ops that keep it whole:
+
+* elementwise ops (activations, products of two sharded values, broadcasts whose other
+  operand has size 1 or nothing along the split dimension);
+* views that split or merge the dimension (``unflatten(-1, (3, H, Dh))``,
+  ``view(B, T, H, Dh)``, ``flatten(2)``): the shard follows the first factor the degree
+  divides, which must be the outermost unless it is read straight off a column's output
+  (then that column's rows are regrouped, rank by rank, so each rank's contiguous shard
+  holds its heads of q, k and v: :attr:`TensorPair.regroup`);
+* permutes, transposes, indexing on other dimensions, attention
+  (``scaled_dot_product_attention``, ``matmul``) with the dimension among its batch
+  dimensions, softmax / dropout over other dimensions, parameter-free modules, and
+  modules with parameters (a per-head norm) that act on the last dimension only when
+  it is not the split one.
+
+Anything else ends the unit's search without a split: the Linears stay whole. The norms
+whose outputs feed a unit's columns are recorded too (:attr:`TensorShards.norms`: the
+norms between blocks that sequence parallelism would shard).
+
+The executor (:mod:`autoplace.executor.tensor_parallel`) applies the result with
+``torch.distributed.tensor.parallel``; the simulator (:mod:`autoplace.sim.tensor`) prices it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import torch.fx as fx
+from torch import nn
+
+from autoplace.errors import PlanError
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
+
+__all__ = ["TensorPair", "TensorShards", "block_of", "find_tensor_shards", "plan_tensor_shards"]
+
+_VIEWS = {"view", "reshape", "unflatten", "flatten", "view_as", "reshape_as"}
+_SAME = {"contiguous", "to", "float", "half", "bfloat16", "type_as", "clone", "dropout"}
+_DIM_OPS = {"softmax", "log_softmax"}
+_ATTENTION = {"scaled_dot_product_attention", "matmul", "bmm"}
+
+
+@dataclass(frozen=True)
+class TensorPair:
+    """One unit of column Linears, the ops they feed, and the row Linears that end it.
+
+    Attributes:
+        block: the block (module path up to its integer index) that holds the unit.
+        columns: op names of the Linears split by output feature (``ColwiseParallel``).
+        rows: op names of the Linears split by input feature (``RowwiseParallel``).
+        inner: the ops between, run on each rank's shard.
+        reshapes: ``(op, dim)``: a view among ``inner`` whose output dimension ``dim`` is the
+            split one (its size argument there is the global size: the executor rewrites it).
+        regroup: ``(column op, outer, mid, inner)``: the column's output features, read as
+            ``[outer, mid, inner]``, are split along ``mid`` (a fused qkv: ``[3, H, Dh]``):
+            the executor reorders its rows to ``[rank, outer, mid / degree, inner]``.
+        split_sizes: the sizes the degree must divide (features, heads).
+    """
+
+    block: str
+    columns: tuple[str, ...]
+    rows: tuple[str, ...]
+    inner: tuple[str, ...]
+    reshapes: tuple[tuple[str, int], ...] = ()
+    regroup: tuple[tuple[str, int, int, int], ...] = ()
+    split_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TensorShards:
+    """The tensor-parallel split of a graph at one degree.
+
+    Attributes:
+        degree: ranks per tensor group.
+        pairs: the pair units (:class:`TensorPair`), in graph order.
+        norms: norm ops whose outputs feed a unit's columns (sequence parallel's norms).
+    """
+
+    degree: int
+    pairs: tuple[TensorPair, ...]
+    norms: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> set[str]:
+        return {c for p in self.pairs for c in p.columns}
+
+    @property
+    def rows(self) -> set[str]:
+        return {r for p in self.pairs for r in p.rows}
+
+    @property
+    def split_ops(self) -> set[str]:
+        """Every op that runs on a shard: columns, rows and the ops between."""
+        return {o for p in self.pairs for o in (*p.columns, *p.inner, *p.rows)}
+
+    def describe(self) -> str:
+        return ", ".join(f"{p.block}: {'+'.join(p.columns)} -> {'+'.join(p.rows)}"
+                         for p in self.pairs)
+
+
+def block_of(module_path: str) -> str:
+    """A module path up to its first integer index (``"blocks.3.attn.qkv"`` -> ``"blocks.3"``),
+    ``""`` outside any block."""
+    parts = module_path.split(".") if module_path else []
+    cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    return ".".join(parts[:cut + 1]) if cut is not None else ""
+
+
+def find_tensor_shards(graph: OpGraph, degree: int) -> TensorShards:
+    """The pair units of ``graph`` at tensor-parallel ``degree`` (see the module docstring).
+
+    Raises:
+        PlanError: the graph has no fx program to read, no pair unit, or a split size the
+            degree does not divide.
+    """
+    cache = graph.__dict__.setdefault("_tensor_shards", {})
+    if degree in cache:
+        return cache[degree]
+    gm = graph.module
+    if gm is None:
+        raise PlanError("parallel.tensor needs the captured fx program to find the Linear "
+                        f"pairs to split; graph {graph.name!r} has none (loaded from a file?)")
+    found = _Finder(graph, gm, degree)
+    pairs = found.pairs()
+    if not pairs:
+        why = found.why or "no Linear module calls"
+        raise PlanError(
+            f"parallel.tensor={degree}: graph {graph.name!r} has no Linear pair to split "
+            "(a Linear whose output reaches another Linear through non-Linear ops inside one "
+            f"block: {why}); use parallel.tensor=1")
+    norms = tuple(n.name for n in gm.graph.nodes
+                  if n.op == "call_module" and "norm" in type(_module(gm, n.target)).__name__.lower()
+                  and any(u.name in {c for p in pairs for c in p.columns} for u in n.users))
+    out = TensorShards(degree=degree, pairs=tuple(pairs), norms=norms)
+    cache[degree] = out
+    return out
+
+
+def _module(gm: fx.GraphModule, target: str) -> nn.Module:
+    return gm.get_submodule(target)
+
+
+def _name(n: fx.Node) -> str:
+    """The op's name: a method's, or a function's ``__name__``."""
+    if n.op == "call_method":
+        return str(n.target)
+    if n.op == "call_function":
+        return getattr(n.target, "__name__", str(n.target))
+    return n.op
+
+
+class _Unsplittable(Exception):
+    pass
+
+
+class _Finder:
+    """Grows pair units from each Linear of a block (one walk per candidate)."""
+
+    def __init__(self, graph: OpGraph, gm: fx.GraphModule, degree: int) -> None:
+        self.graph, self.gm, self.t = graph, gm, degree
+        self.nodes = list(gm.graph.nodes)
+        self.pos = {n: i for i, n in enumerate(self.nodes)}
+        uses: dict[str, int] = {}
+        for op in graph.ops:
+            for p in op.param_names:
+                uses[p] = uses.get(p, 0) + 1
+        self.linear = {
+            n for n in self.nodes if n.op == "call_module"
+            and isinstance(_module(gm, n.target), nn.Linear) and n.name in graph
+            and block_of(graph[n.name].module_path)
+            and all(uses[p] == 1 for p in graph[n.name].param_names)}
+        self.why = ""
+
+    def shape(self, n: fx.Node) -> tuple[int, ...] | None:
+        if n.name not in self.graph:
+            return None
+        shapes = self.graph[n.name].output_shapes
+        return tuple(shapes[0]) if len(shapes) == 1 else None
+
+    def pairs(self) -> list[TensorPair]:
+        out: list[TensorPair] = []
+        taken: set[fx.Node] = set()
+        for c in self.nodes:
+            if c not in self.linear or c in taken:
+                continue
+            try:
+                pair = self._grow({c})
+            except _Unsplittable as e:
+                self.why = self.why or f"{c.name}: {e}"
+                continue
+            if pair is None:
+                continue
+            taken.update(n for n in self.nodes if n.name in (*pair.columns, *pair.rows))
+            out.append(pair)
+        return out
+
+    def _grow(self, seeds: set[fx.Node]) -> TensorPair | None:
+        """Walk from ``seeds``, adding sibling columns, and backtracking over which factor
+        of a view carries the split (the first that works: heads, not the head size)."""
+        choices: dict[str, int] = {}
+        while True:
+            made: list[tuple[str, int]] = []  # (view, number of candidates), in walk order
+            try:
+                res = self._walk(seeds, choices, made)
+            except _Unsplittable:
+                while made and choices.get(made[-1][0], 0) + 1 >= made[-1][1]:
+                    choices.pop(made.pop()[0], None)
+                if not made:
+                    raise
+                choices[made[-1][0]] = choices.get(made[-1][0], 0) + 1
+                continue
+            if isinstance(res, set):  # sibling columns found: walk again with them
+                seeds = seeds | res
+                choices = {}
+                continue
+            return res
+
+    def _walk(self, seeds: set[fx.Node], choices: dict[str, int], made: list[tuple[str, int]]
+              ) -> TensorPair | set[fx.Node] | None:
+        block = block_of(self.graph[next(iter(seeds)).name].module_path)
+        state: dict[fx.Node, int] = {}   # node -> split dimension of its output
+        raw: set[fx.Node] = set()        # nodes whose value is a column's output as it is
+        rows: list[fx.Node] = []
+        inner: list[fx.Node] = []
+        reshapes: list[tuple[str, int]] = []
+        regroup: dict[str, tuple[int, int, int]] = {}
+        sizes: list[int] = []
+        origin: dict[fx.Node, fx.Node] = {}  # raw node -> its column
+        for c in seeds:
+            shp = self.shape(c)
+            if shp is None or block_of(self.graph[c.name].module_path) != block:
+                raise _Unsplittable("not a single tensor output in the block")
+            state[c] = len(shp) - 1
+            raw.add(c)
+            origin[c] = c
+            sizes.append(shp[-1])
+        first = min(self.pos[c] for c in seeds)
+        for n in self.nodes[first:]:
+            if n in seeds or not any(a in state for a in n.all_input_nodes):
+                continue
+            if n.op == "output" or n.name not in self.graph \
+                    or block_of(self.graph[n.name].module_path) != block:
+                raise _Unsplittable(f"the split values reach {n.name}, outside block {block!r}")
+            if n in self.linear:
+                (arg,) = n.all_input_nodes
+                if state.get(arg) != len(self.shape(arg) or ()) - 1:
+                    raise _Unsplittable(f"{n.name} reads the split values on another dimension")
+                rows.append(n)
+                sizes.append(_module(self.gm, n.target).in_features)
+                continue
+            if n.op == "call_module" and isinstance(_module(self.gm, n.target), nn.Linear):
+                raise _Unsplittable(f"{n.name} (a Linear with shared parameters or outside "
+                                    "a block) reads the split values")
+            siblings = self._outside_full(n, state)
+            if siblings:
+                return siblings
+            self.choices, self.made = choices, made
+            d, reshape = self._through(n, state, raw, origin, regroup, sizes)
+            state[n] = d
+            inner.append(n)
+            if reshape:
+                reshapes.append((n.name, d))
+        if not rows:
+            return None
+        if any(s % self.t for s in sizes):
+            raise PlanError(
+                f"parallel.tensor={self.t} does not divide the split sizes {sorted(set(sizes))} "
+                f"of block {block!r} ({', '.join(sorted(c.name for c in seeds))} -> "
+                f"{', '.join(r.name for r in rows)}): use a degree that divides the heads and "
+                "the hidden sizes")
+        order = sorted(seeds, key=self.pos.__getitem__)
+        return TensorPair(block=block, columns=tuple(c.name for c in order),
+                          rows=tuple(r.name for r in rows), inner=tuple(n.name for n in inner),
+                          reshapes=tuple(reshapes),
+                          regroup=tuple((c, *g) for c, g in regroup.items()),
+                          split_sizes=tuple(sorted(set(sizes))))
+
+    def _outside_full(self, n: fx.Node, state: dict[fx.Node, int]) -> set[fx.Node]:
+        """Linears of the block outside the unit whose outputs meet it at full size along
+        the split dimension here (q meeting k): they are columns too."""
+        out = set()
+        inside = [a for a in n.all_input_nodes if a in state]
+        ref = inside[0]
+        shp = self.shape(ref)
+        for a in n.all_input_nodes:
+            if a in state or a not in self.linear:
+                continue
+            other = self.shape(a)
+            if other is not None and shp is not None and len(other) == len(shp) \
+                    and other[state[ref]] == shp[state[ref]] and other[state[ref]] > 1:
+                out.add(a)
+        return out
+
+    def _through(self, n: fx.Node, state: dict[fx.Node, int], raw: set[fx.Node],
+                 origin: dict[fx.Node, fx.Node], regroup: dict[str, tuple[int, int, int]],
+                 sizes: list[int]) -> tuple[int, bool]:
+        """The split dimension of ``n``'s output, and whether ``n`` is a view whose size
+        arguments name it; raises :class:`_Unsplittable` for an op that does not keep it."""
+        name = _name(n)
+        ins = [a for a in n.all_input_nodes if a in state]
+        x = ins[0]
+        d = state[x]
+        sin, sout = self.shape(x), self.shape(n)
+        if sin is None or sout is None:
+            raise _Unsplittable(f"{n.name} has no single tensor output")
+        if any(state[a] != d or self.shape(a) != sin for a in ins[1:]) and name not in _ATTENTION:
+            raise _Unsplittable(f"{n.name} combines split values of different layouts")
+        if name in _VIEWS:
+            return self._view(n, x, d, sin, sout, raw, origin, regroup, sizes), True
+        if name == "getitem":
+            return _index(n, d, len(sin)), False
+        if name in ("permute", "transpose", "swapaxes"):
+            return _permute(n, d, len(sin)), False
+        if name in _ATTENTION:
+            if any(state.get(a) != d for a in n.args[:2] if isinstance(a, fx.Node)) \
+                    or d >= len(sout) - 2 or sout[d] != sin[d]:
+                raise _Unsplittable(f"{n.name}: attention split on a non-batch dimension")
+            self._broadcast_ok(n, state, d, sout)
+            if name == "scaled_dot_product_attention":
+                for a in n.args[:3]:
+                    if not (isinstance(a, fx.Node) and a in state):
+                        raise _Unsplittable(f"{n.name}: q, k and v are not all split")
+            return d, False
+        if name in _DIM_OPS:
+            dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else None)
+            if dim is None or int(dim) % len(sin) == d:
+                raise _Unsplittable(f"{n.name} reduces over the split dimension")
+        if n.op == "call_module":
+            mod = _module(self.gm, n.target)
+            if any(True for _ in mod.parameters()) and d == len(sin) - 1:
+                raise _Unsplittable(f"{n.name} (a module with parameters) acts on the split "
+                                    "dimension")
+        if sout != sin:
+            raise _Unsplittable(f"{n.name} ({name}) changes the shape of the split values")
+        self._broadcast_ok(n, state, d, sout)
+        if x in raw and name in _SAME:
+            raw.add(n)
+            origin[n] = origin[x]
+        return d, False
+
+    def _broadcast_ok(self, n: fx.Node, state: dict[fx.Node, int], d: int,
+                      sout: tuple[int, ...]) -> None:
+        for a in n.all_input_nodes:
+            if a in state:
+                continue
+            shp = self.shape(a)
+            if shp is None:
+                continue
+            k = len(shp) - (len(sout) - d)  # a's dimension aligned with the split one
+            if 0 <= k < len(shp) and shp[k] != 1:
+                raise _Unsplittable(f"{n.name} reads {a.name}, whole along the split dimension")
+
+    def _view(self, n: fx.Node, x: fx.Node, d: int, sin: tuple[int, ...], sout: tuple[int, ...],
+              raw: set[fx.Node], origin: dict[fx.Node, fx.Node],
+              regroup: dict[str, tuple[int, int, int]], sizes: list[int]) -> int:
+        a, b, c, e = _group(sin, sout, d)
+        if d != a:
+            raise _Unsplittable(f"{n.name} merges the split dimension under an outer one")
+        cands = [i for i in range(c, e + 1) if sout[i] > 1]
+        if not cands:
+            raise _Unsplittable(f"{n.name} leaves the split dimension no factor")
+        self.made.append((n.name, len(cands)))
+        i = cands[min(self.choices.get(n.name, 0), len(cands) - 1)]
+        if i > c:
+            if x not in raw or a != b:
+                raise _Unsplittable(f"{n.name} splits the dimension inside an outer factor, "
+                                    "past another op")
+            col = origin[x]
+            regroup[col.name] = (prod(sout[c:i]), sout[i], prod(sout[i + 1:e + 1]))
+        sizes.append(sout[i])
+        return i
+
+
+def _group(sin: tuple[int, ...], sout: tuple[int, ...], d: int) -> tuple[int, int, int, int]:
+    """Input dims ``a..b`` and output dims ``c..e`` of a view that hold the same elements as
+    input dim ``d`` does with its neighbours (equal products, smallest such runs)."""
+    i = j = 0
+    while i < len(sin) or j < len(sout):
+        a, c = i, j
+        pi = sin[i] if i < len(sin) else 1
+        pj = sout[j] if j < len(sout) else 1
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                pi *= sin[i]
+                i += 1
+            else:
+                pj *= sout[j]
+                j += 1
+        if a <= d < i:
+            # size-1 output dims ahead of the group's first real factor belong to it
+            while c < j - 1 and sout[c] == 1:
+                c += 1
+            return a, i - 1, c, j - 1
+    raise _Unsplittable(f"dimension {d} is not in the view's input")
+
+
+def _as_int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _index(n: fx.Node, d: int, ndim: int) -> int:
+    """The split dimension after indexing (``x[0]``, ``x[:, None]``, ``x[..., 1]``)."""
+    idx = n.args[1]
+    items = idx if isinstance(idx, tuple) else (idx,)
+    if any(it is Ellipsis for it in items):
+        k = items.index(Ellipsis)
+        fill = ndim - sum(1 for it in items if it is not None and it is not Ellipsis)
+        items = items[:k] + (slice(None),) * fill + items[k + 1:]
+    out, src = 0, 0
+    for it in items:
+        if it is None:
+            if src <= d:
+                out += 1
+            continue
+        if src == d:
+            if not (isinstance(it, slice) and it == slice(None)):
+                raise _Unsplittable(f"{n.name} indexes the split dimension")
+            return out
+        if isinstance(it, slice):
+            out += 1
+        elif _as_int(it) is None:
+            raise _Unsplittable(f"{n.name}: indexing by {type(it).__name__}")
+        src += 1
+    return out + (d - src)
+
+
+def _permute(n: fx.Node, d: int, ndim: int) -> int:
+    """The split dimension after ``permute`` / ``transpose``."""
+    name = _name(n)
+    args = [a for a in n.args[1:]]
+    if name == "permute":
+        dims = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        dims = [int(x) % ndim for x in dims]
+        return dims.index(d)
+    d0 = int(args[0] if args else n.kwargs["dim0"]) % ndim
+    d1 = int(args[1] if len(args) > 1 else n.kwargs["dim1"]) % ndim
+    return d1 if d == d0 else d0 if d == d1 else d
+
+
+def plan_tensor_shards(graph: OpGraph, plan: Plan) -> TensorShards | None:
+    """The tensor-parallel split of ``plan`` on ``graph`` (None when ``parallel.tensor`` is 1).
+
+    Raises:
+        PlanError: as :func:`find_tensor_shards`, or a unit's ops on several pipeline stages
+            or in several op groups recomputed differently (a unit runs whole on one stage).
+    """
+    t = plan.parallel.tensor
+    if t == 1:
+        return None
+    shards = find_tensor_shards(graph, t)
+    for p in shards.pairs:
+        ops = (*p.columns, *p.inner, *p.rows)
+        devices = {plan.device_of(o) for o in ops}
+        if len(devices) > 1:
+            raise PlanError(
+                f"the tensor-parallel unit of block {p.block!r} ({p.columns[0]} -> {p.rows[-1]}) "
+                f"has ops on local devices {sorted(devices)}; its Linears and the ops between "
+                "them run on one device (stage): move the cut outside that unit")
+    return shards
