@@ -292,6 +292,7 @@ def build_local(
                 losses[mb] = g.call_module("_loss", (out, targets[mb]))
 
     n_rc = 0
+    made: dict[tuple[str, ...], str] = {}  # a piece's ops -> its module
     for i_unit, unit in enumerate(units):
         emit_losses()
         mb, first = unit[0]
@@ -323,12 +324,16 @@ def build_local(
         if i_unit in graphed:
             target = f"_graphed{n_rc}"
             b.attrs[target] = _Graphed(sub_gm, devices[dev])
+        elif (ops := tuple(n for _, n in unit)) in made:
+            target = made[ops]  # the same ops for another microbatch: the same piece, whose
+            # compiled code is then made once, not once per microbatch
         else:
             grp = plan.groups[first]
             mode = "full" if grp in plan.recompute else \
                 "selective" if grp in plan.selective else None
             target = f"_recompute{n_rc}" if mode else f"_piece{n_rc}"
-            b.attrs[target] = piece(sub_gm, mode, compiled, f"group {grp} (microbatch {mb})")
+            b.attrs[target] = piece(sub_gm, mode, compiled, f"group {grp}")
+            made[ops] = target
         n_rc += 1
         call = g.call_module(target, tuple(b.value(a, mb, dev) for a in ext))
         for i, u in enumerate(users):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import types
 import warnings
 from typing import Any
 
@@ -85,15 +86,22 @@ class CompiledPiece(nn.Module):
     """A :class:`Piece` compiled with ``torch.compile``; eager where compiling fails.
 
     Compiling happens at the first call; its seconds are kept in ``compile_s`` and a
-    failure's message in ``failed`` (the piece then runs eager, with a warning)."""
+    failure's message in ``failed`` (the piece then runs eager, with a warning).
+
+    Every piece is compiled through a code object of its own: torch.compile keeps its
+    compiled graphs per code object, at most ``recompile_limit`` (8) of them, and the
+    pieces' inner ``GraphModule`` s are each of their own class, so through the shared
+    ``Piece.forward`` the ninth piece on would silently run eager."""
 
     def __init__(self, piece: Piece, name: str) -> None:
         super().__init__()
         self.piece = piece
         self.name = name
         backend = os.environ.get(COMPILE_BACKEND_ENV) or "inductor"
+        forward = _own_code(Piece.forward, f"piece_{id(piece):x}")
         # kept outside the module tree: it wraps ``piece``, whose parameters are there once
-        object.__setattr__(self, "_compiled", torch.compile(piece, backend=backend))
+        object.__setattr__(self, "_compiled",
+                           torch.compile(types.MethodType(forward, piece), backend=backend))
         self.compile_s: float | None = None
         self.failed: str | None = None
 
@@ -114,6 +122,12 @@ class CompiledPiece(nn.Module):
             return self.piece(*args)
         self.compile_s = time.perf_counter() - t0
         return out
+
+
+def _own_code(fn: Any, name: str) -> Any:
+    """``fn`` with a code object of its own (same body; ``name`` as its code's name)."""
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
 def piece(inner: nn.Module, recompute: str | None, compiled: bool, name: str) -> nn.Module:

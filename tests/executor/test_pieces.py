@@ -87,6 +87,39 @@ def test_pieces_train_like_the_eager_program(tiny, monkeypatch, levers):
         torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6)
 
 
+_COUNTING: dict = {}  # the counting backend's current function
+
+
+def test_every_piece_is_compiled_past_the_recompile_limit(monkeypatch):
+    """torch.compile keeps at most 8 compiled graphs per code object; a model of more
+    pieces than that (12 blocks + the rest) still compiles every one, once, and a piece
+    is shared by the microbatches that run the same ops."""
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "autoplace_count_test")
+    compiled: list[int] = []
+
+    def counting(gm, example_inputs):
+        compiled.append(len(gm.graph.nodes))
+        return gm.forward
+
+    torch._dynamo.reset()
+    registry = torch._dynamo.backends.registry
+    if "autoplace_count_test" not in registry.list_backends(exclude_tags=()):
+        registry.register_backend(lambda gm, ex: _COUNTING["fn"](gm, ex), "autoplace_count_test")
+    monkeypatch.setitem(_COUNTING, "fn", counting)
+    wl = workloads.get("gpt-tiny", n_layers=12)
+    graph = capture_graph(wl)
+    plan = _blocks_plan(graph, compile=True, microbatches=2)
+    prog = build_local(graph.module, plan, [torch.device("cpu")], wl.loss_fn,
+                       order=issue_order(graph, plan))
+    pieces = [m for m in prog.program.children() if isinstance(m, CompiledPiece)]
+    assert len(pieces) == plan.num_groups  # one per group, not one per group x microbatch
+    x, y = wl.make_batch(wl.batch_size, "cpu")
+    prog(x, y).backward()
+    assert all(m.failed is None and m.compile_s is not None for m in pieces)
+    assert len(compiled) >= len(pieces) > 8  # every piece reached the backend
+    torch._dynamo.reset()
+
+
 def test_a_piece_whose_compile_fails_runs_eager_and_says_so():
     inner = torch.nn.Linear(4, 4)
     cp = CompiledPiece(Piece(inner, None), "group 3 (microbatch 0)")
