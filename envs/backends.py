@@ -85,9 +85,10 @@ class SimBackend:
 
     def evaluate(self, plan: Plan, *, uncapped: bool = False, key: Any = None) -> Measurement:
         # the simulator times a plan whether or not it fits, so ``uncapped`` changes nothing;
-        # plans of one env share its grouping, so placement and split identify them unless
-        # the caller says otherwise
-        key = (plan.placement, plan.parallel) if key is None else key
+        # plans of one env share its grouping, so placement, split and levers identify them
+        # unless the caller says otherwise
+        if key is None:
+            key = (plan.placement, plan.parallel, plan.priority, plan.recompute, plan.selective)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)

@@ -10,6 +10,7 @@ from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 
 from .backends import BACKENDS
+from .levers import check_levers
 
 __all__ = ["EnvConfig", "MODES", "REWARDS", "check_config", "resolve_workload"]
 
@@ -34,6 +35,8 @@ class EnvConfig:
     pipeline_options: tuple[int, ...] = (1,)  #: pipeline stage counts an action may pick
     microbatch_options: tuple[int, ...] = (1,)  #: microbatch counts an action may pick
     schedule: str = "gpipe"  #: pipeline schedule, "gpipe" or "1f1b"
+    levers: tuple[str, ...] = ()  #: oneshot: also choose "priority", "recompute", "compile"
+    priority_levels: int = 4  #: issue priority levels a group may take (lever "priority")
     passes: int = 1  #: incremental mode: times every group is visited per episode
     initial_placement: str = "single"  #: "single" (all on device 0) or "random"
     workload_options: dict[str, Any] = field(default_factory=dict)  #: factory options
@@ -67,6 +70,7 @@ def check_config(cfg: EnvConfig, num_devices: int) -> None:
                                             and math.isfinite(cfg.fail_reward)):
         raise AutoplaceError(f"fail_reward must be a finite number or None, got "
                              f"{cfg.fail_reward!r}")
+    check_levers(tuple(cfg.levers), cfg.priority_levels, cfg.mode)
     if cfg.max_groups < 1 or cfg.passes < 1:
         raise AutoplaceError(f"max_groups and passes must be >= 1, got {cfg.max_groups}, "
                              f"{cfg.passes}")

@@ -19,6 +19,16 @@ Modes:
     maximum per op in placement order instead, and the plan then has one group per
     stage. :meth:`PlacementEnv.valid_splits` lists the splits that can be valid.
 
+  With ``levers`` (``"priority"``, ``"recompute"``, ``"compile"``) the action also picks,
+  per group, an issue priority (``Plan.priority``, ``priority_levels`` levels) and
+  activation checkpointing none / full / selective (``Plan.recompute`` /
+  ``Plan.selective``), and plan-wide ``parallel.compile``: the layout is
+  :mod:`autoplace.envs.levers` (``env.action_layout``). The reward prices them as it
+  prices the placement (recompute trades memory for backward time; the simulator prices
+  a compiled piece as eager, the real backend measures it). Under a pipeline split a
+  stage takes the recompute choice most of its groups make, and priorities are dropped
+  (a pipeline's order is its schedule's).
+
 * ``incremental`` (Placeto, Addanki et al. 2019): groups are visited one per step
   in topological order, ``passes`` times; action ``Discrete(D)`` is the device for
   the focused group (``focus`` in the observation). The split is fixed to the first
@@ -70,16 +80,13 @@ from autoplace.plan import ParallelConfig, Plan, model_info
 
 from .backends import Backend, Measurement, make_backend
 from .config import EnvConfig, check_config, resolve_workload
+from .levers import ActionLayout, InvalidActionError, Levers, plan_levers
 from .observation import group_edges, group_features, observation_space
 from .render import gantt_rgb, placement_table
 
 __all__ = ["InvalidActionError", "PlacementEnv"]
 
 _MEMORY_AFTER = ("allocated_bytes", "reserved_bytes")  # real backend: GPU memory after a run
-
-class InvalidActionError(AutoplaceError, ValueError):
-    """An action outside the env's action space."""
-
 
 class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     """Place a model's op groups on a cluster's devices; see the module docstring.
@@ -107,9 +114,9 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         unknown = sorted(set(options) - set(valid))
         if unknown:
             raise AutoplaceError(f"unknown PlacementEnv option(s) {unknown}; valid: {valid}")
-        for key in ("data_options", "pipeline_options", "microbatch_options"):
+        for key in ("data_options", "pipeline_options", "microbatch_options", "levers"):
             if key in options:
-                options[key] = tuple(int(x) for x in options[key])
+                options[key] = tuple(x if key == "levers" else int(x) for x in options[key])
         cfg = EnvConfig(**options)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise AutoplaceError(f"unknown render_mode {render_mode!r}; valid: ansi, rgb_array")
@@ -160,12 +167,14 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.incremental = cfg.mode == "incremental"
         self.observation_space = observation_space(cfg.max_groups, max_edges, d,
                                                     incremental=self.incremental)
+        #: where each choice sits in a oneshot action (autoplace.envs.levers)
+        self.action_layout = ActionLayout.of(
+            cfg.max_groups, d, (len(self.data_options), len(self.pipeline_options),
+                                len(self.microbatch_options)), cfg.levers, cfg.priority_levels)
         if self.incremental:
             self.action_space = spaces.Discrete(d)
         else:
-            self.action_space = spaces.MultiDiscrete(np.array(
-                [d] * cfg.max_groups + [len(self.data_options), len(self.pipeline_options),
-                                        len(self.microbatch_options)], dtype=np.int64))
+            self.action_space = spaces.MultiDiscrete(self.action_layout.nvec())
 
         self._model_info = model_info(self.graph)
         self._cluster_info = self.cluster.summary()
@@ -177,6 +186,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._single_time_s: float | None = None
         self._placement = np.zeros(g, dtype=np.int64)
         self._parallel = self._split(0, 0, 0)
+        self._levers = Levers()
         self._step_in_episode = 0
         self._score: float | None = None
         self._last: dict[str, Any] | None = None
@@ -212,6 +222,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         else:
             self._placement = np.zeros(g, dtype=np.int64)
         self._parallel = self._split(0, 0, 0)
+        self._levers = Levers()
         self._step_in_episode = 0
         self._score = None
         self._last = None
@@ -239,10 +250,10 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         else:
             a = np.asarray(action, dtype=np.int64)
             self._stages = None
-            placement, parallel, error = self._decode(a)
-            self._placement, self._parallel = placement, parallel
+            placement, parallel, levers, error = self._decode(a)
+            self._placement, self._parallel, self._levers = placement, parallel, levers
             stages = self._stages if error is None and parallel.pipeline > 1 else None
-            m, plan, error = self._evaluate(placement, parallel, error, stages)
+            m, plan, error = self._evaluate(placement, parallel, error, stages, levers)
             score = reward = self._score_of(m)
             self._step_in_episode += 1
             terminated = True
@@ -270,7 +281,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             return placement_table(ops, self._placement, self._sums["fwd_time_s"],
                                    self._sums["param_bytes"], names, self._last)
         if self.render_mode == "rgb_array":
-            plan = self._plan(self._placement, self._parallel)
+            plan = self._plan(self._placement, self._parallel, levers=self._levers)
             result = self._simulator().timeline(plan)
             title = f"{self.graph.name} on {self.cluster.name}: {plan.parallel.describe()}, " \
                     f"{result.step_time_s * 1e3:.2f} ms (simulated)"
@@ -325,11 +336,10 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                               microbatches=self.microbatch_options[i_micro],
                               schedule=self.config.schedule)
 
-    def _decode(self, a: np.ndarray) -> tuple[np.ndarray, ParallelConfig, str | None]:
-        """Placement and split of a oneshot action (see the module docstring)."""
-        g, mg = self.num_groups, self.config.max_groups
-        devices = a[:g].astype(np.int64)
-        i_data, i_pipe, i_micro = (int(x) for x in a[mg: mg + 3])
+    def _decode(self, a: np.ndarray) -> tuple[np.ndarray, ParallelConfig, Levers, str | None]:
+        """Placement, split and levers of a oneshot action (see the module docstring)."""
+        g = self.num_groups
+        devices, (i_data, i_pipe, i_micro), levers = self.action_layout.decode(a, g)
         data = self.data_options[i_data]
         pipe = self.pipeline_options[i_pipe]
         micro = self.microbatch_options[i_micro]
@@ -347,30 +357,37 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             parallel = self._split(i_data, i_pipe, i_micro)
         except PlanError as e:
             fallback = ParallelConfig(data=data, pipeline=1, microbatches=micro,
-                                      schedule=self.config.schedule)
-            return local, fallback, str(e)
+                                      schedule=self.config.schedule, compile=levers.compile)
+            return local, fallback, levers, str(e)
         if pipe > 1 and not self._interval_groups:
             self._stages = np.maximum.accumulate((devices % (self.num_devices // data)
                                                   % pipe)[self._gid_in_order])
-        return local, parallel, None
+        if levers.compile:
+            parallel = dataclasses.replace(parallel, compile=True)
+        return local, parallel, levers, None
 
     def _plan(self, placement: np.ndarray, parallel: ParallelConfig,
-              stages: np.ndarray | None = None) -> Plan:
+              stages: np.ndarray | None = None, levers: Levers | None = None) -> Plan:
+        lv = levers or Levers()
+        info = {"model": self._model_info, "cluster": self._cluster_info,
+                "planner": {"name": "env", "mode": self.config.mode}}
         if stages is not None:  # pipeline over non-interval groups: one group per stage
-            groups = {name: int(s) for name, s in zip(self._order, stages)}
-            return Plan(groups=groups, placement=tuple(range(int(stages.max()) + 1)),
-                        parallel=parallel, model=self._model_info,
-                        cluster=self._cluster_info,
-                        planner={"name": "env", "mode": self.config.mode})
+            full, selective, _ = plan_levers(lv, [int(s) for s in stages], parallel.pipeline,
+                                             [self.groups[n] for n in self._order])
+            return Plan(groups={name: int(s) for name, s in zip(self._order, stages)},
+                        placement=tuple(range(int(stages.max()) + 1)), parallel=parallel,
+                        recompute=full, selective=selective, **info)
+        full, selective, priority = plan_levers(lv, [int(x) for x in placement],
+                                                parallel.pipeline)
         return Plan(groups=self.groups, placement=tuple(int(x) for x in placement),
-                    parallel=parallel, model=self._model_info, cluster=self._cluster_info,
-                    planner={"name": "env", "mode": self.config.mode})
+                    parallel=parallel, recompute=full, selective=selective, priority=priority,
+                    **info)
 
     def _evaluate(
         self, placement: np.ndarray, parallel: ParallelConfig, error: str | None = None,
-        stages: np.ndarray | None = None,
+        stages: np.ndarray | None = None, levers: Levers | None = None,
     ) -> tuple[Measurement, Plan, str | None]:
-        plan = self._plan(placement, parallel, stages)
+        plan = self._plan(placement, parallel, stages, levers)
         if error is None and (parallel.data > 1 or parallel.pipeline > 1):
             try:
                 plan.validate(self.graph, self.cluster)
@@ -379,7 +396,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if error is not None:
             return Measurement.failure(error, self.num_devices), plan, error
         if stages is not None:  # the plan's placement alone does not identify it
-            m = self.backend.evaluate(plan, key=("stages", stages.tobytes(), parallel))
+            m = self.backend.evaluate(plan, key=("stages", stages.tobytes(), parallel,
+                                                 plan.recompute, plan.selective))
         else:
             m = self.backend.evaluate(plan)
         return m, plan, m.error
@@ -394,22 +412,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                     f"action {action!r} is not in the action space {space}: an integer device "
                     f"number in 0..{self.num_devices - 1}")
             return
-        a = np.asarray(action)
-        if a.shape != space.shape:
-            raise InvalidActionError(
-                f"action has shape {a.shape}, the action space {space} takes "
-                f"{space.shape[0]} entries: a device per group (max_groups="
-                f"{self.config.max_groups}), then the data, pipeline and microbatch option "
-                "indices")
-        if not np.issubdtype(a.dtype, np.integer):
-            raise InvalidActionError(f"action entries must be integers, got dtype {a.dtype}")
-        bad = np.flatnonzero((a < 0) | (a >= space.nvec))
-        if bad.size:
-            i = int(bad[0])
-            what = (f"a device number in 0..{space.nvec[i] - 1}" if i < self.config.max_groups
-                    else f"an option index in 0..{space.nvec[i] - 1}")
-            raise InvalidActionError(f"action[{i}] = {int(a[i])} is out of range: it must be "
-                                     f"{what} (action space {space})")
+        self.action_layout.check(action)
 
     def _score_of(self, m: Measurement) -> float:
         if m.failed or not math.isfinite(m.step_time_s):
