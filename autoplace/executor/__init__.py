@@ -20,6 +20,7 @@ from autoplace.executor.launch import run_plan
 from autoplace.executor.lifetime import folder_lock
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions, capture_graph, run_here
+from autoplace.executor.tensor_parallel import process_count
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
@@ -74,7 +75,7 @@ def execute(
                       progress=progress)
     validate(capture_graph(workload), plan, cluster)
     _check_present(plan, cluster)
-    if plan.parallel.data * plan.parallel.pipeline == 1:
+    if process_count(plan) == 1:
         with contextlib.ExitStack() as stack:  # as run_plan: one run per checkpoint folder
             if opts.checkpoint_dir:
                 stack.enter_context(folder_lock(opts.checkpoint_dir))

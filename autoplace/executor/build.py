@@ -24,6 +24,13 @@ from autoplace.executor.data import allreduce_grads, sum_grads, wrap_data_parall
 from autoplace.executor.local import build_local, split_value
 from autoplace.executor.pieces import piece
 from autoplace.executor.pipeline import build_stage, example_values, make_schedule
+from autoplace.executor.tensor_parallel import (
+    data_mesh,
+    device_mesh,
+    prepare_program,
+    rank_cluster_device,
+    rank_layout,
+)
 from autoplace.lowering import Lowering, lower
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
@@ -43,6 +50,7 @@ class Built:
         devices: this rank's devices.
         cluster_indices: their cluster device indices.
         has_loss: whether this rank computes a loss (pipeline: last stage only).
+        info: facts for the run's report (``tensor_split``: the Linears this rank splits).
     """
 
     model: nn.Module
@@ -52,6 +60,7 @@ class Built:
     cluster_indices: list[int]
     has_loss: bool = True
     keep: list[Any] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def micro_batch_size(batch_size: int, plan: Plan) -> int:
@@ -86,9 +95,15 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
     distributed = dist.is_available() and dist.is_initialized()
     low = lower(graph, plan, cluster, validated=True,  # by run_here, on the whole batch
                 device_type=torch.device(cluster.devices[plan.replica_devices(0)[0]].name).type)
+    replica, stage, _ = rank_layout(plan, rank)
+    tp = par.tensor > 1
+    info: dict[str, Any] = {}
+    mesh = None  # dims dp (or dp_replicate, dp_shard), pp, tp, as the plan uses them
+    if distributed and (tp or (par.data > 1 and (par.shard != "none" or par.pipeline > 1))):
+        mesh = device_mesh(plan, cluster.devices[rank_cluster_device(plan, rank)].name
+                           .split(":")[0])
     if par.pipeline == 1:
-        replica = rank
-        idx = plan.replica_devices(replica)
+        idx = [rank_cluster_device(plan, rank)] if tp else plan.replica_devices(replica)
         devices = [torch.device(cluster.devices[i].name) for i in idx]
         if par.shard != "none" and k > 1:
             raise PlanError(
@@ -96,22 +111,22 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                 "process is not supported: FSDP2 keeps one device per rank; use shard='none' "
                 "(DDP) or a pipeline"
             )
+        if tp:
+            _need_group(distributed, plan)
+            info["tensor_split"] = prepare_program(gm, graph, low.tensor, mesh["tp"])
         program = build_local(gm, plan, devices, workload.loss_fn,
                               order=list(low.order),
                               graphs=True if par.graphs else None)
         model: nn.Module = program
         # a replica over several devices: DDP would all-reduce buckets on each of them,
-        # but a NCCL process group serves one device per process; reduce on the first
-        manual = par.data > 1 and k > 1
+        # but a NCCL process group serves one device per process; reduce on the first.
+        # Tensor-parallel parameters (DTensors) are reduced the same way over ``dp``
+        manual = par.data > 1 and (k > 1 or (tp and par.shard == "none"))
         if par.data > 1 and not manual:
-            mesh = None
-            if par.shard != "none":
-                from torch.distributed.device_mesh import init_device_mesh
-
-                mesh = init_device_mesh(devices[0].type, (par.data,))
-            model = wrap_data_parallel(program, low.module_units(graph), par.shard, mesh=mesh,
+            model = wrap_data_parallel(program, low.module_units(graph), par.shard,
+                                       mesh=data_mesh(mesh, plan) if mesh is not None else None,
                                        device=devices[0], param_dtype=_gather_dtype(low))
-
+        dp_group = mesh["dp"].get_group() if manual and tp else None
         params = [q for q in program.parameters() if q.requires_grad] if manual else []
 
         def step(inputs, targets):
@@ -120,16 +135,15 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
             loss = model(xs, y)
             loss.backward()
             if manual:
-                allreduce_grads(params, None, device=devices[0])
+                allreduce_grads(params, dp_group, device=devices[0])
             return loss
 
-        return Built(model=model, state_module=gm if par.data == 1 else model, step=step,
-                     devices=devices, cluster_indices=idx)
+        return Built(model=model, state_module=gm if par.data == 1 and not tp else model,
+                     step=step, devices=devices, cluster_indices=idx, info=info)
 
-    # pipeline: one stage per rank
+    # pipeline: one stage per rank (per tensor rank with tensor parallel)
     p = par.pipeline
-    replica, stage = divmod(rank, p)
-    cidx = replica * k + stage
+    cidx = rank_cluster_device(plan, rank)
     device = torch.device(cluster.devices[cidx].name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -137,21 +151,23 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         torch.manual_seed(0)
         ex_inputs, _ = workload.make_batch(micro, "cpu")
     values = example_values(gm, ex_inputs, device, workload.autocast_dtype)
-    stage_mod = build_stage(gm, plan, stage, ex_inputs, device, values).to(device)
+    if tp:  # after example_values: the fake run sees the program whole
+        _need_group(distributed, plan)
+        info["tensor_split"] = prepare_program(
+            gm, graph, low.tensor, mesh["tp"], {op for op, s in low.stage_of.items() if s == stage})
+    stage_mod = build_stage(gm, plan, stage, ex_inputs, device, values, io=tp).to(device)
     mode = low.stage_recompute[stage]
     if mode or par.compile:  # the stage whole: under a checkpoint, and/or compiled
         stage_mod = piece(stage_mod, mode, par.compile, f"pipeline stage {stage}")
     group = dp_group = None
     model = stage_mod
-    if par.data > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(device.type, (par.data, p), mesh_dim_names=("dp", "pp"))
+    if mesh is not None:
         group = mesh["pp"].get_group()
-        dp_group = mesh["dp"].get_group()
+        if par.data > 1 and par.shard == "none":
+            dp_group = mesh["dp"].get_group()
         if par.shard != "none":
             model = wrap_data_parallel(stage_mod, low.module_units(graph), par.shard,
-                                       group=dp_group, mesh=mesh["dp"], device=device,
+                                       mesh=data_mesh(mesh, plan), device=device,
                                        param_dtype=_gather_dtype(low))
     elif not distributed:
         raise PlanError("a pipeline plan must run under torchrun (one process per stage)")
@@ -188,7 +204,13 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         return loss
 
     return Built(model=model, state_module=model, step=pp_step, devices=[device],
-                 cluster_indices=[cidx], has_loss=last, keep=[schedule])
+                 cluster_indices=[cidx], has_loss=last, keep=[schedule], info=info)
+
+
+def _need_group(distributed: bool, plan: Plan) -> None:
+    if not distributed:
+        raise PlanError(f"a tensor-parallel plan (parallel.tensor={plan.parallel.tensor}) must "
+                        "run under torchrun (one process per tensor rank)")
 
 
 def _tie_groups(gm, plan: Plan, rank: int, ties: dict[str, list[int]]
@@ -200,15 +222,16 @@ def _tie_groups(gm, plan: Plan, rank: int, ties: dict[str, list[int]]
         return []
     par = plan.parallel
     named = dict(gm.named_parameters())
-    p = par.pipeline
+    p, t = par.pipeline, par.tensor
     out = []
     for stages in sorted({tuple(s) for s in ties.values()}):
         members = [named[n] for n, s in sorted(ties.items()) if tuple(s) == stages]
         for replica in range(par.data):
-            ranks = [replica * p + s for s in stages]
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                out.append((group, members))
+            for j in range(t):  # a tensor rank's copies, on its peers of the other stages
+                ranks = [(replica * p + s) * t + j for s in stages]
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    out.append((group, members))
     return out
 
 
@@ -310,7 +333,7 @@ def gather_results(built: Built, losses: list[torch.Tensor], times: list[float],
     if not built.has_loss:
         loss_t = torch.zeros_like(loss_t)
     dist.all_reduce(loss_t)
-    loss_t = loss_t / plan.parallel.data
+    loss_t = loss_t / (plan.parallel.data * plan.parallel.tensor)  # every tensor rank has it
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (times, peaks, allocator))
     step_times = [max(t[i] for t, _, _ in gathered) for i in range(len(times))]

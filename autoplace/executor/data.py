@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 __all__ = ["allreduce_grads", "sum_grads", "wrap_data_parallel"]
 
@@ -120,10 +121,12 @@ def allreduce_grads(params: list[nn.Parameter], group: Any = None,
     for p in params:
         if p.grad is None:
             continue
-        lists = buckets.setdefault((p.grad.device, p.grad.dtype), [[]])
+        # a tensor-parallel parameter's gradient is a DTensor: its shard is reduced
+        grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        lists = buckets.setdefault((grad.device, grad.dtype), [[]])
         if sum(g.numel() * g.element_size() for g in lists[-1]) > bucket_bytes:
             lists.append([])
-        lists[-1].append(p.grad)
+        lists[-1].append(grad)
     for lists in buckets.values():
         for grads in lists:
             flat = _flatten_dense_tensors(grads)

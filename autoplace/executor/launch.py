@@ -35,6 +35,7 @@ from autoplace.executor.checkpoint import require_resumable
 from autoplace.executor.lifetime import LAUNCHER_ENV, child_preexec, folder_lock, stop_group
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions, capture_graph, run_here
+from autoplace.executor.tensor_parallel import process_count
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
@@ -132,7 +133,7 @@ def run_plan(
         cluster = resolve(cluster)
     opts = options or RunOptions(**option_fields)
     spec = workload_spec(workload)
-    nproc = plan.parallel.data * plan.parallel.pipeline
+    nproc = process_count(plan)
     _check_layout(plan, cluster, nproc)
     with contextlib.ExitStack() as stack:
         if opts.checkpoint_dir:

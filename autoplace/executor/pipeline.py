@@ -173,6 +173,7 @@ def build_stage(
     example_inputs: Sequence[torch.Tensor],
     device: torch.device,
     values: dict[str, Any] | None = None,
+    io: bool = False,
 ) -> fx.GraphModule:
     """The program of pipeline stage ``stage``; shares parameters with ``gm``.
 
@@ -183,6 +184,9 @@ def build_stage(
         example_inputs: one microbatch of model inputs (to specialise sizes).
         device: the stage's device (for ``device`` constants).
         values: :func:`example_values` of ``gm`` on ``example_inputs`` (computed if None).
+        io: give the stage its input and output shapes (``stage_io``, see
+            :func:`make_schedule`) even for an fx capture: a tensor-parallel stage, whose
+            DTensor parameters PipelineStage's inference on meta tensors cannot run with.
     """
     n_stages = plan.parallel.pipeline
     values = values if values is not None else example_values(gm, example_inputs)
@@ -299,7 +303,7 @@ def build_stage(
         outs = tie(outs, outs_v)
         g.output(tuple(outs) if len(outs) > 1 else outs[0])
     gm_stage = fx.GraphModule(attrs, g)
-    if is_exported(gm):  # see make_schedule
+    if io or is_exported(gm):  # see make_schedule
         gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
                              tuple(_meta_like(v, grad=True) for v in outs_v))
     return gm_stage

@@ -46,6 +46,7 @@ from autoplace.executor.launch import _failure_message, workload_spec
 from autoplace.executor.lifetime import LAUNCHER_ENV, child_preexec
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions
+from autoplace.executor.tensor_parallel import process_count, rank_cluster_device
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
 
@@ -56,10 +57,8 @@ _POLL_S = 0.02
 
 def rank_devices(plan: Plan, cluster: Cluster) -> tuple[str, ...]:
     """The first device of every process of ``plan`` (the device its process group uses)."""
-    par = plan.parallel
-    nproc = par.data * par.pipeline
-    k = plan.devices_per_replica
-    return tuple(cluster.devices[r if par.pipeline > 1 else r * k].name for r in range(nproc))
+    return tuple(cluster.devices[rank_cluster_device(plan, r)].name
+                 for r in range(process_count(plan)))
 
 
 def write_atomic(path: Path, text: str) -> None:

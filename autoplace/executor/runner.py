@@ -33,6 +33,7 @@ from autoplace.executor import build
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
 from autoplace.executor.local import graphs_from_env, move_to, split_value
 from autoplace.executor.report import RunReport
+from autoplace.executor.tensor_parallel import process_count
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.workloads import Workload
@@ -345,11 +346,12 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
     """
     par = plan.parallel
     # a one-process plan ignores a process group it may run inside (a benchmark job)
-    distributed = dist.is_available() and dist.is_initialized() and par.data * par.pipeline > 1
+    nproc = process_count(plan)
+    distributed = dist.is_available() and dist.is_initialized() and nproc > 1
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
-    if world != (par.data * par.pipeline):
-        raise PlanError(f"plan needs {par.data * par.pipeline} processes, this run has {world}")
+    if world != nproc:
+        raise PlanError(f"plan needs {nproc} processes, this run has {world}")
     report = RunReport(plan=plan.describe(), global_batch_size=workload.batch_size,
                        steps=opts.steps, warmup=opts.warmup, torch_version=torch.__version__)
     all_devices = [torch.device(cluster.devices[i].name) for i in range(plan.num_devices)]
@@ -387,6 +389,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         report.extra["expandable_segments"] = build.cap_allocator(cluster)
         built = build.build_rank(exec_workload, exec_graph, plan, cluster, rank, micro)
         build.apply_memory_caps(built.devices, cluster, built.cluster_indices)
+        report.extra.update(built.info)
         for d in built.devices:
             if d.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(d)
