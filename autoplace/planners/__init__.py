@@ -6,7 +6,8 @@ Families (one module each): trivial (``single``, ``round-robin``, ``random``), h
 (``hash``), critical path (``critical-path``, ``critical-path-mo``), min-cut
 (``mincut``), expert (``expert``), Baechi (``m-topo``, ``m-etf``, ``m-sct``),
 pipeline / data-parallel search (``hybrid-dp``, ``ddp``, ``zero2``, ``fsdp``,
-``pipeline``) and local search (``anneal``).
+``pipeline``), local search (``anneal``) and the device-mesh search for multi-node
+clusters (``mesh``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _REGISTRY: dict[str, str] = {
     "fsdp": "autoplace.planners.pipeline_dp:fsdp",
     "pipeline": "autoplace.planners.pipeline_dp:pipeline",
     "anneal": "autoplace.planners.anneal:anneal",
+    "mesh": "autoplace.planners.mesh:mesh",
 }
 
 
