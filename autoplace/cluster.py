@@ -11,6 +11,11 @@ the alpha-beta-gamma formulas (Thakur et al. 2005; gamma = seconds per byte redu
   ``2 (alpha + (p-1) n beta) + (p-1) n gamma``
 * all-gather / reduce-scatter (ring): ``(p-1) alpha + (p-1)/p n beta`` (+ gamma term
   for reduce-scatter), where ``n`` is the size of the whole gathered tensor.
+
+These are one-level formulas over the group's slowest link. Devices sit on nodes
+(:mod:`autoplace.topology`): the pair matrices hold NVLink inside a node and the network
+between nodes, and :mod:`autoplace.costs.collectives` prices collectives over that
+hierarchy the way NCCL runs them (ring, tree, hierarchical).
 """
 
 from __future__ import annotations
@@ -25,6 +30,21 @@ from typing import Any
 from autoplace.errors import AutoplaceError
 from autoplace.files import write_json_atomic
 from autoplace.plan import strict_json
+from autoplace.topology import (
+    CPU_SPEC,
+    GPU_HOST_DISPATCH_S,
+    GPU_SPECS,
+    LINKS,
+    NETWORK_ALPHA_S,
+    NETWORK_BANDWIDTH,
+    NODE_COUNTS,
+    check_link_matrices,
+    check_nodes,
+    link_matrices,
+    multi_node_name,
+    node_json,
+)
+from autoplace.topology import gpu_kind as _gpu_kind
 
 __all__ = ["Device", "Cluster", "PRESETS", "preset", "resolve", "parse_bytes", "format_bytes"]
 
@@ -99,7 +119,12 @@ class Device:
 
 @dataclass(frozen=True, kw_only=True)
 class Cluster:
-    """Devices plus link latency/bandwidth for every ordered pair.
+    """Devices on nodes, plus link latency/bandwidth for every ordered pair.
+
+    Consecutive devices share a node: device ``i`` is on node ``i // gpus_per_node``.
+    The pair matrices are the truth for point-to-point copies; a multi-node cluster's
+    are filled from its node structure by :meth:`multi_node` (NVLink inside a node, the
+    network between nodes).
 
     Attributes:
         name: preset name or label.
@@ -108,8 +133,11 @@ class Cluster:
         bandwidth: ``bandwidth[i][j]`` bytes/s of a copy from i to j.
         gamma_s_per_byte: reduction compute cost per byte in collectives.
         collective_alpha_s: per-step latency of collectives (NCCL launch + sync).
-        collective_bandwidth: bus bandwidth collectives reach, bytes/s (None: the
-            slowest link's).
+        collective_bandwidth: bus bandwidth collectives reach inside a node, bytes/s
+            (None: the slowest link's).
+        gpus_per_node: devices per node (None: all on one node; stored as the count).
+        network_alpha_s: latency of one message between nodes, seconds.
+        network_bandwidth: bytes/s each device's NIC sends to another node.
     """
 
     name: str
@@ -120,23 +148,20 @@ class Cluster:
     collective_alpha_s: float = 10e-6
     collective_bandwidth: float | None = None
     calibration: dict[str, Any] = field(default_factory=dict)
+    gpus_per_node: int | None = None
+    network_alpha_s: float = NETWORK_ALPHA_S
+    network_bandwidth: float = NETWORK_BANDWIDTH
 
     def __post_init__(self) -> None:
         n = len(self.devices)
         if n == 0:
             raise AutoplaceError("a cluster needs at least one device")
-        for label, m in (("alpha_s", self.alpha_s), ("bandwidth", self.bandwidth)):
-            if len(m) != n or any(len(row) != n for row in m):
-                raise AutoplaceError(f"cluster {self.name!r}: {label} must be {n}x{n}")
-        for i in range(n):
-            for j in range(n):
-                where = f"cluster {self.name!r}: link {i}->{j}"
-                _non_negative(self.alpha_s[i][j], f"{where} alpha_s")
-                if i != j:  # a device's link to itself is free (inf)
-                    _positive(self.bandwidth[i][j], f"{where} bandwidth")
-                elif not _is_number(self.bandwidth[i][j]) or not self.bandwidth[i][j] > 0:
-                    raise AutoplaceError(f"{where} bandwidth must be positive, got "
-                                         f"{self.bandwidth[i][j]!r}")
+        where = f"cluster {self.name!r}"
+        gpn = n if self.gpus_per_node is None else check_nodes(n, self.gpus_per_node, where)
+        object.__setattr__(self, "gpus_per_node", gpn)
+        check_link_matrices(self.alpha_s, self.bandwidth, n, where)
+        _non_negative(self.network_alpha_s, f"{where}: network_alpha_s")
+        _positive(self.network_bandwidth, f"{where}: network_bandwidth")
         _non_negative(self.gamma_s_per_byte, f"cluster {self.name!r}: gamma_s_per_byte")
         _non_negative(self.collective_alpha_s, f"cluster {self.name!r}: collective_alpha_s")
         if self.collective_bandwidth is not None:
@@ -151,6 +176,25 @@ class Cluster:
 
     def __len__(self) -> int:
         return len(self.devices)
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes (hosts)."""
+        return self.num_devices // self.gpus_per_node
+
+    def node_of(self, device: int) -> int:
+        """The node device ``device`` is on."""
+        if not 0 <= device < self.num_devices:
+            raise AutoplaceError(f"device {device} is not in cluster {self.name!r} (valid: "
+                                 f"0..{self.num_devices - 1})")
+        return device // self.gpus_per_node
+
+    def node_devices(self, node: int) -> range:
+        """The devices of node ``node``."""
+        if not 0 <= node < self.num_nodes:
+            raise AutoplaceError(f"node {node} is not in cluster {self.name!r} (valid: "
+                                 f"0..{self.num_nodes - 1})")
+        return range(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
 
     @property
     def device_kinds(self) -> list[str]:
@@ -199,15 +243,19 @@ class Cluster:
     def _bus(self, group: list[int] | None) -> tuple[float, float, int]:
         idx = list(range(self.num_devices)) if group is None else list(group)
         p = len(idx)
+        pairs = [(i, j) for i in idx for j in idx if i != j] if p <= 64 else [
+            (i, j) for i, j in zip(idx, idx[1:] + idx[:1]) if i != j]  # a ring's hops
         if self.collective_bandwidth is not None:
             bw = self.collective_bandwidth
+            if len({self.node_of(i) for i in idx}) > 1:
+                bw = min(bw, self.network_bandwidth)
         elif p > 1:
-            bw = min(self.bandwidth[i][j] for i in idx for j in idx if i != j)
+            bw = min(self.bandwidth[i][j] for i, j in pairs)
         else:
             bw = math.inf
         alpha = self.collective_alpha_s
         if p > 1:
-            alpha = max(alpha, max(self.alpha_s[i][j] for i in idx for j in idx if i != j))
+            alpha = max(alpha, max(self.alpha_s[i][j] for i, j in pairs))
         return alpha, 1.0 / bw, p
 
     def allreduce_time(
@@ -251,25 +299,49 @@ class Cluster:
         return replace(self, devices=devs, name=name)
 
     def subset(self, indices: list[int]) -> Cluster:
-        """The cluster restricted to ``indices`` (renumbered from 0)."""
+        """The cluster restricted to ``indices`` (renumbered from 0). Devices of several
+        nodes must come node by node, as many from each."""
+        nodes = [self.node_of(i) for i in indices]
+        counts = {n: nodes.count(n) for n in nodes}
+        gpn = len(indices) if len(counts) <= 1 else next(iter(counts.values()))
+        if len(counts) > 1 and (len(set(counts.values())) > 1 or any(
+                nodes[k] != nodes[k - 1] and nodes[k] in nodes[:k] for k in range(1, len(nodes)))):
+            raise AutoplaceError(
+                f"cannot take devices {indices} of cluster {self.name!r} as a cluster: they "
+                f"lie on nodes {nodes}; take the same number from each node, node by node")
         return replace(
             self,
             devices=tuple(self.devices[i] for i in indices),
             alpha_s=tuple(tuple(self.alpha_s[i][j] for j in indices) for i in indices),
             bandwidth=tuple(tuple(self.bandwidth[i][j] for j in indices) for i in indices),
+            gpus_per_node=gpn,
         )
 
     def summary(self) -> dict[str, Any]:
         """What a plan records about the cluster it was made for."""
-        return {
+        out = {
             "name": self.name,
             "num_devices": self.num_devices,
             "device_kinds": [d.kind for d in self.devices],
             "memory_bytes": [d.usable_memory_bytes for d in self.devices],
         }
+        if self.num_nodes > 1:
+            out["gpus_per_node"] = self.gpus_per_node
+        return out
 
     # -------------------------------------------------------------------- json
     def to_json(self) -> dict[str, Any]:
+        """The cluster as JSON: a multi-node cluster built from its node structure as one
+        node and a count; any other with its pair matrices in full."""
+        compact = self._node_form()
+        if compact is not None:
+            d = {"format": CLUSTER_FORMAT, "name": self.name, "nodes": self.num_nodes,
+                 "node": compact}
+            for key in ("gamma_s_per_byte", "collective_alpha_s", "collective_bandwidth",
+                        "network_alpha_s", "network_bandwidth"):
+                d[key] = getattr(self, key)
+            d["calibration"] = dict(self.calibration)
+            return d
         d = asdict(self)
         d["format"] = CLUSTER_FORMAT
         d["devices"] = [asdict(x) for x in self.devices]
@@ -277,6 +349,20 @@ class Cluster:
         # a device's link to itself is infinitely fast: null in the file (JSON has no inf)
         d["bandwidth"] = strict_json(self.bandwidth)
         return d
+
+    def _node_form(self) -> dict[str, Any] | None:
+        """Node 0 as the compact form's ``node``, when the whole cluster is that node
+        repeated (same devices, matrices as :func:`~autoplace.topology.link_matrices`
+        fills them); else None."""
+        g, n = self.gpus_per_node, self.num_devices
+        if self.num_nodes == 1 or any(self.devices[i] != self.devices[i % g] for i in range(n)):
+            return None
+        intra = (self.alpha_s[0][1], self.bandwidth[0][1]) if g > 1 else (0.0, 1.0)
+        built = link_matrices(n, g, *intra, self.network_alpha_s, self.network_bandwidth)
+        if built != (self.alpha_s, self.bandwidth):
+            return None
+        return node_json([asdict(d) for d in self.devices[:g]],
+                         *(intra if g > 1 else (None, None)))
 
     @classmethod
     def from_json(cls, data: Any) -> Cluster:
@@ -286,18 +372,27 @@ class Cluster:
             raise AutoplaceError(
                 f"not a cluster file: expected a JSON object with \"format\": \"{CLUSTER_FORMAT}\""
             )
-        valid = {f.name for f in fields(Device)}
         try:
-            devices = data["devices"]
-            if not isinstance(devices, list):
-                raise AutoplaceError("\"devices\" must be a list of objects")
-            for i, d in enumerate(devices):
-                if not isinstance(d, dict):
-                    raise AutoplaceError(f"device {i} must be an object, got {type(d).__name__}")
-                unknown = sorted(set(d) - valid)
-                if unknown:
-                    raise AutoplaceError(f"device {i} has unknown keys {unknown}; valid: "
-                                         f"{', '.join(sorted(valid))}")
+            coll_bw = data.get("collective_bandwidth")
+            calibration = data.get("calibration", {})
+            if not isinstance(calibration, dict):
+                raise AutoplaceError("\"calibration\" must be an object")
+            common = dict(
+                name=str(data["name"]),
+                gamma_s_per_byte=_number(data.get("gamma_s_per_byte", 0.0), "gamma_s_per_byte"),
+                collective_alpha_s=_number(data.get("collective_alpha_s", 10e-6),
+                                           "collective_alpha_s"),
+                collective_bandwidth=None if coll_bw is None else _number(
+                    coll_bw, "collective_bandwidth"),
+                calibration=dict(calibration),
+                network_alpha_s=_number(data.get("network_alpha_s", NETWORK_ALPHA_S),
+                                        "network_alpha_s"),
+                network_bandwidth=_number(data.get("network_bandwidth", NETWORK_BANDWIDTH),
+                                          "network_bandwidth"),
+            )
+            if "nodes" in data:
+                return cls._from_node_json(data, common)
+            devices = _devices_json(data["devices"])
             matrices = {}
             for key in ("alpha_s", "bandwidth"):
                 m = data[key]
@@ -306,26 +401,32 @@ class Cluster:
                 matrices[key] = tuple(tuple(
                     math.inf if (x is None and key == "bandwidth") else _number(x, key)
                     for x in r) for r in m)
-            coll_bw = data.get("collective_bandwidth")
-            calibration = data.get("calibration", {})
-            if not isinstance(calibration, dict):
-                raise AutoplaceError("\"calibration\" must be an object")
-            return cls(
-                name=str(data["name"]),
-                devices=tuple(Device(**d) for d in devices),
-                alpha_s=matrices["alpha_s"],
-                bandwidth=matrices["bandwidth"],
-                gamma_s_per_byte=_number(data.get("gamma_s_per_byte", 0.0), "gamma_s_per_byte"),
-                collective_alpha_s=_number(data.get("collective_alpha_s", 10e-6),
-                                           "collective_alpha_s"),
-                collective_bandwidth=None if coll_bw is None else _number(
-                    coll_bw, "collective_bandwidth"),
-                calibration=dict(calibration),
-            )
+            return cls(devices=devices, alpha_s=matrices["alpha_s"],
+                       bandwidth=matrices["bandwidth"],
+                       gpus_per_node=data.get("gpus_per_node"), **common)
         except KeyError as e:
             raise AutoplaceError(f"cluster file is malformed: missing key {e}") from None
         except (TypeError, ValueError, OverflowError) as e:
             raise AutoplaceError(f"cluster file is malformed: {e}") from None
+
+    @classmethod
+    def _from_node_json(cls, data: dict[str, Any], common: dict[str, Any]) -> Cluster:
+        nodes, node = data["nodes"], data["node"]
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise AutoplaceError(f"\"nodes\" must be a positive integer, got {nodes!r}")
+        if not isinstance(node, dict):
+            raise AutoplaceError("\"node\" must be an object with \"devices\" (and "
+                                 "\"link_alpha_s\", \"link_bandwidth\" for two or more)")
+        devices = _devices_json(node["devices"])
+        g = len(devices)
+        link = (0.0, 1.0)
+        if g > 1:
+            link = (_number(node["link_alpha_s"], "link_alpha_s"),
+                    _number(node["link_bandwidth"], "link_bandwidth"))
+        alpha, bandwidth = link_matrices(g * nodes, g, *link, common["network_alpha_s"],
+                                         common["network_bandwidth"])
+        return cls(devices=devices * nodes, alpha_s=alpha, bandwidth=bandwidth,
+                   gpus_per_node=g, **common)
 
     def save(self, path: str | Path) -> None:
         """Write the cluster as JSON atomically."""
@@ -357,13 +458,12 @@ class Cluster:
         gamma_s_per_byte: float = 0.0,
         names: list[str] | None = None,
     ) -> Cluster:
-        """``n`` copies of ``device`` fully connected by identical links."""
+        """``n`` copies of ``device`` on one node, fully connected by identical links."""
         devs = tuple(
             replace(device, name=(names[i] if names else device.name.replace("{i}", str(i))))
             for i in range(n)
         )
-        a = tuple(tuple(0.0 if i == j else alpha_s for j in range(n)) for i in range(n))
-        b = tuple(tuple(math.inf if i == j else bandwidth for j in range(n)) for i in range(n))
+        a, b = link_matrices(n, n, alpha_s, bandwidth, NETWORK_ALPHA_S, NETWORK_BANDWIDTH)
         return cls(
             name=name,
             devices=devs,
@@ -372,6 +472,39 @@ class Cluster:
             collective_bandwidth=collective_bandwidth,
             gamma_s_per_byte=gamma_s_per_byte,
         )
+
+    @classmethod
+    def multi_node(
+        cls,
+        name: str,
+        device: Device,
+        gpus_per_node: int,
+        num_nodes: int,
+        *,
+        alpha_s: float,
+        bandwidth: float,
+        collective_bandwidth: float | None = None,
+        network_alpha_s: float = NETWORK_ALPHA_S,
+        network_bandwidth: float = NETWORK_BANDWIDTH,
+        gamma_s_per_byte: float = 0.0,
+    ) -> Cluster:
+        """``num_nodes`` nodes of ``gpus_per_node`` copies of ``device``: ``alpha_s`` /
+        ``bandwidth`` between two devices of a node (NVLink), the network's between
+        nodes. Device names repeat on each node (``cuda:0`` .. ``cuda:{g-1}``): a device
+        name is what its process on its own node calls it."""
+        if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
+            raise AutoplaceError(f"cluster {name!r}: num_nodes must be a positive integer, "
+                                 f"got {num_nodes!r}")
+        check_nodes(gpus_per_node, gpus_per_node, f"cluster {name!r}")
+        node = tuple(replace(device, name=device.name.replace("{i}", str(i)))
+                     for i in range(gpus_per_node))
+        n = gpus_per_node * num_nodes
+        a, b = link_matrices(n, gpus_per_node, alpha_s, bandwidth, network_alpha_s,
+                             network_bandwidth)
+        return cls(name=name, devices=node * num_nodes, alpha_s=a, bandwidth=b,
+                   gpus_per_node=gpus_per_node, collective_bandwidth=collective_bandwidth,
+                   network_alpha_s=network_alpha_s, network_bandwidth=network_bandwidth,
+                   gamma_s_per_byte=gamma_s_per_byte)
 
     @classmethod
     def detect(cls) -> Cluster:
@@ -385,14 +518,15 @@ class Cluster:
             base = _GPU_SPECS.get(kind, _GPU_SPECS["h100"])
             dev = replace(base, name="cuda:{i}", kind=kind, memory_bytes=int(props.total_memory),
                           host_dispatch_s=GPU_HOST_DISPATCH_S)
-            link = _LINKS.get(kind, _LINKS["h100"])
+            link = LINKS.get(kind, LINKS["h100"])
             return cls.uniform(f"detect-{kind}x{n}", dev, n, **link)
         return preset("cpu-x2")
 
     def __repr__(self) -> str:
         kinds = ",".join(self.device_kinds)
         mem = format_bytes(min(d.usable_memory_bytes for d in self.devices))
-        return f"Cluster({self.name!r}, {self.num_devices}x {kinds}, {mem} each)"
+        nodes = f"{self.num_nodes} nodes x {self.gpus_per_node}" if self.num_nodes > 1 else ""
+        return f"Cluster({self.name!r}, {nodes or self.num_devices}x {kinds}, {mem} each)"
 
 
 def _is_number(x: Any) -> bool:
@@ -406,6 +540,21 @@ def _number(x: Any, what: str) -> float:
     return float(x)
 
 
+def _devices_json(devices: Any) -> tuple[Device, ...]:
+    """Devices from a JSON list of objects; the error names the device and its bad key."""
+    valid = {f.name for f in fields(Device)}
+    if not isinstance(devices, list) or not devices:
+        raise AutoplaceError("\"devices\" must be a non-empty list of objects")
+    for i, d in enumerate(devices):
+        if not isinstance(d, dict):
+            raise AutoplaceError(f"device {i} must be an object, got {type(d).__name__}")
+        unknown = sorted(set(d) - valid)
+        if unknown:
+            raise AutoplaceError(f"device {i} has unknown keys {unknown}; valid: "
+                                 f"{', '.join(sorted(valid))}")
+    return tuple(Device(**d) for d in devices)
+
+
 def _positive(x: Any, what: str) -> None:
     if not _is_number(x) or not math.isfinite(x) or x <= 0:
         raise AutoplaceError(f"{what} must be a positive finite number, got {x!r}")
@@ -417,60 +566,17 @@ def _non_negative(x: Any, what: str) -> None:
 
 
 # ------------------------------------------------------------------- presets
-#: host seconds to issue one op (forward, or one op's backward) from Python on a GPU
-#: (eager PyTorch with autocast: ~20-40 us per op).
-GPU_HOST_DISPATCH_S = 30e-6
-#: Per parameter tensor, fitted to what DDP and FSDP2 plans measured beyond the simulated
-#: step on 2x H200 (torch 2.11; docs/simulator.md, the links run: gpt-1b, gnmt-4,
-#: inception-v3, 40 to 284 parameter tensors): DDP's backward hook, on the autograd thread, and
-#: FSDP2's per-parameter work per all-gather / reduce-scatter, which the device waits for.
-#: Per copy between two GPUs of one process (``Tensor.to`` forward, its gradient's copy back
-#: in backward), fitted on the one-process placements of four stored suites (2x and 4x H200,
-#: runs 20-21: median simulator error 6.5% -> 5.8%, with autograd's ready-queue order)
-#: and checked on three earlier ones (runs 18-19: 8.2% -> 5.7%); inception-v3's searched
-#: placements, 37-80 copies a step, had simulated 30-45% fast.
-GPU_COPY_HOST_S = 0.2e-3
-GPU_HOST_PARAM = dict(ddp_param_host_s=0.15e-3, shard_param_host_s=0.13e-3,
-                      copy_host_s=GPU_COPY_HOST_S)
-# Achievable (not datasheet) rates for bf16 training: ~60% of dense peak.
-_GPU_SPECS: dict[str, Device] = {
-    "h100": Device(name="cuda:{i}", kind="h100", memory_bytes=80 * GiB,
-                   peak_flops=600e12, memory_bandwidth=2.8e12, launch_overhead_s=8e-6,
-                   host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
-    "h200": Device(name="cuda:{i}", kind="h200", memory_bytes=141 * GiB,
-                   peak_flops=600e12, memory_bandwidth=4.0e12, launch_overhead_s=8e-6,
-                   host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
-    "a100": Device(name="cuda:{i}", kind="a100", memory_bytes=80 * GiB,
-                   peak_flops=250e12, memory_bandwidth=1.6e12, launch_overhead_s=8e-6,
-                   host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
-    "a100-pcie": Device(name="cuda:{i}", kind="a100-pcie", memory_bytes=40 * GiB,
-                        peak_flops=230e12, memory_bandwidth=1.3e12, launch_overhead_s=8e-6,
-                        host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
-}
-_NVLINK4 = dict(alpha_s=10e-6, bandwidth=300e9, collective_bandwidth=250e9)
-_LINKS: dict[str, dict[str, float]] = {
-    "h100": _NVLINK4,
-    "h200": _NVLINK4,
-    "a100": dict(alpha_s=10e-6, bandwidth=200e9, collective_bandwidth=180e9),
-    "a100-pcie": dict(alpha_s=15e-6, bandwidth=20e9, collective_bandwidth=16e9),
-}
-_CPU = Device(name="cpu", kind="cpu", memory_bytes=8 * GiB, peak_flops=150e9,
-              memory_bandwidth=10e9, launch_overhead_s=20e-6)
-
-
-def _gpu_kind(name: str) -> str:
-    n = name.lower()
-    if "h200" in n:
-        return "h200"
-    if "h100" in n:
-        return "h100"
-    if "a100" in n:
-        return "a100-pcie" if "pcie" in n else "a100"
-    return re.sub(r"[^a-z0-9]+", "-", n).strip("-") or "gpu"
+_GPU_SPECS: dict[str, Device] = {k: Device(**spec) for k, spec in GPU_SPECS.items()}
+_CPU = Device(**CPU_SPEC)
 
 
 def _gpu_preset(kind: str, n: int) -> Cluster:
-    return Cluster.uniform(f"{kind}x{n}", _GPU_SPECS[kind], n, **_LINKS[kind])
+    return Cluster.uniform(f"{kind}x{n}", _GPU_SPECS[kind], n, **LINKS[kind])
+
+
+def _multi_node_preset(kind: str, num_nodes: int) -> Cluster:
+    return Cluster.multi_node(multi_node_name(kind, 8, num_nodes), _GPU_SPECS[kind], 8,
+                              num_nodes, **LINKS[kind])
 
 
 def _cpu_preset(n: int) -> Cluster:
@@ -483,6 +589,8 @@ PRESETS: dict[str, Any] = {
     **{f"a100x{n}": (lambda n=n: _gpu_preset("a100", n)) for n in (2, 4, 8)},
     **{f"a100-pcie-x{n}": (lambda n=n: _gpu_preset("a100-pcie", n)) for n in (2, 4)},
     **{f"cpu-x{n}": (lambda n=n: _cpu_preset(n)) for n in (1, 2, 4)},
+    **{multi_node_name(kind, 8, nodes): (lambda kind=kind, nodes=nodes: _multi_node_preset(
+        kind, nodes)) for kind in ("h100", "h100-96", "h200") for nodes in NODE_COUNTS},
 }
 
 

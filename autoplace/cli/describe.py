@@ -37,9 +37,12 @@ class CaptureConfig(ModelArgs):
 
 @dataclass(kw_only=True)
 class ClusterConfig(ClusterArgs):
+    name: str | None = opt(None, "preset name or cluster JSON path to describe (default: this "
+                                 "machine's)", positional=True, nargs="?")
     list: bool = opt(False, "list the presets")
-    preset: str | None = opt(None, "preset to write")
+    preset: str | None = opt(None, "preset to write (same as NAME)")
     detect: bool = opt(False, "describe this machine's devices")
+    json: bool = opt(False, "print the cluster JSON (multi-node: one node and a count)")
     out: str | None = opt(None, "write the cluster JSON here", flag="-o", out="file")
     cluster: str = opt("detect", "(unused; use --preset or --detect)", unused=True)
 
@@ -107,19 +110,48 @@ def cmd_cluster(cfg: ClusterConfig) -> int:
         for name in PRESETS:
             c = preset(name)
             d = c.devices[0]
-            rows.append([name, c.num_devices, d.kind, gb(d.memory_bytes),
-                         f"{d.peak_flops / 1e12:.0f}", f"{c.bandwidth[0][-1] / 1e9:.0f}"
-                         if c.num_devices > 1 else "-"])
-        print_table(rows, ["preset", "devices", "kind", "memory GiB", "TFLOP/s", "link GB/s"])
+            rows.append([name, c.num_nodes, c.gpus_per_node, d.kind, gb(d.memory_bytes),
+                         f"{d.peak_flops / 1e12:.0f}", f"{c.bandwidth[0][1] / 1e9:.0f}"
+                         if c.gpus_per_node > 1 else "-",
+                         f"{c.network_bandwidth / 1e9:.0f}" if c.num_nodes > 1 else "-"])
+        print_table(rows, ["preset", "nodes", "devices/node", "kind", "memory GiB", "TFLOP/s",
+                           "link GB/s", "network GB/s"])
         return 0
-    c = Cluster.detect() if cfg.detect or not cfg.preset else resolve(cfg.preset)
+    spec = cfg.name or cfg.preset
+    c = Cluster.detect() if cfg.detect or not spec else resolve(spec)
     c = resolve(c, cfg.memory_cap)
     if cfg.out:
         c.save(cfg.out)
         print(f"wrote {cfg.out}: {c!r}")
-    else:
+    elif cfg.json:
         print(json.dumps(c.to_json(), indent=1))
+    else:
+        print("\n".join(cluster_lines(c)))
     return 0
+
+
+def cluster_lines(c) -> list[str]:
+    """A cluster for a reader: nodes x devices, the devices, the links, the memory."""
+    kinds = ", ".join(c.device_kinds)
+    out = [f"{c.name}: {c.num_nodes} node{'s' if c.num_nodes > 1 else ''} x "
+           f"{c.gpus_per_node} {kinds} = {c.num_devices} device{'s' if c.num_devices > 1 else ''}"]
+    d = c.devices[0]
+    cap = "" if d.memory_cap_bytes is None else f" (capped at {gb(d.usable_memory_bytes)} GiB)"
+    out.append(f"  device    {d.kind}: {gb(d.memory_bytes)} GiB{cap}, "
+               f"{d.peak_flops / 1e12:.3g} TFLOP/s, {d.memory_bandwidth / 1e9:.0f} GB/s memory")
+    if c.gpus_per_node > 1:
+        bus = ("" if c.collective_bandwidth is None
+               else f", collectives {c.collective_bandwidth / 1e9:.0f} GB/s bus bandwidth")
+        out.append(f"  in a node {c.bandwidth[0][1] / 1e9:.0f} GB/s a copy, "
+                   f"{c.alpha_s[0][1] * 1e6:.0f} us latency{bus}, "
+                   f"{c.collective_alpha_s * 1e6:.0f} us a step")
+    if c.num_nodes > 1:
+        out.append(f"  network   {c.network_bandwidth / 1e9:.0f} GB/s per device "
+                   f"({c.network_bandwidth * 8 / 1e9:.0f} Gb/s), "
+                   f"{c.network_alpha_s * 1e6:.0f} us latency")
+    total = sum(x.usable_memory_bytes for x in c.devices)
+    out.append(f"  memory    {gb(total)} GiB in all, {gb(total / c.num_nodes)} GiB a node")
+    return out
 
 
 def _plan_and_graph(cfg):
