@@ -71,7 +71,8 @@ def cmd_plan(cfg: PlanConfig) -> int:
         return 0
     cluster = cluster_of(cfg.cluster, cfg.memory_cap)
     if cfg.planner == "auto" and not cfg.policy:
-        cluster.require_present(what="--planner auto (it measures plans on the devices)")
+        if getattr(cluster, "num_nodes", 1) == 1:  # several: planned by simulation only
+            cluster.require_present(what="--planner auto (it measures plans on the devices)")
     elif not cfg.policy:
         planners.get(cfg.planner)  # an unknown name fails before the capture
     wl = build_model(cfg, device="meta")
@@ -102,6 +103,13 @@ def cmd_plan(cfg: PlanConfig) -> int:
         except AutoplaceError as e:
             raise AutoplaceError(f"--shard-units: {plan.planner.get('name', 'this')} planner's "
                                  f"plan ({plan.split()}): {e}") from None
+    if (plan.predicted or {}).get("simulator") == "mesh":  # predicted by its own model
+        plan.save(cfg.out)
+        print(f"{plan.describe()} -> {cfg.out} (predicted "
+              f"{ms(plan.predicted['step_time_s'])} ms, "
+              f"{plan.predicted['tokens_per_s_per_gpu']:.0f} tokens/s per GPU, search "
+              f"{time.perf_counter() - t0:.2f} s)")
+        return 0
     from autoplace.sim import simulate
 
     res = simulate(graph, plan, cluster)

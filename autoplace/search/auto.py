@@ -52,6 +52,7 @@ from autoplace.executor.pool import PlanPool
 from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
 from autoplace.planners.manual import halves_name, hand_written, lever_plans
+from autoplace.planners.mesh import mesh
 from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_family
 from autoplace.policies import train
 from autoplace.search.calibration import Calibration, calibration_path
@@ -129,6 +130,23 @@ def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[
     return out
 
 
+def _mesh_auto(graph: Any, cluster: Any, say: Callable[[str], None]) -> Plan:
+    """On several nodes: the ``mesh`` planner's plan, chosen by its closed-form model
+    (docs/simulator.md); measured nowhere, and said so when this machine lacks the GPUs."""
+    plan = mesh(graph, cluster)
+    try:
+        cluster.require_present()
+        present = True
+    except AutoplaceError:
+        present = False
+    say(f"{cluster.num_nodes} nodes: mesh search chose {plan.split()}, predicted "
+        f"{plan.predicted['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
+        + ("" if present else f"; simulation only: this machine lacks {cluster.name}'s "
+           "devices, run the plan there"))
+    info = {**plan.planner, "name": "auto", "chosen": "mesh", "simulation_only": not present}
+    return replace(plan, planner=info)
+
+
 def auto_plan(
     spec: dict[str, Any] | str,
     cluster: Any,
@@ -180,6 +198,8 @@ def auto_plan(
         wl = workloads.get(spec["spec"], device="meta", seed=spec.get("seed", 0),
                            **spec.get("options", {}))
         graph = capture_workload(wl)
+    if getattr(cluster, "num_nodes", 1) > 1:
+        return _mesh_auto(graph, cluster, say)
     pool = None
     if measure is None:  # multi-process plans run in torchrun jobs kept alive between them
         pool = PlanPool(cluster)
