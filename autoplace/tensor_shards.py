@@ -294,13 +294,25 @@ class _Finder:
         ref = inside[0]
         shp = self.shape(ref)
         for a in n.all_input_nodes:
-            if a in state or a not in self.linear:
+            if a in state:
                 continue
             other = self.shape(a)
             if other is not None and shp is not None and len(other) == len(shp) \
                     and other[state[ref]] == shp[state[ref]] and other[state[ref]] > 1:
-                out.add(a)
+                src = self._source_linear(a)
+                if src is not None:
+                    out.add(src)
         return out
+
+    def _source_linear(self, a: fx.Node) -> fx.Node | None:
+        """The Linear ``a`` is computed from through a chain of one-tensor ops (``k`` of
+        ``q @ k.transpose(-2, -1)``), or None."""
+        while a not in self.linear:
+            ins = [x for x in a.all_input_nodes if self.shape(x)]
+            if len(ins) != 1 or a.op == "call_module":
+                return None
+            a = ins[0]
+        return a
 
     def _through(self, n: fx.Node, state: dict[fx.Node, int], raw: set[fx.Node],
                  origin: dict[fx.Node, fx.Node], regroup: dict[str, tuple[int, int, int]],

@@ -1,0 +1,79 @@
+"""Tensor parallelism under torchrun on CPU/gloo: tp alone, with FSDP2 (2-D), with a
+pipeline (3-D mesh dims pp x tp), HSDP, and with recomputed groups; the loss equals the
+unpartitioned model's."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplace import workloads
+from autoplace.cluster import preset
+from autoplace.executor import execute
+from autoplace.executor.runner import capture_graph
+from autoplace.lowering import block_groups
+from autoplace.plan import ParallelConfig, Plan
+from tests.helpers.plans import single
+
+TOL = 1e-4  # reductions reordered across processes
+CPU2, CPU4 = preset("cpu-x2"), preset("cpu-x4")
+#: every Linear of gpt-tiny's two blocks: q/k/v fused and out projection, MLP up and down
+SPLIT = [f"blocks.{b}.{m}" for b in (0, 1)
+         for m in ("attn.proj", "attn.qkv", "mlp.fc", "mlp.proj")]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    wl = workloads.get("gpt-tiny")
+    return wl, capture_graph(wl)
+
+
+def check(r, steps=3):
+    assert r.ok, r.error
+    assert len(r.loss) == steps and len(r.reference_loss) == steps
+    assert r.max_loss_rel_diff < TOL, (r.loss, r.reference_loss)
+
+
+def test_tensor_parallel_two_ranks(tiny):
+    wl, graph = tiny
+    r = execute(wl, single(graph, tensor=2), cluster=CPU2, steps=3, warmup=1)
+    check(r)
+    assert r.extra["tensor_split"] == SPLIT
+    assert r.devices == ["cpu", "cpu"]
+
+
+def test_fsdp_x_tensor_2d(tiny):
+    wl, graph = tiny
+    r = execute(wl, single(graph, data=2, shard="fsdp", tensor=2), cluster=CPU4, steps=3,
+                warmup=1)
+    check(r)
+    assert len(r.devices) == 4
+
+
+def test_pipeline_x_tensor(tiny):
+    wl, graph = tiny
+    # stage 0: embeddings and block 0, stage 1: block 1 and the head (cut between blocks)
+    cut = graph.order.index("blocks_1_ln1")
+    groups = {op: int(i >= cut) for i, op in enumerate(graph.order)}
+    plan = Plan.from_groups(graph, groups, [0, 1],
+                            parallel=ParallelConfig(pipeline=2, microbatches=2, tensor=2))
+    r = execute(wl, plan, cluster=CPU4, steps=3, warmup=1)
+    check(r)
+    assert r.extra["tensor_split"] == SPLIT[:4]  # rank 0's: stage 0 splits block 0
+
+
+def test_hsdp_two_by_two(tiny):
+    wl, graph = tiny
+    check(execute(wl, single(graph, data=4, shard="fsdp", replicate=2), cluster=CPU4,
+                  steps=3, warmup=1))
+
+
+def test_tensor_parallel_with_ddp_and_recompute(tiny):
+    """DDP's replicas reduce the tensor-parallel (DTensor) gradients over ``dp``; blocks
+    recomputed under torch.utils.checkpoint run their collectives again in backward."""
+    wl, graph = tiny
+    groups = block_groups(graph)
+    blocks = {groups[op] for op in graph.order if op.startswith("blocks_")}
+    plan = Plan.from_groups(graph, groups, [0] * (max(groups.values()) + 1),
+                            parallel=ParallelConfig(data=2, tensor=2), recompute=blocks)
+    check(execute(wl, plan, cluster=CPU4, steps=3, warmup=1))
+
