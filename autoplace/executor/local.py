@@ -50,7 +50,7 @@ from autoplace.executor.moves import (
 )
 from autoplace.executor.moves import _CopyTo as _CopyTo
 from autoplace.executor.moves import reflatten_rnns as reflatten_rnns
-from autoplace.executor.pieces import piece
+from autoplace.executor.pieces import canonical_piece, piece
 from autoplace.plan import Plan
 
 __all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env",
@@ -320,7 +320,7 @@ def build_local(
         for _, n in unit:
             local[n] = b.copy(sub, nodes[n], lambda a, local=local: local[a.name], dev)
         sub.output(tuple(local[u.name] for u in users))
-        sub_gm = fx.GraphModule({t: b.attrs[t] for t in b.attrs}, sub)
+        sub_gm, kind = canonical_piece(sub, b.attrs)
         if i_unit in graphed:
             target = f"_graphed{n_rc}"
             b.attrs[target] = _Graphed(sub_gm, devices[dev])
@@ -332,7 +332,7 @@ def build_local(
             mode = "full" if grp in plan.recompute else \
                 "selective" if grp in plan.selective else None
             target = f"_recompute{n_rc}" if mode else f"_piece{n_rc}"
-            b.attrs[target] = piece(sub_gm, mode, compiled, f"group {grp}")
+            b.attrs[target] = piece(sub_gm, mode, compiled, f"group {grp}", kind)
             made[ops] = target
         n_rc += 1
         call = g.call_module(target, tuple(b.value(a, mb, dev) for a in ext))

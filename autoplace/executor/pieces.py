@@ -19,14 +19,15 @@ import warnings
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
 
-__all__ = ["COMPILE_BACKEND_ENV", "SELECTIVE_SAVED_OPS", "CompiledPiece", "Piece", "piece"]
+__all__ = ["COMPILE_BACKEND_ENV", "SELECTIVE_SAVED_OPS", "CompiledPiece", "Piece",
+           "canonical_piece", "piece"]
 
 #: the ``torch.compile`` backend pieces use (default: inductor); tests on CPU use
 #: ``aot_eager``, which compiles nothing to machine code
@@ -88,17 +89,21 @@ class CompiledPiece(nn.Module):
     Compiling happens at the first call; its seconds are kept in ``compile_s`` and a
     failure's message in ``failed`` (the piece then runs eager, with a warning).
 
-    Every piece is compiled through a code object of its own: torch.compile keeps its
-    compiled graphs per code object, at most ``recompile_limit`` (8) of them, and the
-    pieces' inner ``GraphModule`` s are each of their own class, so through the shared
-    ``Piece.forward`` the ninth piece on would silently run eager."""
+    Pieces of one ``kind`` (the same code: :func:`canonical_piece`, as a model's repeated
+    blocks) are compiled through one code object, so torch.compile makes their graph once
+    and reuses it, as it does for a model's blocks compiled one by one; each kind has a
+    code object of its own: torch.compile keeps at most ``recompile_limit`` (8) graphs per
+    code object, and through one shared ``Piece.forward`` the ninth kind on would silently
+    run eager."""
 
-    def __init__(self, piece: Piece, name: str) -> None:
+    def __init__(self, piece: Piece, name: str, kind: Any = None) -> None:
         super().__init__()
         self.piece = piece
         self.name = name
         backend = os.environ.get(COMPILE_BACKEND_ENV) or "inductor"
-        forward = _own_code(Piece.forward, f"piece_{id(piece):x}")
+        key = self.kind = (kind if kind is not None else id(piece), piece.recompute)
+        forward = _FORWARDS.setdefault(key, _own_code(Piece.forward,
+                                                      f"piece_{len(_FORWARDS)}"))
         # kept outside the module tree: it wraps ``piece``, whose parameters are there once
         object.__setattr__(self, "_compiled",
                            torch.compile(types.MethodType(forward, piece), backend=backend))
@@ -124,13 +129,53 @@ class CompiledPiece(nn.Module):
         return out
 
 
+#: one ``Piece.forward`` code object per kind of piece (and recompute mode)
+_FORWARDS: dict[Any, Any] = {}
+#: one GraphModule class per piece code: identical pieces share their forward
+_CLASSES: dict[str, type] = {}
+
+
+def canonical_piece(graph: fx.Graph, attrs: dict[str, Any]) -> tuple[fx.GraphModule, str]:
+    """``graph`` (a piece's ops) as a ``GraphModule`` whose names say nothing of where
+    in the model it sits (values ``v0, v1, ...``, modules and tensors ``t0, t1, ...``,
+    ``attrs`` holding them by their targets), and its code. Pieces with the same code
+    (a model's repeated blocks) are instances of one class: torch.compile, which guards
+    on the class, then reuses one compiled graph for all of them (its guards on the
+    modules' attributes and tensors keep that correct)."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    names: dict[str, str] = {}
+    root: dict[str, Any] = {}
+    for i, n in enumerate(graph.nodes):
+        target = n.target
+        if n.op in ("call_module", "get_attr"):
+            if target not in names:
+                names[target] = f"t{len(names)}"
+                root[names[target]] = attrs[target]
+            target = names[target]
+        elif n.op == "placeholder":
+            target = f"v{i}"
+        args = fx.map_arg(n.args, lambda a: env[a])
+        kwargs = fx.map_arg(n.kwargs, lambda a: env[a])
+        env[n] = g.create_node(n.op, target, args, kwargs,
+                               name=None if n.op == "output" else f"v{i}", type_expr=n.type)
+    gm = fx.GraphModule(root, g)
+    code = gm.code
+    cls = _CLASSES.setdefault(code, type(gm))
+    if type(gm) is not cls:
+        gm.__class__ = cls  # the same generated forward, one class for the compiler's guard
+    return gm, code
+
+
 def _own_code(fn: Any, name: str) -> Any:
     """``fn`` with a code object of its own (same body; ``name`` as its code's name)."""
     code = fn.__code__.replace(co_name=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
-def piece(inner: nn.Module, recompute: str | None, compiled: bool, name: str) -> nn.Module:
-    """The module a local program calls for one piece."""
+def piece(inner: nn.Module, recompute: str | None, compiled: bool, name: str,
+          kind: Any = None) -> nn.Module:
+    """The module a local program calls for one piece (``kind``: pieces of one kind,
+    the same code, share their compiled graph)."""
     p = Piece(inner, recompute)
-    return CompiledPiece(p, name) if compiled else p
+    return CompiledPiece(p, name, kind) if compiled else p

@@ -92,8 +92,9 @@ _COUNTING: dict = {}  # the counting backend's current function
 
 def test_every_piece_is_compiled_past_the_recompile_limit(monkeypatch):
     """torch.compile keeps at most 8 compiled graphs per code object; a model of more
-    pieces than that (12 blocks + the rest) still compiles every one, once, and a piece
-    is shared by the microbatches that run the same ops."""
+    pieces than that (12 blocks + the rest) still runs every one compiled, the repeated
+    blocks through one compiled graph, and a piece is shared by the microbatches that run
+    the same ops."""
     monkeypatch.setenv(COMPILE_BACKEND_ENV, "autoplace_count_test")
     compiled: list[int] = []
 
@@ -116,7 +117,11 @@ def test_every_piece_is_compiled_past_the_recompile_limit(monkeypatch):
     x, y = wl.make_batch(wl.batch_size, "cpu")
     prog(x, y).backward()
     assert all(m.failed is None and m.compile_s is not None for m in pieces)
-    assert len(compiled) >= len(pieces) > 8  # every piece reached the backend
+    # every piece ran compiled; the 12 blocks share one compiled graph (forward and
+    # backward: 2 backend calls), as blocks compiled one by one by hand do
+    kinds = {m.kind for m in pieces}
+    assert len(pieces) > 8 and len(kinds) < len(pieces) - 10
+    assert len(compiled) <= 2 * len(kinds)
     torch._dynamo.reset()
 
 
