@@ -27,7 +27,7 @@ from torch.utils.checkpoint import (
 )
 
 __all__ = ["COMPILE_BACKEND_ENV", "SELECTIVE_SAVED_OPS", "CompiledPiece", "Piece",
-           "canonical_piece", "piece"]
+           "canonical_piece", "compile_summary", "piece"]
 
 #: the ``torch.compile`` backend pieces use (default: inductor); tests on CPU use
 #: ``aot_eager``, which compiles nothing to machine code
@@ -179,3 +179,18 @@ def piece(inner: nn.Module, recompute: str | None, compiled: bool, name: str,
     the same code, share their compiled graph)."""
     p = Piece(inner, recompute)
     return CompiledPiece(p, name, kind) if compiled else p
+
+
+def compile_summary(*modules: nn.Module) -> dict[str, Any] | None:
+    """What compiling cost in these modules' pieces, for a run's report: pieces,
+    distinct compiled graphs (kinds), seconds of their first calls (the forward's
+    compilation; the backward's happens in the first backward: the run's report has the
+    warm-up steps' whole cost beside it), and the pieces that failed to compile (they ran
+    eager). None without compiled pieces."""
+    found = {id(m): m for mod in modules for m in mod.modules() if isinstance(m, CompiledPiece)}
+    if not found:
+        return None
+    pieces = list(found.values())
+    return {"pieces": len(pieces), "kinds": len({m.kind for m in pieces}),
+            "compile_s": round(sum(m.compile_s or 0.0 for m in pieces), 3),
+            "failed": sorted({f"{m.name}: {m.failed}" for m in pieces if m.failed})}

@@ -136,9 +136,15 @@ class RunReport:
         mem = "/".join(f"{b / 2**30:.1f}" for b in self.peak_memory_bytes)
         retries = (f", {self.allocator_retries} allocator retries (at the memory cap)"
                    if self.allocator_retries else "")
+        comp = self.extra.get("compile")
+        compiled = "" if not comp else (
+            f", {comp['pieces']} compiled pieces ({comp['kinds']} graphs, warm-up "
+            f"{comp.get('warmup_overhead_s', comp['compile_s']):.1f} s"
+            + (f"; {len(comp['failed'])} ran eager: {comp['failed'][0]}" if comp["failed"]
+               else "") + ")")
         return (
             f"{self.plan}: {self.step_time_s * 1e3:.1f} ms/step, {self.samples_per_s:.1f} samples/s, "
-            f"peak {mem} GiB{diff}{retries}"
+            f"peak {mem} GiB{diff}{retries}{compiled}"
         )
 
 

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from autoplace.errors import PlanError
 from autoplace.executor import build
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
 from autoplace.executor.local import graphs_from_env, move_to, split_value
+from autoplace.executor.pieces import compile_summary
 from autoplace.executor.report import RunReport
 from autoplace.executor.tensor_parallel import process_count
 from autoplace.lowering import validate
@@ -427,6 +429,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             if opts.progress and rank == 0:
                 print(f"step {step}: {times[-1] * 1e3:.1f} ms", flush=True)
         report.extra["steps_s"] = round(time.perf_counter() - t_steps, 3)
+        if (compiled := compile_summary(built.model, built.state_module)) is not None:
+            report.extra["compile"] = compiled  # its seconds are in the warm-up steps'
         if tracer.close():
             report.extra["trace"] = tracer.path
         counts_after = build.allocator_counts(built)
@@ -438,6 +442,11 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         report.step_times_s = step_times[max(0, opts.warmup - start):]
         report.extra["warmup_step_s"] = [round(t, 4) for t in
                                          step_times[:max(0, opts.warmup - start)]]
+        if "compile" in report.extra and report.step_times_s:
+            # what the warm-up steps cost beyond as many timed ones: compilation, mostly
+            warm = report.extra["warmup_step_s"]
+            report.extra["compile"]["warmup_overhead_s"] = round(
+                sum(warm) - len(warm) * statistics.median(report.step_times_s), 3)
     except NonFiniteLoss as e:
         # stop here: the steps after a NaN or an infinity train nothing, and a report
         # without an error would read as a run that worked

@@ -222,3 +222,18 @@ def test_data_parallel_recipes_train_like_the_reference(tiny, monkeypatch, recip
     gpu_like = preset("h100x2")  # the compiled recipes are offered for GPUs
     plan = lever_plans(graph, gpu_like)[recipe]
     _check(execute(wl, plan, cluster=preset("cpu-x2"), steps=3, warmup=1))
+
+
+def test_a_compiled_run_reports_its_pieces_and_warm_up(monkeypatch):
+    from autoplace.executor.runner import RunOptions, run_here
+
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "aot_eager")
+    wl = workloads.get("gpt-tiny")
+    graph = capture_graph(wl)
+    plan = _blocks_plan(graph, compile=True)
+    rep = run_here(wl, plan, preset("cpu-x1"), RunOptions(steps=4, warmup=2))
+    assert rep.error is None and rep.max_loss_rel_diff <= 1e-4
+    comp = rep.extra["compile"]
+    assert comp["pieces"] == plan.num_groups and comp["kinds"] < comp["pieces"]
+    assert comp["compile_s"] > 0 and comp["failed"] == [] and "warmup_overhead_s" in comp
+    assert f"{comp['pieces']} compiled pieces" in rep.summary()
