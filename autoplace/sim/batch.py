@@ -22,7 +22,8 @@ from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.lowering import validate
 from autoplace.plan import Plan
-from autoplace.sim.local import backward_issue, simulate_local
+from autoplace.sim.batch_issue import batch_backward_issue
+from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     BUCKET_BYTES,
     DDP_GRAD_COPIES,
@@ -277,21 +278,14 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     bpos = np.broadcast_to(np.arange(steps - 1, -1, -1)[:, None], (steps, num)).copy()
     issued = copied = None
     if host_on:
-        issued = host_f[None, :] + np.cumsum(np.take(hb_t, op_t * num + pidx)[::-1], 0)
         if kk > 1:
-            fpos = np.empty(steps, np.int64)
-            for p in np.flatnonzero(k_plan > 1).tolist():
-                k = int(k_plan[p])
-                order = order_t[:, p].tolist()
-                items, iss, cop = backward_issue(ga, dev[p].tolist(), order, hb_t[:, p].tolist(),
-                                                 copy_h[:k].tolist(), float(host_f[p]), k)
-                fpos[order_t[:, p]] = np.arange(steps)
-                bpos[:, p] = fpos[items]
-                issued[:, p] = np.asarray(iss)[items]
-                if cop is not None:
-                    if copied is None:
-                        copied = np.zeros((steps, num, kk))
-                    copied[:, p, :k] = np.asarray(cop).reshape(steps, k)[items]
+            copy_on = np.array([bool(copy_h[:k].any()) for k in k_plan.tolist()])
+            bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb_t, copy_h,
+                                                        copy_on, host_f, kk)
+            if copied is not None and not copy_on.any():
+                copied = None
+        else:
+            issued = host_f[None, :] + np.cumsum(np.take(hb_t, op_t * num + pidx)[::-1], 0)
     for s in range(steps):  # backward, in each plan's issue order
         fs_ = bpos[s]
         row = row_s[fs_, pidx]

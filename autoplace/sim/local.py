@@ -338,22 +338,24 @@ def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
     copied = [0.0] * (mn * k) if with_copies else None
     inf = float("inf")
     for _ in range(ntask):
+        # each thread's next task: the first by key among those released by its clock,
+        # else the earliest released after it (a task never starts before it is released)
         best, bt, bkey = -1, inf, 0
         for j in threads:
             rj, wj = ready[j], waiting[j]
             t = clock[j]
-            if not rj:
-                if not wj:
-                    continue
-                if wj[0][0] > t:
-                    t = wj[0][0]
             while wj and wj[0][0] <= t:
                 _, key, task = heappop(wj)
                 heappush(rj, (key, task))
-            key = rj[0][0]
+            if rj:
+                key = rj[0][0]
+            elif wj:
+                t, key = wj[0][0], wj[0][1]
+            else:
+                continue
             if t < bt or (t == bt and key < bkey):
                 best, bt, bkey = j, t, key
-        task = heappop(ready[best])[1]
+        task = heappop(ready[best])[1] if ready[best] else heappop(waiting[best])[2]
         end = bt + t_cost[task]
         clock[best] = end
         if task < mn:  # an item: its producers here, or their copies to here, move on
