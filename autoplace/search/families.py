@@ -11,7 +11,8 @@ __all__ = ["family", "signature"]
 
 def family(plan: Plan) -> str:
     """The execution family of a plan: its measured/simulated error is shared in a family
-    (compiled plans apart: the simulator prices their pieces as eager ones)."""
+    (compiled plans apart: the simulator prices their fused ops with one factor,
+    :mod:`autoplace.sim.compiled`, whose error is their own)."""
     return _layout(plan) + ("+compile" if plan.parallel.compile else "")
 
 

@@ -1,0 +1,47 @@
+"""Op costs of a plan whose pieces run compiled (``parallel.compile``).
+
+torch.compile (inductor) leaves a piece's matmuls, convolutions, attention and recurrent
+kernels to the same libraries as eager PyTorch and fuses the rest (norms, activations,
+residual adds, casts, dropout) into few generated kernels that read and write each
+tensor once. The simulator prices that with one factor on the device time and the host
+time of the fused ops (:data:`COMPILED_FUSED_TIME`); the heavy kernels keep their
+profiled or estimated times.
+
+The factor comes from kernel traces on one NVIDIA H200 (torch 2.11, bf16 autocast):
+gpt-1b with each block compiled by hand spent 18 ms a step in kernels other than
+matmuls, attention and the optimizer's against 34 ms eagerly (the loss and embedding,
+never compiled, taken out of both). It is checked on models it was not fitted on in the
+levers benchmark (``docs/simulator.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from autoplace.sim.model import CostTables, GraphArrays
+
+__all__ = ["COMPILED_FUSED_TIME", "compiled_tables"]
+
+#: device and host time of a fused (non-matmul) op in a compiled piece over its eager time
+COMPILED_FUSED_TIME = 0.55
+
+
+def compiled_tables(tables: CostTables, ga: GraphArrays,
+                    fused_time: float = COMPILED_FUSED_TIME) -> CostTables:
+    """``tables`` with the ops a compiled piece fuses (those not in
+    :data:`autoplace.lowering.SELECTIVE_SAVED_KINDS`) at ``fused_time`` of their eager
+    device and host times. Host times the profile lacks (NaN: the device's
+    ``host_dispatch_s``) are filled in first, so the fused ops' issue cost falls too."""
+    scale = np.where(ga.saved, 1.0, fused_time)[None, :]
+    host_of_kind = np.array([
+        tables.host[tables.kind_of_device == k].max() if (tables.kind_of_device == k).any()
+        else 0.0 for k in range(len(tables.kinds))])[:, None]
+    host_fwd = np.where(np.isnan(tables.host_fwd), host_of_kind, tables.host_fwd)
+    host_bwd = np.where(np.isnan(tables.host_bwd), host_of_kind, tables.host_bwd)
+    return replace(
+        tables, fwd=tables.fwd * scale, bwd=tables.bwd * scale,
+        fwd_fixed=tables.fwd_fixed * scale, bwd_fixed=tables.bwd_fixed * scale,
+        host_fwd=host_fwd * scale, host_bwd=host_bwd * scale,
+        host_fwd_fixed=tables.host_fwd_fixed * scale, host_bwd_fixed=tables.host_bwd_fixed * scale)
