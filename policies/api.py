@@ -159,7 +159,8 @@ def train(
         memory_cap: cap every device's memory (``"16GB"``).
         policy_options: the policy's own options (``hidden``, ``conv``...).
         env_options: PlacementEnv options (default hybrid choices:
-            :func:`default_env_options`).
+            :func:`default_env_options`); ``levers`` (``priority``, ``recompute``,
+            ``compile``) gives the policy a head for each.
         warm_start: first imitate the best plan of the heuristics and the hybrid DP
             (:mod:`autoplace.policies.warm_start`), which also starts the best plan so
             far, so the result is never slower than it (oneshot mode).
@@ -185,8 +186,10 @@ def train(
     copies = max(1, math.ceil(cfg.batch_size / len(specs)))
     envs = _make_envs(specs, cl, backend, copies, env_opts)
     torch.manual_seed(seed)
+    layout = getattr(envs[0], "action_layout", None)
+    lever_sizes = layout.policy_sizes() if layout is not None and mode == "oneshot" else {}
     pol = make(policy, envs[0].observation_space, envs[0].action_space,
-               **(policy_options or {}))
+               **{**lever_sizes, **(policy_options or {})})
     extra = {"env_options": {k: list(v) if isinstance(v, tuple) else v
                              for k, v in env_opts.items()},
              "cluster": cl.to_json(), "models": [_describe_spec(s) for s in specs],

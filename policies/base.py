@@ -11,7 +11,11 @@ recomputed exactly.
 
 Action layout (the env's, see docs/CONTRACTS.md): in ``oneshot`` mode ``[B, G + 3]``
 (a device per padded group, then the data / pipeline / microbatch option indices);
-in ``incremental`` mode ``[B, 1]`` (the device of the focused group).
+in ``incremental`` mode ``[B, 1]`` (the device of the focused group). A policy built
+with lever sizes (``priority_levels``, ``recompute_choices``: the env's ``levers``,
+:mod:`autoplace.envs.levers`) also emits a priority and a recompute choice per group
+after the devices, ``[B, 3G + 3]``; the plan-wide choices at the end (``hybrid_sizes``)
+then include the env's compile entry when it has one.
 """
 
 from __future__ import annotations
@@ -55,11 +59,20 @@ class PolicyOutput:
     hybrid_entropy: Tensor | None = None
 
 
-def describe_spaces(observation_space: Any, action_space: Any) -> dict[str, Any]:
+def describe_spaces(observation_space: Any, action_space: Any, *, priority_levels: int = 0,
+                    recompute_choices: int = 0) -> dict[str, Any]:
     """Policy sizes from the env's (single, unbatched) spaces.
 
+    Args:
+        observation_space: the env's observation space.
+        action_space: the env's action space.
+        priority_levels: choices of the env's per-group priority entries (0: none).
+        recompute_choices: choices of its per-group recompute entries (0: none). Both come
+            from ``env.unwrapped.action_layout.policy_sizes()``.
+
     Returns:
-        ``num_features``, ``num_devices``, ``max_groups``, ``hybrid_sizes`` and ``mode``.
+        ``num_features``, ``num_devices``, ``max_groups``, ``hybrid_sizes``, ``mode``, and
+        the lever sizes that are set.
     """
     try:
         max_groups, num_features = observation_space["node_features"].shape
@@ -68,19 +81,30 @@ def describe_spaces(observation_space: Any, action_space: Any) -> dict[str, Any]
             "observation space must be a Dict with node_features [max_groups, F]; "
             f"got {observation_space}"
         ) from None
+    levers = {k: int(v) for k, v in (("priority_levels", priority_levels),
+                                     ("recompute_choices", recompute_choices)) if v}
     if isinstance(action_space, spaces.Discrete):
+        if priority_levels or recompute_choices:
+            raise AutoplaceError("lever sizes apply to oneshot (MultiDiscrete) actions; an "
+                                 "incremental env places one group per step")
         return dict(num_features=int(num_features), num_devices=int(action_space.n),
                     max_groups=int(max_groups), hybrid_sizes=(), mode="incremental")
     if isinstance(action_space, spaces.MultiDiscrete):
         nvec = [int(n) for n in np.asarray(action_space.nvec).reshape(-1)]
-        if len(nvec) not in (max_groups, max_groups + 3):
+        g = int(max_groups)
+        blocks = [nvec[0]] + [n for n in (priority_levels, recompute_choices) if n]
+        expected = [n for b in blocks for n in [b] * g]
+        tail = nvec[len(expected):]
+        if nvec[:len(expected)] != expected or len(tail) not in (0, 3, 4):
             raise AutoplaceError(
-                f"MultiDiscrete action of {len(nvec)} entries does not match {max_groups} groups "
-                f"(expected {max_groups} or {max_groups + 3})"
+                f"MultiDiscrete action {nvec} does not match {g} groups with "
+                f"priority_levels={priority_levels}, recompute_choices={recompute_choices} "
+                "(expected a device per group, a priority and a recompute choice per group "
+                "where those sizes are set, then 0, 3 or 4 plan-wide entries); an env with "
+                "levers tells the sizes: env.unwrapped.action_layout.policy_sizes()"
             )
-        return dict(num_features=int(num_features), num_devices=nvec[0],
-                    max_groups=int(max_groups), hybrid_sizes=tuple(nvec[max_groups:]),
-                    mode="oneshot")
+        return dict(num_features=int(num_features), num_devices=nvec[0], max_groups=g,
+                    hybrid_sizes=tuple(tail), mode="oneshot", **levers)
     raise AutoplaceError(
         f"unsupported action space {action_space}; valid: MultiDiscrete (oneshot) or "
         "Discrete (incremental)"
@@ -118,8 +142,12 @@ class PlacementPolicy(nn.Module):
         num_devices: devices a group can be placed on.
         max_groups: padded group count of the observation.
         hybrid_sizes: option counts of the data / pipeline / microbatch choices
-            (empty when the env offers none, as in incremental mode).
+            (empty when the env offers none, as in incremental mode), and of the compile
+            choice where the env offers it.
         mode: ``oneshot`` (a device per group) or ``incremental`` (the focused group's).
+        priority_levels: issue priority levels chosen per group (0: no priority head).
+        recompute_choices: recompute choices per group (3: none / full / selective; 0: no
+            recompute head). Both oneshot only.
     """
 
     #: registry name (see :func:`autoplace.policies.get`).
@@ -135,6 +163,8 @@ class PlacementPolicy(nn.Module):
         max_groups: int,
         hybrid_sizes: tuple[int, ...] | list[int] = (),
         mode: str = "oneshot",
+        priority_levels: int = 0,
+        recompute_choices: int = 0,
     ) -> None:
         super().__init__()
         if mode not in self.modes:
@@ -145,20 +175,41 @@ class PlacementPolicy(nn.Module):
             )
         if num_devices < 1:
             raise AutoplaceError(f"num_devices must be >= 1, got {num_devices}")
+        if (priority_levels or recompute_choices) and mode != "oneshot":
+            raise AutoplaceError(f"priority and recompute heads choose per group in oneshot "
+                                 f"mode, not {mode!r}")
+        for name, v in (("priority_levels", priority_levels),
+                        ("recompute_choices", recompute_choices)):
+            if not isinstance(v, int) or v < 0 or v == 1:
+                raise AutoplaceError(f"{name} must be 0 (no head) or an integer >= 2, got {v!r}")
         self.num_features = int(num_features)
         self.num_devices = int(num_devices)
         self.max_groups = int(max_groups)
         self.hybrid_sizes = tuple(int(s) for s in hybrid_sizes)
         self.mode = mode
+        self.priority_levels = int(priority_levels)
+        self.recompute_choices = int(recompute_choices)
         self.config: dict[str, Any] = dict(
             num_features=self.num_features, num_devices=self.num_devices,
             max_groups=self.max_groups, hybrid_sizes=list(self.hybrid_sizes), mode=mode,
         )
+        # only when set: a policy without levers saves the config it saved before them
+        self.config.update({k: v for k, v in (("priority_levels", self.priority_levels),
+                                               ("recompute_choices", self.recompute_choices))
+                            if v})
 
     @classmethod
     def from_spaces(cls, observation_space: Any, action_space: Any, **options: Any):
-        """Build a policy sized for an env's spaces (``options`` are the policy's own)."""
-        return cls(**describe_spaces(observation_space, action_space), **options)
+        """Build a policy sized for an env's spaces (``options`` are the policy's own, and
+        the lever sizes ``priority_levels`` / ``recompute_choices`` of an env with levers)."""
+        levers = {k: options.pop(k) for k in ("priority_levels", "recompute_choices")
+                  if k in options}
+        return cls(**describe_spaces(observation_space, action_space, **levers), **options)
+
+    @property
+    def lever_blocks(self) -> int:
+        """Per-group entries of an oneshot action: the device, and the lever choices."""
+        return 1 + bool(self.priority_levels) + bool(self.recompute_choices)
 
     def _split_action(
         self, action: Tensor | None, hybrid: Tensor | None = None
@@ -167,8 +218,26 @@ class PlacementPolicy(nn.Module):
         without an action, ``hybrid`` (a forced split) is returned as the second part."""
         if action is None:
             return None, hybrid
-        g = action.shape[1] - len(self.hybrid_sizes)
-        return action[:, :g], (action[:, g:] if self.hybrid_sizes else None)
+        g = (action.shape[1] - len(self.hybrid_sizes)) // self.lever_blocks
+        return action[:, :g], (action[:, g * self.lever_blocks:] if self.hybrid_sizes else None)
+
+    def _lever_actions(self, action: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """``(priority [B, G], recompute [B, G])`` parts of an oneshot action (None where the
+        policy has no such head, or without an action)."""
+        if action is None or self.lever_blocks == 1:
+            return None, None
+        g = (action.shape[1] - len(self.hybrid_sizes)) // self.lever_blocks
+        parts = iter(range(1, self.lever_blocks))
+        priority = action[:, next(parts) * g:][:, :g] if self.priority_levels else None
+        recompute = action[:, next(parts) * g:][:, :g] if self.recompute_choices else None
+        return priority, recompute
+
+    def real_entries(self, node_mask: Tensor, width: int) -> Tensor:
+        """``[B, width]`` bool: the entries of an oneshot action that mean something (those
+        of real groups, and the plan-wide choices)."""
+        tail = width - self.lever_blocks * node_mask.shape[1]
+        return torch.cat([node_mask.bool()] * self.lever_blocks
+                         + [torch.ones(node_mask.shape[0], tail, dtype=torch.bool)], 1)
 
     def imitation_latent(self, obs: dict[str, Tensor], action: Tensor) -> dict[str, Tensor]:
         """Latent choices under which ``action`` can be scored for imitation (behaviour

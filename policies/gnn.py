@@ -22,7 +22,7 @@ from torch_geometric.nn import GATConv, SAGEConv
 from autoplace.errors import AutoplaceError
 
 from .base import PlacementPolicy, PolicyOutput
-from .heads import HybridHead, categorical
+from .heads import HybridHead, LeverHead, categorical, join_action
 
 __all__ = ["GNNPolicy", "CONVS", "batched_edges"]
 
@@ -49,8 +49,9 @@ class GNNPolicy(PlacementPolicy):
         **sizes: see :class:`~autoplace.policies.base.PlacementPolicy`.
 
     Shapes:
-        node_features ``[B, G, F]`` (any ``G``) -> action ``[B, G + 3]`` in oneshot mode,
-        ``[B, 1]`` in incremental mode.
+        node_features ``[B, G, F]`` (any ``G``) -> action ``[B, G + 3]`` in oneshot mode
+        (``[B, 3G + 3]`` with both lever heads, see :class:`~.heads.LeverHead`), ``[B, 1]``
+        in incremental mode.
     """
 
     name = "gnn"
@@ -76,6 +77,8 @@ class GNNPolicy(PlacementPolicy):
         self.pool = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.Tanh())
         self.hybrid = HybridHead(hidden, self.hybrid_sizes)
         self.head = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, d))
+        if self.lever_blocks > 1:  # only then: a policy without levers keeps its weights' keys
+            self.levers = LeverHead(hidden, d, self.priority_levels, self.recompute_choices)
 
     def encode(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Node embeddings ``[B, G, H]`` and a graph summary ``[B, H]``."""
@@ -106,10 +109,16 @@ class GNNPolicy(PlacementPolicy):
                                      generator=generator, greedy=greedy)
             return PolicyOutput(a.unsqueeze(1), lp, ent)
         devices, hybrid = self._split_action(action, hybrid)
+        priority, recompute = self._lever_actions(action)
         hyb, lp_h, ent_h, condition = self.hybrid(summary, hybrid, generator=generator,
                                                   greedy=greedy)
         cond = condition.unsqueeze(1).expand(-1, h.shape[1], -1)
         dev, lp, ent = categorical(self.head(torch.cat([h, cond], 2)), devices, mask=mask,
                                    generator=generator, greedy=greedy)
-        return PolicyOutput(torch.cat([dev, hyb], 1), lp.sum(1) + lp_h, ent.sum(1) + ent_h,
+        lp, ent = lp.sum(1) + lp_h, ent.sum(1) + ent_h
+        if self.lever_blocks > 1:
+            priority, recompute, lp_l, ent_l = self.levers(
+                h, condition, dev, mask, priority, recompute, generator=generator, greedy=greedy)
+            lp, ent = lp + lp_l, ent + ent_l
+        return PolicyOutput(join_action(dev, priority, recompute, hyb), lp, ent,
                             hybrid_log_prob=lp_h, hybrid_entropy=ent_h)

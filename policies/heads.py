@@ -1,4 +1,5 @@
-"""Heads shared by every policy: a masked categorical choice and the hybrid-split head.
+"""Heads shared by every policy: a masked categorical choice, the hybrid-split head and the
+per-group lever head (issue priority, recompute).
 
 :func:`categorical` is the single place where a policy samples: with ``action`` given it
 scores that action, otherwise it draws one with the trainer's ``torch.Generator`` (or
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["categorical", "HybridHead"]
+__all__ = ["categorical", "HybridHead", "LeverHead", "join_action"]
 
 
 def categorical(
@@ -106,3 +107,73 @@ class HybridHead(nn.Module):
 
     def extra_repr(self) -> str:
         return f"sizes={list(self.sizes)}"
+
+
+class LeverHead(nn.Module):
+    """Chooses, per group, its recompute mode and its issue priority.
+
+    Each group's choice reads its embedding, the embedding of the device it was given and
+    the plan-wide choice (the hybrid head's embedding): recompute pays where a device is
+    short of memory, a priority where a device holds groups of several branches. The
+    recompute choice is made first and conditions the priority. Its log-probability and
+    entropy add to the placement's, so one REINFORCE trains them together.
+
+    Args:
+        hidden: width of the group embeddings and the condition.
+        num_devices: device choices (embedded).
+        priority_levels: priority choices (0: none).
+        recompute_choices: recompute choices (0: none).
+
+    Shapes:
+        h ``[B, G, hidden]``, condition ``[B, hidden]``, devices ``[B, G]``, mask ``[B, G]``,
+        optional priority / recompute ``[B, G]`` -> priority ``[B, G]`` or None, recompute
+        ``[B, G]`` or None, log_prob ``[B]``, entropy ``[B]``.
+    """
+
+    def __init__(self, hidden: int, num_devices: int, priority_levels: int = 0,
+                 recompute_choices: int = 0) -> None:
+        super().__init__()
+        self.sizes = (int(priority_levels), int(recompute_choices))
+        self.device_embed = nn.Embedding(num_devices, hidden)
+        self.trunk = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.Tanh())
+        self.recompute = nn.Linear(hidden, recompute_choices) if recompute_choices else None
+        self.recompute_embed = nn.Embedding(recompute_choices, hidden) \
+            if recompute_choices else None
+        self.priority = nn.Linear(hidden, priority_levels) if priority_levels else None
+
+    def forward(
+        self,
+        h: Tensor,
+        condition: Tensor,
+        devices: Tensor,
+        mask: Tensor,
+        priority: Tensor | None = None,
+        recompute: Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+    ) -> tuple[Tensor | None, Tensor | None, Tensor, Tensor]:
+        cond = condition.unsqueeze(1).expand(-1, h.shape[1], -1)
+        z = self.trunk(torch.cat([h + self.device_embed(devices), cond], 2))
+        log_prob = h.new_zeros(h.shape[0])
+        entropy = h.new_zeros(h.shape[0])
+        if self.recompute is not None:
+            recompute, lp, ent = categorical(self.recompute(z), recompute, mask=mask,
+                                             generator=generator, greedy=greedy)
+            log_prob, entropy = log_prob + lp.sum(1), entropy + ent.sum(1)
+            z = torch.tanh(z + self.recompute_embed(recompute))
+        if self.priority is not None:
+            priority, lp, ent = categorical(self.priority(z), priority, mask=mask,
+                                            generator=generator, greedy=greedy)
+            log_prob, entropy = log_prob + lp.sum(1), entropy + ent.sum(1)
+        return priority, recompute, log_prob, entropy
+
+    def extra_repr(self) -> str:
+        return f"priority_levels={self.sizes[0]}, recompute_choices={self.sizes[1]}"
+
+
+def join_action(devices: Tensor, priority: Tensor | None, recompute: Tensor | None,
+                hybrid: Tensor) -> Tensor:
+    """An oneshot action in the env's layout: devices, priorities, recompute choices (those
+    present), then the plan-wide choices."""
+    return torch.cat([t for t in (devices, priority, recompute, hybrid) if t is not None], 1)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import PlacementPolicy, PolicyOutput, dense_adjacency, neighbour_features
-from .heads import HybridHead, categorical
+from .heads import HybridHead, LeverHead, categorical, join_action
 from .seq2seq import Seq2SeqCore
 
 __all__ = ["HierarchicalPolicy"]
@@ -55,6 +55,10 @@ class HierarchicalPolicy(PlacementPolicy):
         self.group_embed = nn.Sequential(nn.Linear(f + 1 + 2 * k, hidden), nn.Tanh())
         self.core = Seq2SeqCore(hidden, hidden, self.num_devices)
         self.hybrid = HybridHead(hidden, self.hybrid_sizes)
+        if self.lever_blocks > 1:  # per observed group: its features and its group's state
+            self.lever_in = nn.Sequential(nn.Linear(3 * f, hidden), nn.Tanh())
+            self.levers = LeverHead(hidden, self.num_devices, self.priority_levels,
+                                    self.recompute_choices)
 
     def _prior(self, mask):
         """``[B, G, K]``: minus the distance, in group widths, from each op's position in
@@ -117,6 +121,13 @@ class HierarchicalPolicy(PlacementPolicy):
         group_devices, lp_p, ent_p = self.core.decode(states, nonempty, condition, group_devices,
                                                       generator=generator, greedy=greedy)
         op_devices = group_devices.gather(1, grouping).masked_fill(~mask, 0)
-        return PolicyOutput(torch.cat([op_devices, hyb], 1), lp_g.sum(1) + lp_p + lp_h,
-                            ent_g.sum(1) + ent_p + ent_h, {"grouping": grouping},
-                            hybrid_log_prob=lp_h, hybrid_entropy=ent_h)
+        lp, ent = lp_g.sum(1) + lp_p + lp_h, ent_g.sum(1) + ent_p + ent_h
+        priority, recompute = self._lever_actions(action)
+        if self.lever_blocks > 1:
+            own = states.gather(1, grouping.unsqueeze(2).expand(-1, -1, states.shape[2]))
+            priority, recompute, lp_l, ent_l = self.levers(
+                own + self.lever_in(neighbour_features(obs)), condition, op_devices, mask,
+                priority, recompute, generator=generator, greedy=greedy)
+            lp, ent = lp + lp_l, ent + ent_l
+        return PolicyOutput(join_action(op_devices, priority, recompute, hyb), lp, ent,
+                            {"grouping": grouping}, hybrid_log_prob=lp_h, hybrid_entropy=ent_h)

@@ -192,7 +192,8 @@ def _forced_splits(envs, policy, cfg, update, first_episode) -> dict[int, tuple[
     out = {}
     for i, j in enumerate(range(batch_size - n_forced, batch_size)):
         splits = _valid_splits(envs[(first_episode + j) % len(envs)], sizes)
-        out[j] = splits[(update * n_forced + i) % len(splits)]
+        split = splits[(update * n_forced + i) % len(splits)]
+        out[j] = split + (-1,) * (len(sizes) - len(split))  # a compile choice: sampled
     return out
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import PlacementPolicy, PolicyOutput, masked_mean, neighbour_features
-from .heads import HybridHead, categorical
+from .heads import HybridHead, LeverHead, categorical, join_action
 
 __all__ = ["Seq2SeqCore", "Seq2SeqPolicy"]
 
@@ -107,6 +107,9 @@ class Seq2SeqPolicy(PlacementPolicy):
         self.embed = nn.Sequential(nn.Linear(3 * self.num_features, hidden), nn.Tanh())
         self.core = Seq2SeqCore(hidden, hidden, self.num_devices)
         self.hybrid = HybridHead(hidden, self.hybrid_sizes)
+        if self.lever_blocks > 1:  # only then: a policy without levers keeps its weights' keys
+            self.levers = LeverHead(hidden, self.num_devices, self.priority_levels,
+                                    self.recompute_choices)
 
     def forward(self, obs, action=None, latent=None, *, generator=None, greedy=False,
                 hybrid=None):
@@ -117,5 +120,12 @@ class Seq2SeqPolicy(PlacementPolicy):
                                                   greedy=greedy)
         dev, lp_d, ent_d = self.core.decode(states, mask, condition, devices,
                                             generator=generator, greedy=greedy)
-        return PolicyOutput(torch.cat([dev, hyb], 1), lp_d + lp_h, ent_d + ent_h,
+        priority, recompute = self._lever_actions(action)
+        lp, ent = lp_d + lp_h, ent_d + ent_h
+        if self.lever_blocks > 1:  # per group, from its encoder state and its device
+            priority, recompute, lp_l, ent_l = self.levers(
+                states, condition, dev, mask, priority, recompute, generator=generator,
+                greedy=greedy)
+            lp, ent = lp + lp_l, ent + ent_l
+        return PolicyOutput(join_action(dev, priority, recompute, hyb), lp, ent,
                             hybrid_log_prob=lp_h, hybrid_entropy=ent_h)

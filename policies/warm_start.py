@@ -6,7 +6,11 @@ hybrid DP, critical path, expert, DDP...) plan the env's graph on its cluster; e
 becomes an env action (:func:`plan_to_action`: every env group takes the device most of
 its ops have in the plan, the split its nearest option), every such action and a few
 plain ones (everything on device 0 under each valid split) are scored by the env itself,
-and the best is the target (:func:`heuristic_target`). Scoring through the env matters:
+and the best is the target (:func:`heuristic_target`). In an env with levers the action
+also carries the plan's recompute choice per group (most of its ops' mode), its compile
+flag, and priorities derived from the plan's issue order (groups issued first get the
+lowest levels), and the plain candidates include everything on device 0 recomputed.
+Scoring through the env matters:
 the env cannot express everything a planner can (ZeRO sharding, a 1F1B schedule, groups
 that cut across the env's), so the target is the best plan *the env can reach*.
 
@@ -27,12 +31,14 @@ import numpy as np
 import torch
 
 from autoplace import planners
+from autoplace.envs.levers import Levers
 from autoplace.errors import AutoplaceError
+from autoplace.lowering import issue_order
 
 from .base import PlacementPolicy, batch_obs
 
 __all__ = ["WARM_START_PLANNERS", "WarmStartTarget", "plan_to_action", "heuristic_target",
-           "supports_warm_start", "warm_start"]
+           "order_priority", "supports_warm_start", "warm_start"]
 
 #: planners whose plans are warm-start candidates (fast on every graph)
 WARM_START_PLANNERS = ("hybrid-dp", "pipeline", "critical-path", "m-etf", "expert", "ddp",
@@ -83,17 +89,46 @@ def plan_to_action(env: Any, plan: Any) -> np.ndarray | None:
     if data is None or pipe is None:
         return None
     votes: list[Counter] = [Counter() for _ in range(e.num_groups)]
+    modes: list[Counter] = [Counter() for _ in range(e.num_groups)]
     for op, group in e.groups.items():
         gid = plan.groups.get(op)
         if gid is not None:
             votes[group][int(plan.placement[gid])] += 1
+            modes[group][1 if gid in plan.recompute else 2 if gid in plan.selective else 0] += 1
     local = e.num_devices // e.data_options[data]
-    action = np.zeros(e.action_space.shape, dtype=np.int64)
-    for g, counter in enumerate(votes):
-        device = counter.most_common(1)[0][0] if counter else 0
-        action[g] = device % max(local, 1)
-    action[e.config.max_groups:] = (data, pipe, micro)
-    return action
+    devices = [(c.most_common(1)[0][0] if c else 0) % max(local, 1) for c in votes]
+    layout = getattr(e, "action_layout", None)
+    if layout is None:  # an env without levers' layout: devices, then the split
+        action = np.zeros(e.action_space.shape, dtype=np.int64)
+        action[: len(devices)] = devices
+        action[e.config.max_groups:] = (data, pipe, micro)
+        return action
+    levers = Levers(
+        priority=order_priority(e, plan) if layout.priority_levels else (),
+        recompute=tuple(min(c, key=lambda m, c=c: (-c[m], m)) if c else 0 for c in modes)
+        if layout.recompute_choices else (),
+        compile=plan.parallel.compile)
+    return layout.encode(devices, (data, pipe, micro), levers)
+
+
+def order_priority(env: Any, plan: Any) -> tuple[int, ...]:
+    """Each env group's priority level from ``plan``'s issue order
+    (:func:`autoplace.lowering.issue_order`): groups ranked by when their first op is
+    issued, the ranks cut into ``priority_levels`` equal bands (first issued: 0)."""
+    e = getattr(env, "unwrapped", env)
+    try:
+        pos = {op: i for i, (mb, op) in enumerate(issue_order(e.graph, plan)) if mb == 0}
+    except AutoplaceError:  # a plan whose order cannot be lowered: program order
+        pos = {op: i for i, op in enumerate(e.graph.order)}
+    first = [len(pos)] * e.num_groups
+    for op, group in e.groups.items():
+        first[group] = min(first[group], pos.get(op, len(pos)))
+    rank = sorted(range(e.num_groups), key=lambda g: (first[g], g))
+    levels = e.action_layout.priority_levels
+    out = [0] * e.num_groups
+    for r, g in enumerate(rank):
+        out[g] = r * levels // e.num_groups
+    return tuple(out)
 
 
 def _score(env: Any, action: np.ndarray) -> tuple[tuple[bool, float], float, dict[str, Any]]:
@@ -131,10 +166,14 @@ def heuristic_target(env: Any, names: tuple[str, ...] = WARM_START_PLANNERS
         action = plan_to_action(e, plan)
         if action is not None:
             candidates.append((name, action))
+    layout = getattr(e, "action_layout", None)
     for split in e.valid_splits():
         action = np.zeros(e.action_space.shape, dtype=np.int64)
-        action[e.config.max_groups:] = split
+        action[layout.slices["split"] if layout else slice(e.config.max_groups, None)] = split
         candidates.append(("device0", action))
+        if layout is not None and layout.recompute_choices:  # all on device 0, recomputed
+            candidates.append(("device0-recompute", layout.encode(
+                [0] * e.num_groups, split, Levers(recompute=(1,) * e.num_groups))))
     best = None
     times: dict[str, float] = {}
     for source, action in candidates:
@@ -154,8 +193,7 @@ def _greedy_matches(policy: PlacementPolicy, obs: dict[str, torch.Tensor],
     """``[B]`` bool: the policy's greedy action is the target on every real group."""
     with torch.no_grad():
         greedy = policy(obs, greedy=True).action
-    g = policy.max_groups
-    real = torch.cat([obs["node_mask"], torch.ones_like(target[:, g:], dtype=torch.bool)], 1)
+    real = policy.real_entries(obs["node_mask"], target.shape[1])
     return ((greedy == target) | ~real).all(1)
 
 
