@@ -1,21 +1,12 @@
-"""Cluster: devices, memory, links between every pair, and collective costs.
+"""Cluster: devices on nodes, memory, and the links between every pair.
 
 A link between devices ``i`` and ``j`` costs ``alpha + nbytes / bandwidth`` seconds
-(the alpha-beta model, ``beta = 1 / bandwidth``). Collectives over ``p`` devices use
-the alpha-beta-gamma formulas (Thakur et al. 2005; gamma = seconds per byte reduced):
-
-* ring all-reduce: ``2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma``
-* tree all-reduce (reduce + broadcast over a binary tree):
-  ``2 ceil(log2 p) (alpha + n beta) + ceil(log2 p) n gamma``
-* parameter server (one server, ``p - 1`` workers pushing then pulling):
-  ``2 (alpha + (p-1) n beta) + (p-1) n gamma``
-* all-gather / reduce-scatter (ring): ``(p-1) alpha + (p-1)/p n beta`` (+ gamma term
-  for reduce-scatter), where ``n`` is the size of the whole gathered tensor.
-
-These are one-level formulas over the group's slowest link. Devices sit on nodes
+(the alpha-beta model, ``beta = 1 / bandwidth``). Devices sit on nodes
 (:mod:`autoplace.topology`): the pair matrices hold NVLink inside a node and the network
-between nodes, and :mod:`autoplace.costs.collectives` prices collectives over that
-hierarchy the way NCCL runs them (ring, tree, hierarchical).
+between nodes. The cluster also carries what collectives need (per-step latency, bus
+bandwidth inside a node, the network's latency and per-GPU bandwidth, gamma for the
+reduction); :mod:`autoplace.costs.collectives` prices collectives over that hierarchy the
+way NCCL runs them (ring, tree, hierarchical).
 """
 
 from __future__ import annotations
@@ -239,57 +230,6 @@ class Cluster:
         if src == dst or nbytes <= 0:
             return 0.0
         return self.alpha_s[src][dst] + nbytes / self.bandwidth[src][dst]
-
-    def _bus(self, group: list[int] | None) -> tuple[float, float, int]:
-        idx = list(range(self.num_devices)) if group is None else list(group)
-        p = len(idx)
-        pairs = [(i, j) for i in idx for j in idx if i != j] if p <= 64 else [
-            (i, j) for i, j in zip(idx, idx[1:] + idx[:1]) if i != j]  # a ring's hops
-        if self.collective_bandwidth is not None:
-            bw = self.collective_bandwidth
-            if len({self.node_of(i) for i in idx}) > 1:
-                bw = min(bw, self.network_bandwidth)
-        elif p > 1:
-            bw = min(self.bandwidth[i][j] for i, j in pairs)
-        else:
-            bw = math.inf
-        alpha = self.collective_alpha_s
-        if p > 1:
-            alpha = max(alpha, max(self.alpha_s[i][j] for i, j in pairs))
-        return alpha, 1.0 / bw, p
-
-    def allreduce_time(
-        self, nbytes: float, group: list[int] | None = None, algorithm: str = "ring"
-    ) -> float:
-        """Seconds to all-reduce ``nbytes`` over ``group`` (all devices when None)."""
-        alpha, beta, p = self._bus(group)
-        if p <= 1 or nbytes <= 0:
-            return 0.0
-        g = self.gamma_s_per_byte
-        if algorithm == "ring":
-            return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta + (p - 1) / p * nbytes * g
-        if algorithm == "tree":
-            steps = math.ceil(math.log2(p))
-            return 2 * steps * (alpha + nbytes * beta) + steps * nbytes * g
-        if algorithm in ("ps", "parameter_server"):
-            return 2 * (alpha + (p - 1) * nbytes * beta) + (p - 1) * nbytes * g
-        raise AutoplaceError(
-            f"unknown all-reduce algorithm {algorithm!r}; valid: ring, tree, ps"
-        )
-
-    def allgather_time(self, nbytes: float, group: list[int] | None = None) -> float:
-        """Seconds to all-gather a tensor of ``nbytes`` in total (ring)."""
-        alpha, beta, p = self._bus(group)
-        if p <= 1 or nbytes <= 0:
-            return 0.0
-        return (p - 1) * alpha + (p - 1) / p * nbytes * beta
-
-    def reduce_scatter_time(self, nbytes: float, group: list[int] | None = None) -> float:
-        """Seconds to reduce-scatter a tensor of ``nbytes`` in total (ring)."""
-        alpha, beta, p = self._bus(group)
-        if p <= 1 or nbytes <= 0:
-            return 0.0
-        return (p - 1) * alpha + (p - 1) / p * nbytes * (beta + self.gamma_s_per_byte)
 
     # ------------------------------------------------------------- variations
     def with_memory_cap(self, cap_bytes: int | None) -> Cluster:

@@ -5,7 +5,7 @@ GPUs, gloo on CPU: the process groups plans run with), times each collective at
 several sizes, and fits ``time = alpha + bus_bytes / bus_bandwidth`` per kind, where
 ``bus_bytes`` is what each rank sends over the slowest link in a ring (all-reduce
 ``2(p-1)/p * n``, all-gather and reduce-scatter ``(p-1)/p * n`` for an ``n``-byte
-buffer): the terms of :meth:`autoplace.cluster.Cluster.allreduce_time` and friends.
+buffer): the terms of :mod:`autoplace.costs.collectives`.
 :func:`with_measured_links` puts them, and measured copy speeds between every device
 pair, into a :class:`~autoplace.cluster.Cluster`.
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplace.cluster import Cluster
+from autoplace.costs.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
 from autoplace.graph import OpGraph
 from autoplace.grouping import colocation_groups
 from autoplace.sim.model import fixed_part
@@ -266,12 +267,12 @@ def estimate_step_s(sc: SplitCosts, cfg: SplitConfig, cluster: Cluster, stage_s:
     sync = 0.0
     if d > 1:
         if cfg.shard == "none":
-            comm = cluster.allreduce_time(params, group)
+            comm = all_reduce_s(cluster, params, group)
         else:
-            comm = cluster.reduce_scatter_time(params, group) + cluster.allgather_time(params, group)
+            comm = reduce_scatter_s(cluster, params, group) + all_gather_s(cluster, params, group)
             if cfg.shard == "fsdp":
-                comm += 2 * cluster.allgather_time(params, group)
-        sync = max(comm - 0.5 * pipe, 0.0) + cluster.allreduce_time(min(params, BUCKET_BYTES), group)
+                comm += 2 * all_gather_s(cluster, params, group)
+        sync = max(comm - 0.5 * pipe, 0.0) + all_reduce_s(cluster, min(params, BUCKET_BYTES), group)
     dev = cluster.devices[0]
     update = UPDATE_TRAFFIC_PER_PARAM_BYTE * params / dev.memory_bandwidth
     if cfg.shard != "none" and d > 1:

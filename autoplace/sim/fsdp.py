@@ -6,7 +6,9 @@ first in forward and first again in backward, and held while either runs. Forwar
 under ``fsdp``, not ``zero2``, backward too) all-gathers every unit once, on a gather stream per device, one unit prefetched ahead
 (the next unit's gather is issued when the current unit's first op starts); with
 microbatches a gathered unit stays until its last microbatch. A unit's gradients are
-reduce-scattered on the collective stream once its last backward op ends.
+reduce-scattered on the collective stream once its last backward op ends. Both are priced
+over the replica group's ranks by :mod:`autoplace.costs.collectives` (NCCL's ring inside
+a node; across nodes too, at the bus bandwidth of the ranks' NICs).
 
 FSDP2's own work per parameter tensor and collective (copies in and out of the flat
 buffers, hooks: ``Device.shard_param_host_s``) runs on the thread that issues the

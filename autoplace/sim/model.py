@@ -27,6 +27,7 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.costs import estimate_costs
+from autoplace.costs.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
 from autoplace.graph import OpGraph
 from autoplace.lowering import ROOT_UNIT, SELECTIVE_SAVED_KINDS, fsdp_unit_keys, gather_dtype
 from autoplace.plan import Plan
@@ -235,18 +236,17 @@ def scaled(t: np.ndarray, fixed: np.ndarray | None, overhead: np.ndarray | float
 def affine_collective(cluster: Cluster, kind: str, group: list[int]) -> tuple[float, float]:
     """``(c0, c1)`` with ``time(nbytes) = c0 + c1 * nbytes`` for ``nbytes > 0``.
 
-    The cluster's collective formulas are affine in the size; reading them as two
-    coefficients lets the scalar and the vectorised path use one formula.
+    The collective costs (:mod:`autoplace.costs.collectives`) are affine in the size on
+    one node, and piecewise affine across nodes (NCCL's pick of ring, tree or
+    hierarchical); reading them as two coefficients through 1 MiB and 1 GiB lets the
+    scalar and the vectorised path use one formula.
     """
-    fn = {
-        "allreduce": cluster.allreduce_time,
-        "allgather": cluster.allgather_time,
-        "reducescatter": cluster.reduce_scatter_time,
-    }[kind]
+    fn = {"allreduce": all_reduce_s, "allgather": all_gather_s,
+          "reducescatter": reduce_scatter_s}[kind]
     if len(group) <= 1:
         return 0.0, 0.0
     a, b = float(2**20), float(2**30)
-    ta, tb = fn(a, group), fn(b, group)
+    ta, tb = fn(cluster, a, group), fn(cluster, b, group)
     c1 = (tb - ta) / (b - a)
     return ta - c1 * a, c1
 
