@@ -52,6 +52,7 @@ from autoplace.graph import OpGraph
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.sim.batch import run_batch
+from autoplace.sim.compiled import compiled_tables
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     Event,
@@ -61,6 +62,7 @@ from autoplace.sim.model import (
     lower_bound_from,
 )
 from autoplace.sim.pipeline import simulate_pipeline
+from autoplace.sim.tensor import simulate_tensor
 
 __all__ = [
     "BatchResult", "Event", "SimResult", "lower_bound", "sharded_host_s", "simulate",
@@ -144,8 +146,12 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     """
     validate(graph, plan, cluster)
     ensure_costs(graph, cluster)
+    if plan.parallel.tensor > 1:  # one rank of each tensor group (sim/tensor.py)
+        return simulate_tensor(graph, plan, cluster, simulate, timeline=timeline)
     ga = graph_arrays(graph)
     tables = cost_tables(graph, cluster)
+    if plan.parallel.compile:  # compiled pieces fuse their cheap ops (sim/compiled.py)
+        tables = compiled_tables(tables, ga)
     if plan.parallel.pipeline > 1:
         out = simulate_pipeline(ga, plan, cluster, tables, timeline)
     else:
@@ -181,8 +187,27 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
     ensure_costs(graph, cluster)
     tables = cost_tables(graph, cluster)
     plans = list(plans)
+    # tensor-parallel plans (sim/tensor.py) and compiled ones (their own op costs) one by one
+    if any(p.parallel.tensor > 1 or p.parallel.compile for p in plans):
+        flat = [i for i, p in enumerate(plans) if p.parallel.tensor == 1
+                and not p.parallel.compile]
+        step = np.zeros(len(plans))
+        peak = np.zeros((len(plans), cluster.num_devices))
+        if flat:
+            step[flat], peak[flat] = run_batch(graph, [plans[i] for i in flat], cluster, tables)
+            step[flat] += [sharded_host_s(graph, plans[i], cluster) for i in flat]
+        for i, p in enumerate(plans):
+            if p.parallel.tensor > 1 or p.parallel.compile:
+                res = simulate(graph, p, cluster)
+                step[i], peak[i] = res.step_time_s, res.peak_memory_bytes
+        return _batch_result(graph, cluster, tables, step, peak)
     step, peak = run_batch(graph, plans, cluster, tables)
     step = step + np.array([sharded_host_s(graph, p, cluster) for p in plans])
+    return _batch_result(graph, cluster, tables, step, peak)
+
+
+def _batch_result(graph: OpGraph, cluster: Cluster, tables, step: np.ndarray,
+                  peak: np.ndarray) -> BatchResult:
     peak_i = np.rint(peak).astype(np.int64)
     oom = (peak_i > tables.usable_memory[None, :]).any(axis=1)
     return BatchResult(step_time_s=step, peak_memory_bytes=peak_i, oom=oom,
