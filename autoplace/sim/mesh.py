@@ -18,7 +18,8 @@ closed form. It reads the same data and constants as the op-level simulator:
   forward and before backward and a reduce-scatter of its gradients after backward
   (HSDP: and an all-reduce across replica groups), each overlapping the previous unit's
   compute (``max`` per unit); with a pipeline, parameters are gathered once per step and
-  kept (torchtitan's ``reshard_after_forward=False`` under pipelining);
+  kept (torchtitan's ``reshard_after_forward=False`` under pipelining), and gradients are
+  reduced once after the last microbatch (held unsharded until then, at the gather dtype);
 * DDP (``none``): the gradients all-reduced while backward runs, the last bucket exposed;
 * pipeline: stages of contiguous blocks, ``sum_s (F_s + B_s) + (m - 1) max_s (F_s + B_s)``
   plus the boundary sends (GPipe and 1F1B have the same bubble; they differ in memory);
@@ -80,9 +81,13 @@ class MeshFit:
     compile_elementwise: float = 1.0
     """Factor on the time of ops other than matmuls and attention under ``torch.compile``."""
     compile_activation: float = 1.0
-    """Factor on the activations those ops keep under ``torch.compile`` (fused away)."""
+    """Factor on the activations those ops keep, and on a recomputed block's working set,
+    under ``torch.compile`` (fused kernels do not materialise the intermediates)."""
     float8_speedup: float = 1.0
     """A block's Linear ops run this many times faster with float8 matmuls."""
+    activation_scale: float = 1.0
+    """Factor on the activations kept for backward (what a checkpoint policy keeps beyond
+    or short of the op rules' count)."""
     memory_overhead_bytes: float = 0.0
     """Added to every GPU's peak (allocator reserve, CUDA context, NCCL buffers)."""
 
@@ -96,7 +101,7 @@ class BlockTable:
     var: dict[str, np.ndarray]  # "fwd"/"bwd" x "lin"/"mm"/"other": batch-scaled seconds
     fixed_fwd: np.ndarray  # seconds per microbatch that no split removes, forward
     fixed_bwd: np.ndarray  # the same, backward
-    recompute_var: dict[str, np.ndarray]  # AC mode -> batch-scaled fwd seconds run again
+    recompute_var: dict[str, np.ndarray]  # "<AC mode>_<lin|mm|other>" -> fwd seconds again
     recompute_fixed: dict[str, np.ndarray]  # AC mode -> their fixed seconds
     kept: dict[str, np.ndarray]  # AC mode -> activation bytes kept (whole graph batch)
     kept_other: np.ndarray  # bytes kept by non-matmul ops, mode none (compile fuses them)
@@ -168,7 +173,8 @@ def block_table(graph: OpGraph, cluster: Cluster) -> BlockTable:
         for g, b in bounds.items():
             k[gunit[g]] += b
         kept[mode] = k
-        recompute_var[mode] = per_unit((fwd - f_fix) * again)
+        for cat, mask in (("lin", lin), ("mm", mm), ("other", ~(lin | mm))):
+            recompute_var[f"{mode}_{cat}"] = per_unit((fwd - f_fix) * again * mask)
         recompute_fixed[mode] = per_unit(f_fix * again)
     inputs = np.zeros(u)
     free = np.array([op.kind in ("param", "input") for op in ops])
@@ -263,7 +269,9 @@ def estimate_config(table: BlockTable, cfg: MeshConfig, cluster: Cluster, *,
     v = table.var
     fwd = (v["fwd_lin"] * lin_f + v["fwd_mm"] + v["fwd_other"] * el)
     bwd = (v["bwd_lin"] * lin_f + v["bwd_mm"] + v["bwd_other"] * el)
-    again = np.array([table.recompute_var[a][i] for i, a in enumerate(modes)])
+    rv = table.recompute_var
+    again = np.array([rv[f"{a}_lin"][i] * lin_f[i] + rv[f"{a}_mm"][i] + rv[f"{a}_other"][i] * el
+                      for i, a in enumerate(modes)])
     again_fixed = np.array([table.recompute_fixed[a][i] for i, a in enumerate(modes)])
     scale = fit.compute_scale * share / t
     f_u = fwd * scale + table.fixed_fwd * fit.compute_scale
@@ -346,9 +354,11 @@ def estimate_config(table: BlockTable, cfg: MeshConfig, cluster: Cluster, *,
         st = state_memory(float(pb[on].sum()), shard_d, mode,
                           float(units.max()) if units.size else 0.0, table.gather_scale,
                           root_bytes=root)
-        act = float(kept[on].sum()) * ratio * held[s]
-        rc = max((table.full_act[i] for i in np.flatnonzero(on) if modes[i] != "none"),
-                 default=0.0)
+        if sharded and p > 1 and m > 1:  # gradients accumulate unsharded until the last
+            st.grads += table.gather_scale * float(pb[on].sum())  # microbatch's backward
+        act = float(kept[on].sum()) * ratio * held[s] * fit.activation_scale
+        rc = mem_other * max((table.full_act[i] for i in np.flatnonzero(on)
+                              if modes[i] != "none"), default=0.0)
         trans = (float(table.transient[on].max()) + rc) * ratio
         total = st.total + act + trans + fit.memory_overhead_bytes
         if total > peak:
