@@ -31,8 +31,9 @@ closed form. It reads the same data and constants as the op-level simulator:
   ``full``: the block's inputs) times the microbatches a stage holds
   (``sim.pipeline.inflight_microbatches``), the largest transient, divided by ``t``.
 
-Collectives are priced by ``sim.model.affine_collective`` over the exact ranks of each
-group in the plan's device numbering (``Plan.replica_devices``), so a group within a node
+Collectives are priced by ``sim.model.affine_collective`` (:mod:`autoplace.costs.collectives`:
+ring, tree or hierarchical as NCCL picks) over the exact ranks of each group in the plan's
+device numbering, pipeline sends by ``send_recv_s`` between neighbouring stages (``Plan.replica_devices``), so a group within a node
 and one across nodes cost what the cluster says. :class:`MeshFit` holds the constants a
 benchmark may fit (an efficiency on compute, a memory overhead); its defaults are neutral.
 """
@@ -45,6 +46,7 @@ import numpy as np
 
 from autoplace.capture.op_rules import ATTENTION_KINDS, MATMUL_KINDS
 from autoplace.cluster import Cluster
+from autoplace.costs.collectives import send_recv_s
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 from autoplace.lowering import block_groups, block_regions
@@ -324,9 +326,8 @@ def estimate_config(table: BlockTable, cfg: MeshConfig, cluster: Cluster, *,
         exposed = max(last + max(0.0, a - b_s[s] * m) for s, a in enumerate(ar))
     send = 0.0
     if p > 1:
-        c = affine_collective(cluster, "allgather", g["p2p"])  # one hop: alpha + n / bw
-        bound = float(np.max(act_b[1:-1])) / t
-        send = 2 * collective_time(c, bound)
+        bound = float(np.max(act_b[1:-1])) / t  # activations forward, gradients back
+        send = 2 * send_recv_s(cluster, bound, *g["p2p"])
     per = f_s + b_s + send
     compute = float(per.sum() + (m - 1) * per.max()) if p > 1 else float(m * per[0])
     stage_params = np.bincount(stage, weights=pb, minlength=p)
