@@ -3,6 +3,7 @@ the summary of a run's traces."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -41,6 +42,15 @@ class RunConfig(TrustArgs, ClusterArgs):
     curve: str | None = opt(None, "write a training-curve plot (PNG, SVG, PDF)", out="picture")
     trace: str | None = opt(None, "record the timed steps with torch.profiler: one Chrome "
                                   "trace per rank in this folder", out="dir")
+    nnodes: int | None = opt(None, "nodes of a run over several (default: as many as the "
+                                   "plan's devices fill on the cluster)", min=1)
+    node_rank: int | None = opt(None, "run this node's share of a run over several nodes "
+                                      "(0 .. nnodes-1); without it such a plan's per-node "
+                                      "commands are printed", min=0)
+    rdzv_endpoint: str | None = opt(None, "HOST:PORT of the rendezvous of a run over several "
+                                          "nodes (node 0's address)")
+    rdzv_id: str | None = opt(None, "name of the run at the rendezvous, the same on every "
+                                    "node (default: from the plan)")
 
     def check(self) -> None:
         if self.steps <= self.warmup:
@@ -49,6 +59,9 @@ class RunConfig(TrustArgs, ClusterArgs):
                 "(the steps include the warm-up ones); use --steps greater than --warmup")
         if self.resume and not self.checkpoint_dir:
             raise AutoplaceError("--resume needs --checkpoint-dir (the folder to resume from)")
+        if self.node_rank is not None and not self.rdzv_endpoint:
+            raise AutoplaceError("--node-rank needs --rdzv-endpoint HOST:PORT (node 0's "
+                                 "address, the same on every node)")
 
 
 @dataclass(kw_only=True)
@@ -100,16 +113,27 @@ class TraceSummaryConfig:
 
 
 def cmd_run(cfg: RunConfig) -> int:
-    from autoplace.executor import launch
+    from autoplace.executor import launch, nodes
     from autoplace.executor.checkpoint import require_resumable
+    from autoplace.executor.tensor_parallel import process_count
 
     plan = load_plan(cfg.plan, cfg)
     cluster = cluster_of(cfg.cluster, cfg.memory_cap)
-    nproc = plan.parallel.data * plan.parallel.pipeline
-    cluster.require_present(max(plan.num_devices, nproc),
-                            what=f"plan {cfg.plan} ({plan.split()})")
+    nnodes, per_node = nodes.node_layout(plan, cluster, cfg.nnodes)
     wl = plan_workload(plan, device="meta")
     check_fits(plan, graph_of(wl), cluster, wl.batch_size)
+    rdzv_id = cfg.rdzv_id or nodes.rdzv_id_of(plan)
+    node = None
+    if nnodes > 1 and cfg.node_rank is None:  # printed anywhere: no device needed here
+        print("\n".join(nodes.node_commands(_run_args(cfg), nnodes, per_node,
+                                             cfg.rdzv_endpoint, rdzv_id)))
+        return 0
+    cluster.require_present(max(plan.num_devices, process_count(plan)),
+                            what=f"plan {cfg.plan} ({plan.split()})")
+    if cfg.node_rank is not None:
+        node = nodes.NodeLaunch(nnodes=nnodes, node_rank=cfg.node_rank,
+                                nproc_per_node=per_node, rdzv_endpoint=str(cfg.rdzv_endpoint),
+                                rdzv_id=rdzv_id)
     if cfg.checkpoint_dir:
         start = require_resumable(cfg.checkpoint_dir, cfg.resume, cfg.steps)
         if cfg.resume:
@@ -121,8 +145,12 @@ def cmd_run(cfg: RunConfig) -> int:
     report = launch.run_plan(
         plan, spec, cluster=cluster, steps=cfg.steps, warmup=cfg.warmup,
         reference=not cfg.no_reference, checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
-        seed=cfg.seed, progress=True, trace_dir=cfg.trace, trusted=True,
+        seed=cfg.seed, progress=True, trace_dir=cfg.trace, trusted=True, node=node,
     )
+    if report is None:
+        print(f"node {cfg.node_rank}: this node's processes finished; global rank 0 ran on "
+              "another node and wrote the report there")
+        return 0
     if cfg.report:
         write_json_atomic(cfg.report, strict_json(report.to_json()), allow_nan=False)
     if report.error:
@@ -152,6 +180,19 @@ def cmd_run(cfg: RunConfig) -> int:
         viz.training_curve({"plan": report.loss, "reference": report.reference_loss or []},
                            cfg.curve, ylabel="loss")
     return 0
+
+
+def _run_args(cfg: RunConfig) -> list[str]:
+    """``autoplace run`` as typed, without the node options (each node adds its own)."""
+    args = ["autoplace", "run", cfg.plan, "--cluster", cfg.cluster]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in ("plan", "cluster", "nnodes", "node_rank", "rdzv_endpoint",
+                      "rdzv_id") or value == f.default:
+            continue
+        flag = f"--{f.name.replace('_', '-')}"
+        args += [flag] if value is True else [flag, str(value)]
+    return args
 
 
 def cmd_profile(cfg: ProfileConfig) -> int:

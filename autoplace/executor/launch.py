@@ -9,6 +9,11 @@ used on GPUs (with ``NCCL_NVLS_ENABLE=0``), gloo on CPUs. A rank that dies raise
 :class:`~autoplace.errors.AutoplaceError` naming it; the output file is written only
 by a run that finished, so nothing is overwritten.
 
+Over several nodes (``node``: a :class:`~autoplace.executor.nodes.NodeLaunch`), each
+node's launcher starts its torchrun agent with ``--nnodes --node-rank --nproc-per-node
+--rdzv-backend c10d --rdzv-endpoint --rdzv-id`` instead of ``--standalone``; the node
+whose process is global rank 0 gets the report, the others return None.
+
 Command line: ``python -m autoplace.executor.launch PLAN.json --workload gpt-tiny
 [--cluster cpu-x2] [--steps 10] [--out report.json]``.
 """
@@ -33,6 +38,7 @@ from autoplace.cluster import Cluster, resolve
 from autoplace.errors import AutoplaceError, PlanError
 from autoplace.executor.checkpoint import require_resumable
 from autoplace.executor.lifetime import LAUNCHER_ENV, child_preexec, folder_lock, stop_group
+from autoplace.executor.nodes import NodeLaunch, torchrun_node_args
 from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions, capture_graph, run_here
 from autoplace.executor.tensor_parallel import process_count
@@ -106,8 +112,9 @@ def run_plan(
     out: str | Path | None = None,
     timeout_s: float | None = None,
     trusted: bool = True,
+    node: NodeLaunch | None = None,
     **option_fields: Any,
-) -> RunReport:
+) -> RunReport | None:
     """Run ``plan`` for ``workload`` in one process or under torchrun; return rank 0's report.
 
     The devices the plan needs must be present (checked before any process starts). A
@@ -124,6 +131,9 @@ def run_plan(
         trusted: whether the workload spec may import a module (``module:factory``): the
             caller named it, or allowed the plan file that did
             (:func:`autoplace.workloads.check_trusted`). Passed on to every worker.
+        node: this machine's share of a run over several nodes (None: all on this one).
+            Returns None on a node whose processes finished without global rank 0's
+            report. Node 0 holds the checkpoint folder's lock.
     """
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
@@ -135,12 +145,19 @@ def run_plan(
     spec = workload_spec(workload)
     nproc = process_count(plan)
     _check_layout(plan, cluster, nproc)
+    if node is not None and node.nnodes * node.nproc_per_node != nproc:
+        raise AutoplaceError(f"{node.nnodes} nodes x {node.nproc_per_node} processes is not "
+                             f"the plan's {nproc} processes ({plan.split()})")
     with contextlib.ExitStack() as stack:
         if opts.checkpoint_dir:
-            stack.enter_context(folder_lock(opts.checkpoint_dir))
+            if node is None or node.node_rank == 0:
+                stack.enter_context(folder_lock(opts.checkpoint_dir))
             require_resumable(opts.checkpoint_dir, opts.resume, opts.steps)
-        report = _run(plan, workload, spec, cluster, opts, nproc, timeout_s, trusted)
-    if out is not None:
+        if node is not None:
+            report = _torchrun(plan, spec, cluster, opts, nproc, timeout_s, trusted, node)
+        else:
+            report = _run(plan, workload, spec, cluster, opts, nproc, timeout_s, trusted)
+    if out is not None and report is not None:
         report.save(out)
     return report
 
@@ -166,7 +183,8 @@ def _run(plan: Plan, workload: Any, spec: dict[str, Any], cluster: Cluster, opts
 
 
 def _torchrun(plan: Plan, spec: dict[str, Any], cluster: Cluster, opts: RunOptions,
-              nproc: int, timeout_s: float | None, trusted: bool = True) -> RunReport:
+              nproc: int, timeout_s: float | None, trusted: bool = True,
+              node: NodeLaunch | None = None) -> RunReport | None:
     with tempfile.TemporaryDirectory(prefix="autoplace-run-") as tmp:
         cfg = Path(tmp) / "config.json"
         result = Path(tmp) / "report.json"
@@ -179,9 +197,10 @@ def _torchrun(plan: Plan, spec: dict[str, Any], cluster: Cluster, opts: RunOptio
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
         env[LAUNCHER_ENV] = str(os.getpid())
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "-m", "autoplace.executor.worker",
-               "--config", str(cfg)]
+        where = (["--standalone", f"--nproc-per-node={nproc}"] if node is None
+                 else torchrun_node_args(node))
+        cmd = [sys.executable, "-m", "torch.distributed.run", *where,
+               "-m", "autoplace.executor.worker", "--config", str(cfg)]
         log_path = Path(tmp) / "log.txt"
         rc = _run_logged(cmd, env, log_path, timeout_s, echo=opts.progress)
         text = log_path.read_text(errors="replace")
@@ -193,7 +212,14 @@ def _torchrun(plan: Plan, spec: dict[str, Any], cluster: Cluster, opts: RunOptio
             return RunReport.from_json(json.loads(path.read_text()))
         if rc is None:
             raise AutoplaceError(f"the run took longer than {timeout_s} s and was stopped")
-        raise AutoplaceError(_failure_message(text, rc, nproc))
+        if node is None:
+            raise AutoplaceError(_failure_message(text, rc, nproc))
+        if rc == 0:  # global rank 0 ran on another node: the report is there
+            return None
+        raise AutoplaceError(
+            f"the run over {node.nnodes} nodes failed on node {node.node_rank} (a node whose "
+            "processes die, or whose agent is stopped, ends the run on every node): "
+            + _failure_message(text, rc, nproc))
 
 
 def _run_logged(cmd: list[str], env: dict[str, str], log_path: Path,
