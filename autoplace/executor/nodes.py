@@ -100,6 +100,9 @@ def node_layout(plan: Plan, cluster: Cluster, nnodes: int | None = None) -> tupl
     where = (f"the plan ({plan.split()}: {nproc} process{'es' if nproc > 1 else ''} on "
              f"{need} devices) on cluster {cluster.name!r} ({cluster.num_nodes} node"
              f"{'s' if cluster.num_nodes > 1 else ''} x {gpn} devices)")
+    if need > cluster.num_devices:
+        raise PlanError(f"{where}: the plan needs {need} devices, but cluster "
+                        f"{cluster.name!r} has {cluster.num_devices}")
     if nnodes > cluster.num_nodes:
         raise AutoplaceError(f"{where}: --nnodes {nnodes} asks for more nodes than the "
                              f"cluster has; valid: 1..{cluster.num_nodes}")
