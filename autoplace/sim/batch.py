@@ -20,9 +20,10 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
-from autoplace.lowering import validate
+from autoplace.lowering import issue_order_items, validate
 from autoplace.plan import Plan
-from autoplace.sim.batch_issue import batch_backward_issue
+from autoplace.sim.batch_issue import batch_backward_issue, pred_table
+from autoplace.sim.batch_steps import Steps, backward_steps, forward_steps
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     BUCKET_BYTES,
@@ -56,7 +57,7 @@ def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostT
     by_m: dict[int, list[int]] = {}
     for p, plan in enumerate(plans):
         par = plan.parallel
-        if par.pipeline > 1 or par.shard != "none" or plan.selective or plan.priority \
+        if par.pipeline > 1 or par.shard != "none" or plan.selective \
                 or not replicas_identical(cluster, plan):
             sim = simulate_pipeline if par.pipeline > 1 else simulate_local
             out = sim(ga, plan, cluster, tables, False)
@@ -105,26 +106,9 @@ def _validate_and_group_ids(ga: GraphArrays, graph: OpGraph, plans: list[Plan],
     return out
 
 
-#: neighbour lists longer than this are handled per plan (rare: an output fed by many)
-_MAX_DENSE_DEGREE = 8
-
-
 def _devices_ok(placement: tuple[int, ...], data: int, num_devices: int) -> bool:
     arr = np.asarray(placement)
     return bool(arr.min() >= 0 and (arr.max() + 1) * data <= num_devices)
-
-
-def _padded(lists: list[list[int]], pad: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-    """Neighbour lists as a dense ``[n, F]`` table padded with ``pad``; the entries past
-    ``F`` of long lists are returned per op."""
-    width = max(1, min(_MAX_DENSE_DEGREE, max((len(x) for x in lists), default=1)))
-    table = np.full((len(lists), width), pad, np.int64)
-    extra: dict[int, np.ndarray] = {}
-    for i, x in enumerate(lists):
-        table[i, : min(len(x), width)] = x[:width]
-        if len(x) > width:
-            extra[i] = np.asarray(x[width:], np.int64)
-    return table, extra
 
 
 def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
@@ -180,6 +164,76 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
             durs_b.append(np.where(sent, alpha[e, dev_t] + bmb * inv[e, dev_t], -np.inf))
 
     # ---- issue order: sort (mb, op) by (mb + level, mb, op), as lowering.issue_order_items
+    order_t = _issue_orders(ga, plans, gid, dev, dev_t, m, kk)  # [mn, P] item per step
+    steps = m * n
+    op_t = order_t % n
+    mboff_t = (order_t // n) * (n + 1)  # row offset of the item's microbatch (n + 1 rows each)
+    flat = op_t * num + pidx
+    dev_s = np.take(dev_t, flat)
+    host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
+                   or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any())
+    dur_f = dur_b = host = hb_t = None
+    if kk > 1:
+        dur_f = np.stack([np.take(x, flat) for x in durs_f], 1)  # [mn, K, P]
+        dur_b = np.stack([np.take(x, flat) for x in durs_b], 1)
+    copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
+    if host_on:  # [n, P] host seconds per op, forward and backward
+        hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape), share)
+        for p, pl in enumerate(plans):
+            if pl.parallel.graphs:  # one replay per piece (sim_local)
+                hf_t[:, p] = hb_t[:, p] = graphed_host(dev_t[:, p], ga.param_count)
+        ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
+        if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
+            hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]
+        # the forward thread's clock, added up in its order (sim_local): each op, then
+        # each copy it sends (to devices in order; adding 0.0 where none changes nothing)
+        inc = np.zeros((steps, kk + 1, num))
+        inc[:, 0] = np.take(hf_t, flat)
+        if kk > 1:
+            inc[:, 1:] = np.where(dur_f > -np.inf, copy_h[dev_s][:, None, :], 0.0)
+        host = np.cumsum(inc.reshape(-1, num), 0).reshape(steps, kk + 1, num)
+    pred_tab, pred_extra = pred_table(ga)
+    # cell (producer item, plan, this op's device) of each input: read forward, written back
+    in_cell = ((mboff_t[:, None, :] + pred_tab[op_t].transpose(0, 2, 1)) * num + pidx) * kk
+    in_cell += dev_s[:, None, :]
+    # cells of the inputs past the dense table's width, per (forward step, plan)
+    extra_at: dict[tuple[int, int], np.ndarray] = {}
+    has_extra = None
+    if pred_extra:
+        has_extra = np.isin(op_t, list(pred_extra))
+        s_hit, p_hit = np.nonzero(has_extra)
+        for s, p in zip(s_hit.tolist(), p_hit.tolist()):
+            more = ((mboff_t[s, p] + pred_extra[op_t[s, p]]) * num + p) * kk + dev_s[s, p]
+            extra_at[(s, p)] = more
+    st = Steps(item=order_t, dev_row=pidx * kk + dev_s, item_row=(mboff_t + op_t) * num + pidx,
+               in_cell=in_cell, t_fwd=np.take(tf, flat), t_bwd=np.take(tb, flat),
+               dur_f=dur_f, dur_b=dur_b, host=host, extra=extra_at, has_extra=has_extra)
+    del flat
+    rows = m * (n + 1) * num
+    _, dev_free, link_free = forward_steps(st, num, kk, rows)
+    # backward: each plan's issue order and host times (batch_issue); with no host
+    # costs the reversed forward order
+    bpos = np.broadcast_to(np.arange(steps - 1, -1, -1)[:, None], (steps, num))
+    issued = copied = None
+    if host_on:
+        copy_on = np.array([bool(copy_h[:k].any()) for k in k_plan.tolist()])
+        bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb_t, copy_h,
+                                                    copy_on, host[-1, -1], kk)
+    bfin = backward_steps(st, dev_free, link_free, num, kk, rows, bpos, issued, copied)
+    dev_free = dev_free.reshape(num, kk)
+    last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
+
+    return _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
+                   cluster, tables)
+
+
+def _issue_orders(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndarray,
+                  dev_t: np.ndarray, m: int, kk: int) -> np.ndarray:
+    """``[m n, P]`` forward issue order (item per step) of every plan, as
+    ``lowering.issue_order_items``: the wavefront sort, vectorised; a plan with an issue
+    priority takes the lowering's order itself."""
+    n, num = dev_t.shape
+    pidx = np.arange(num)
     first = np.stack([np.where((dev == j).any(1), (dev == j).argmax(1), n + j)
                       for j in range(kk)], 1)
     rank = np.argsort(np.argsort(first, axis=1), axis=1)
@@ -193,131 +247,14 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
             np.maximum(rank_t[i], level_t[pr[0]], out=level_t[i])
         else:
             np.maximum(rank_t[i], level_t[pr].max(0), out=level_t[i])
-    steps = m * n
-    items = np.arange(steps)
+    items = np.arange(m * n)
     key = ((items // n + level_t.T[:, items % n]) * m + items // n) * n + items % n  # [P, mn]
-    order_t = np.ascontiguousarray(np.argsort(key, axis=1).T)  # [mn, P] item per step
-    op_t = order_t % n
-    mboff_t = (order_t // n) * (n + 1)  # row offset of the item's microbatch (n + 1 rows each)
-    flat = op_t * num + pidx
-    dev_s = np.take(dev_t, flat)
-    tf_s, tb_s = np.take(tf, flat), np.take(tb, flat)
-    host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
-                   or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any())
-    host_s = hb_t = None
-    if host_on:  # [mn, P] host issue time per step forward, [n, P] per op backward
-        hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape), share)
-        for p, pl in enumerate(plans):
-            if pl.parallel.graphs:  # one replay per piece (sim_local)
-                hf_t[:, p] = hb_t[:, p] = graphed_host(dev_t[:, p], ga.param_count)
-        host_s = np.take(hf_t, flat)
-        ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
-        if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
-            hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]
-    copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
-    copy_on = host_on and kk > 1 and bool(copy_h.any())
-    if copy_on:
-        copy_s = copy_h[dev_s]  # [mn, P]: the sending device's cost per copy
-    if kk > 1:
-        durf_s = np.stack([np.take(x, flat) for x in durs_f], -1)  # [mn, P, K]
-        durb_s = np.stack([np.take(x, flat) for x in durs_b], -1)
-    row_s = pidx * kk + dev_s  # row of dev_free / link_free for the step's device
-    item_row_s = (mboff_t + op_t) * num + pidx  # row of the item in arrive / gacc
-    del flat
-    pred_tab, pred_extra = _padded(ga.preds, n)
-    # cell (producer item, plan, this op's device) of each input: read forward, written back
-    in_cell = ((mboff_t[:, :, None] + pred_tab[op_t]) * num + pidx[None, :, None]) * kk
-    in_cell += dev_s[:, :, None]
-    # cells of the inputs past the dense table's width, per (forward step, plan)
-    extra_at: dict[tuple[int, int], np.ndarray] = {}
-    if pred_extra:
-        has_extra = np.isin(op_t, list(pred_extra))
-        s_hit, p_hit = np.nonzero(has_extra)
-        for s, p in zip(s_hit.tolist(), p_hit.tolist()):
-            more = ((mboff_t[s, p] + pred_extra[op_t[s, p]]) * num + p) * kk + dev_s[s, p]
-            extra_at[(s, p)] = more
-
-    rows = m * (n + 1) * num  # padding op n of every microbatch stays 0 / -inf
-    arrive = np.zeros((rows, kk))
-    arrive_flat = arrive.reshape(-1)
-    # gradient of each item accumulated per device: max over its consumers there
-    grad = np.full((rows, kk), -np.inf)
-    grad_flat = grad.reshape(-1)
-    bfin = np.zeros((m * n, num))
-    dev_free = np.zeros(num * kk)
-    link_free = np.zeros((num * kk, kk))
-    link3 = link_free.reshape(num, kk, kk)
-
-    host_f = np.zeros(num)  # forward host clock per plan (one Python thread)
-    for s in range(steps):  # forward
-        ready = arrive_flat[in_cell[s]].max(1)
-        if extra_at:
-            for p in np.flatnonzero(has_extra[s]).tolist():
-                ready[p] = max(ready[p], arrive_flat[extra_at[(s, p)]].max())
-        row = row_s[s]
-        start = np.maximum(dev_free[row], ready)
-        if host_on:
-            host_f += host_s[s]
-            np.maximum(start, host_f, out=start)
-        fin = start + tf_s[s]
-        dev_free[row] = fin
-        if kk > 1:
-            lf = link_free[row]
-            s0 = np.maximum(lf, fin[:, None])
-            if copy_on:  # each copy issued by the forward thread (sim_local)
-                hc = host_f[:, None] + copy_s[s][:, None] * np.cumsum(durf_s[s] > -np.inf, 1)
-                np.maximum(s0, hc, out=s0)
-                host_f = hc[:, -1].copy()
-            arr = s0 + durf_s[s]
-            link_free[row] = np.maximum(lf, arr)
-            arrive[item_row_s[s]] = np.maximum(arr, fin[:, None])
-        else:
-            arrive_flat[item_row_s[s]] = fin
-    # backward: each plan's issue order and host times (sim_local.backward_issue); with
-    # no host costs, or one device, the reversed forward order
-    bpos = np.broadcast_to(np.arange(steps - 1, -1, -1)[:, None], (steps, num)).copy()
-    issued = copied = None
-    if host_on:
-        if kk > 1:
-            copy_on = np.array([bool(copy_h[:k].any()) for k in k_plan.tolist()])
-            bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb_t, copy_h,
-                                                        copy_on, host_f, kk)
-            if copied is not None and not copy_on.any():
-                copied = None
-        else:
-            issued = host_f[None, :] + np.cumsum(np.take(hb_t, op_t * num + pidx)[::-1], 0)
-    for s in range(steps):  # backward, in each plan's issue order
-        fs_ = bpos[s]
-        row = row_s[fs_, pidx]
-        r = grad[item_row_s[fs_, pidx]]  # [P, K]: gradient complete on each device
-        if kk > 1:
-            dcol = dev_s[fs_, pidx]
-            lfb = link3[pidx, :, dcol]
-            s0 = np.maximum(lfb, r)
-            if copied is not None:  # the copy back is issued by the consumer's thread
-                np.maximum(s0, copied[s], out=s0)
-            arr = s0 + durb_s[fs_, pidx]
-            link3[pidx, :, dcol] = np.maximum(lfb, arr)
-            ready = np.maximum(arr, r).max(1)
-        else:
-            ready = r[:, 0]
-        start = np.maximum(dev_free[row], ready)
-        if host_on:
-            np.maximum(start, issued[s], out=start)
-        fin = start + tb_s[fs_, pidx]
-        dev_free[row] = fin
-        bfin[order_t[fs_, pidx], pidx] = fin
-        cells = in_cell[fs_, pidx]
-        grad_flat[cells] = np.maximum(grad_flat[cells], fin[:, None])
-        if extra_at:
-            for p in np.flatnonzero(has_extra[fs_, pidx]).tolist():
-                more = extra_at[(int(fs_[p]), p)]
-                grad_flat[more] = np.maximum(grad_flat[more], fin[p])
-    dev_free = dev_free.reshape(num, kk)
-    last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
-
-    return _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
-                   cluster, tables)
+    order_t = np.ascontiguousarray(np.argsort(key, axis=1).T)
+    for p, plan in enumerate(plans):
+        if plan.priority:
+            prio = np.asarray(plan.priority)[gid[p]].tolist()
+            order_t[:, p] = issue_order_items(ga.preds, dev[p].tolist(), m, prio)
+    return order_t
 
 
 def _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,

@@ -66,7 +66,7 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     Returns:
         ``(bpos, issued, copied)``, each row ``s`` the ``s``-th backward item a plan issues:
         ``bpos [m n, P]`` its forward step, ``issued [m n, P]`` when its issue ends, and
-        ``copied [m n, P, kk]`` when its gradient's copy from each device is issued (0
+        ``copied [m n, kk, P]`` when its gradient's copy from each device is issued (0
         where none; None when no copy has a host cost), as ``local.backward_issue``.
     """
     num, n = dev.shape
@@ -91,141 +91,153 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     width = mn + m * cmax + 2  # items, copies, then an empty slot and a sink for padding
     empty, sink = width - 2, width - 1
     rank = (np.cumsum(has.reshape(num, n * kk), 1) - 1).reshape(-1)  # copy's index in mb
-    base = pidx * width
 
-    # ---- per task: thread (flat clock cell), host cost, key, dependencies, targets
+    # ---- per task (``[task, plan]``, flat ``task * P + plan`` so that the plans' tasks of
+    # one step lie close): thread's clock cell, host cost, key, dependencies, targets
     ptab, extra = pred_table(ga)
     fan = ptab.shape[1]
-    thr = np.full((num, width), num * kk, np.int64)  # clock cell num*kk: nobody's
-    cost = np.zeros((num, width))
-    key = np.full((num, width), np.inf)
-    deps = np.zeros((num, width), np.int64)
-    tgt = np.full((num, width, fan), sink, np.int64)  # local task ids
+    nw = num * width
+    thr = np.full((width, num), num * kk, np.int64)  # clock cell num*kk: nobody's
+    cost = np.zeros((width, num))
+    kq = np.full((width, num), -1, np.int64)  # priority: latest created first
+    deps = np.zeros((width, num), np.int64)
+    tgt = np.full((fan, width, num), sink, np.int64)  # task ids, made flat below
     items = np.arange(mn)
     op_of = items % n
     mb_of = items // n
-    dev_it = dev[:, op_of]  # [P, mn]
-    thr[:, :mn] = pidx[:, None] * kk + dev_it
-    cost[:, :mn] = hb_t.T[:, op_of]
-    key[:, :mn] = (-2.0 * pos) * mn + items  # latest created first; ids break no ties
+    dev_it = dev.T[op_of]  # [mn, P]
+    thr[:mn] = pidx * kk + dev_it
+    cost[:mn] = hb_t[op_of]
+    kq[:mn] = 2 * mn - 2 * pos.T
     succ_n = np.bincount(es, minlength=n)
-    same_n = succ_n[None, :] - ccount.reshape(num, n, kk).sum(2)
-    deps[:, :mn] = (same_n + has.reshape(num, n, kk).sum(2))[:, op_of]
+    cc = ccount.reshape(num, n, kk)
+    deps[:mn] = (succ_n[:, None] - cc.sum(2).T + has.reshape(num, n, kk).sum(2).T)[op_of]
     # an item's producers: the producer's item on the same device, else its copy to here
     pu = ptab[op_of]  # [mn, F]
     pad = pu == n
     pu_c = np.where(pad, 0, pu)
-    prod_item = mb_of[:, None] * n + pu_c  # [mn, F]
-    dev_pu = dev[:, pu_c]  # [P, mn, F]
-    cell = (pidx[:, None, None] * n + pu_c[None]) * kk + dev_it[:, :, None]
-    via_copy = (dev_pu != dev_it[:, :, None]) & copy_on[:, None, None]
-    copy_task = mn + mb_of[None, :, None] * cmax + rank[cell]
-    tgt[:, :mn, :] = np.where(pad[None], sink,
-                              np.where(via_copy, copy_task, prod_item[None]))
+    for f in range(fan):
+        u = pu_c[:, f]
+        via_copy = (dev.T[u] != dev_it) & copy_on
+        cell = (pidx * n + u[:, None]) * kk + dev_it
+        tgt[f, :mn] = np.where(pad[:, f, None], sink,
+                               np.where(via_copy, mn + mb_of[:, None] * cmax + rank[cell],
+                                        (mb_of * n + u)[:, None]))
     if with_copies:
-        p_c, u_c, e_c = np.unravel_index(np.flatnonzero(has), (num, n, kk))
-        w_pos0 = first[has]  # forward step of the first consumer's microbatch-0 item
-        w_op = order_t[w_pos0, p_c] % n
-        r_c = rank[np.flatnonzero(has)]
+        flat_has = np.flatnonzero(has)
+        p_c, u_c, e_c = np.unravel_index(flat_has, (num, n, kk))
+        w_op = order_t[first[flat_has], p_c] % n  # first consumer there (a microbatch-0 step)
+        r_c = rank[flat_has]
         for mb in range(m):
             t_c = mn + mb * cmax + r_c
-            it_c = mb * n + u_c
-            thr[p_c, t_c] = p_c * kk + e_c
-            cost[p_c, t_c] = copy_h[e_c]
+            thr[t_c, p_c] = p_c * kk + e_c
+            cost[t_c, p_c] = copy_h[e_c]
             # just after its first consumer; equal keys (one consumer, several producers)
-            # go in producer order, as the scalar path's task ids do
-            key[p_c, t_c] = (1.0 - 2.0 * pos[p_c, mb * n + w_op]) * mn + it_c
-            deps[p_c, t_c] = ccount[np.flatnonzero(has)]
-            tgt[p_c, t_c, 0] = it_c
-    # unused copy slots, the empty slot and the sink are never released
-    if cmax:
-        unused = (np.arange(m * cmax) % cmax)[None, :] >= per_mb[:, None]
-        deps[:, mn:mn + m * cmax][unused] = 1 << 40
-    deps[:, empty:] = 1 << 40
+            # go in task order, producer order, as the scalar path's
+            kq[t_c, p_c] = 2 * mn + 1 - 2 * pos[p_c, mb * n + w_op]
+            deps[t_c, p_c] = ccount[flat_has]
+            tgt[0, t_c, p_c] = mb * n + u_c
+        # unused copy slots, the empty slot and the sink are never released
+        unused = (np.arange(m * cmax) % cmax)[:, None] >= per_mb[None, :]
+        deps[mn:mn + m * cmax][unused] = 1 << 40
+    deps[empty:] = 1 << 40
 
-    flat_tgt = (tgt + base[:, None, None]).reshape(num * width, fan)
-    thr_f, cost_f, key_f = thr.reshape(-1), cost.reshape(-1), key.reshape(-1)
-    deps_f = deps.reshape(-1)
-    rt_f = np.repeat(host_f, width)  # release time of every task
-    rt_f[base + empty] = np.inf
-    clock = np.append(np.repeat(host_f, kk), np.inf)
-    tend = np.zeros(num * width)  # when each task's issue ends
-    tstep = np.full(num * width, 1 << 40, np.int64)  # the step that took it
-    extra_f: dict[int, np.ndarray] = {}  # flat task -> flat targets past the table
-    if extra:
-        for i, more in extra.items():
-            for mb in range(m):
-                it = mb * n + i
-                for p in range(num):
-                    d_i = dev[p, i]
-                    ts = [mb * n + u if dev[p, u] == d_i or not copy_on[p]
-                          else mn + mb * cmax + int(rank[(p * n + u) * kk + d_i])
-                          for u in more.tolist()]
-                    extra_f[base[p] + it] = base[p] + np.asarray(ts, np.int64)
-    has_extra = np.zeros(num * width, bool)
-    has_extra[list(extra_f)] = True
-
-    # ---- released tasks, one row per plan; ``empty`` marks a free slot
-    start = np.flatnonzero(deps_f == 0)
-    cnt0 = np.bincount(start // width, minlength=num)
-    cap = max(4 * fan, 2 * int(cnt0.max()) + fan)
-    buf = np.full((num, cap), 0, np.int64)
-    buf += (base + empty)[:, None]
-    col = np.arange(len(start)) - np.repeat(np.cumsum(cnt0) - cnt0, cnt0)
-    buf[start // width, col] = start
-    used = int(cnt0.max())
+    shift = max(1, int(nw - 1).bit_length())
+    flat_ids = np.arange(nw, dtype=np.int64).reshape(width, num)
+    key = (kq << shift) | flat_ids  # the task is read back from its key's low bits
+    key[kq < 0] = _NONE
+    tgt_f = (tgt * num + pidx).reshape(fan, nw)
+    rt_f = np.tile(host_f, width)  # release time of every task; inf once taken
+    rt_f[empty * num + pidx] = np.inf
+    clock = np.append(np.repeat(host_f, kk), np.inf)  # per thread, and one for nobody
+    extra_f = _extra_targets(extra, dev, rank, copy_on, n, m, kk, cmax)
     steps = mn + m * int(per_mb.max()) if with_copies else mn
-    rows = pidx * cap
+    fewest = mn + m * int(per_mb.min()) if with_copies else mn
+    tend, tstep = _take_tasks(deps.reshape(-1), rt_f, clock, thr.reshape(-1), cost.reshape(-1),
+                              key.reshape(-1), (1 << shift) - 1, tgt_f, extra_f,
+                              empty * num + pidx, steps, fewest)
+    tend, tstep = tend.reshape(width, num), tstep.reshape(width, num)
+    # ---- per plan, items in the order taken
+    by_step = np.argsort(tstep[:mn], axis=0, kind="stable")  # [mn, P] items in issue order
+    bpos = np.take_along_axis(pos.T, by_step, 0)
+    issued = np.take_along_axis(tend[:mn], by_step, 0)
+    copied = None
+    if with_copies:
+        copied = np.zeros((mn, kk, num))
+        u_of = by_step % n
+        mb_s = by_step // n
+        for e in range(kk):
+            c_cell = (pidx * n + u_of) * kk + e
+            ok = has[c_cell]
+            t_id = np.where(ok, mn + mb_s * cmax + rank[c_cell], empty)
+            copied[:, e] = np.where(ok, np.take_along_axis(tend, t_id, 0), 0.0)
+    return bpos, issued, copied
+
+
+#: the key of no task (empty slots), above every task's
+_NONE = np.int64(1) << 62
+
+
+def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f, empty,
+                steps, fewest) -> tuple[np.ndarray, np.ndarray]:
+    """The lockstep loop: each step every plan takes its next task. Returns when each
+    task's issue ends and at which step it was taken (flat task ids)."""
+    nw = len(rt_f)
+    fan = tgt_f.shape[0]
+    tend = np.zeros(nw)
+    tstep = np.full(nw, 1 << 40, np.int64)
+    # released tasks, a row per slot and a column per plan: task, clock cell, key
+    start = np.flatnonzero(deps_f == 0)
+    num = len(empty)
+    plan_of = start % num
+    cnt0 = np.bincount(plan_of, minlength=num)
+    order = np.argsort(plan_of, kind="stable")
+    cap = int(cnt0.max()) + 16 * fan
+    b_task = np.empty((cap, num), np.int64)
+    b_task[:] = empty
+    b_task[np.arange(len(start)) - np.repeat(np.cumsum(cnt0) - cnt0, cnt0),
+           plan_of[order]] = start[order]
+    b_thr = thr_f.take(b_task)
+    b_key = key_f.take(b_task)
+    used = int(cnt0.max())
+    has_extra = np.zeros(nw, bool)
+    has_extra[list(extra_f)] = True
+    inf = np.inf
+    nobody = len(clock) - 1
     for s in range(steps):
         if used + fan > cap:
-            buf, used, cap = _compact(buf, base + empty, fan)
-            rows = pidx * cap
-        bt = buf[:, :used]
-        e = np.maximum(rt_f.take(bt), clock.take(thr_f.take(bt)))
-        emin = e.min(1)
-        slot = np.where(e == emin[:, None], key_f.take(bt), np.inf).argmin(1)
-        fl = rows + slot
-        flat_buf = buf.reshape(-1)
-        task = flat_buf.take(fl)
-        flat_buf[fl] = base + empty
+            b_task, b_thr, b_key, used = _compact(b_task, b_thr, b_key, used, rt_f, empty, fan,
+                                                  nobody)
+            cap = b_task.shape[0]
+        e = np.maximum(rt_f.take(b_task[:used]), clock.take(b_thr[:used]))
+        emin = np.minimum.reduce(e, 0)
+        task = np.minimum.reduce(np.where(e == emin, b_key[:used], _NONE), 0) & mask
+        if s >= fewest:  # a plan with no task left takes its empty slot
+            task = np.where(emin < inf, task, empty)
         end = emin + cost_f.take(task)
+        rt_f[task] = inf
         clock[thr_f.take(task)] = end
         tend[task] = end
         tstep[task] = s
-        tg = flat_tgt.take(task, axis=0)  # [P, F]
+        tg = tgt_f.take(task, axis=1)  # [F, P]
         left = deps_f.take(tg) - 1
         deps_f[tg] = left
-        rt_f[tg] = np.maximum(rt_f.take(tg), end[:, None])
-        buf[:, used:used + fan] = np.where(left == 0, tg, (base + empty)[:, None])
+        rt_f[tg] = np.maximum(rt_f.take(tg), end)
+        new = np.where(left == 0, tg, empty)
+        b_task[used:used + fan] = new
+        b_thr[used:used + fan] = thr_f.take(new)
+        b_key[used:used + fan] = key_f.take(new)
         used += fan
         if extra_f and has_extra.take(task).any():
-            more = _extra_targets(task, end, extra_f, has_extra, deps_f, rt_f)
-            if more:
-                if used + len(more[0]) > cap:
-                    buf, used, cap = _compact(buf, base + empty, fan + len(more[0]))
-                    rows = pidx * cap
-                for p, t in zip(*more):
-                    buf[p, used] = t
-                    used += 1
-    # ---- per plan, items in the order taken
-    it_step = tstep.reshape(num, width)[:, :mn]
-    by_step = np.argsort(it_step, axis=1, kind="stable")  # [P, mn] items in issue order
-    bpos = np.ascontiguousarray(np.take_along_axis(pos, by_step, 1).T)
-    issued = np.ascontiguousarray(np.take_along_axis(tend.reshape(num, width)[:, :mn],
-                                                     by_step, 1).T)
-    copied = None
-    if with_copies:
-        copied = np.zeros((mn, num, kk))
-        it_sorted = by_step  # [P, mn]
-        u_of = it_sorted % n
-        mb_s = it_sorted // n
-        for e in range(kk):
-            c_cell = (pidx[:, None] * n + u_of) * kk + e
-            ok = has[c_cell]
-            t_id = mn + mb_s * cmax + rank[c_cell]
-            val = tend.take(base[:, None] + np.where(ok, t_id, empty))
-            copied[:, :, e] = np.where(ok, val, 0.0).T
-    return bpos, issued, copied
+            rows = _release_extra(task, end, extra_f, has_extra, deps_f, rt_f, empty)
+            if used + len(rows) > b_task.shape[0]:
+                b_task, b_thr, b_key, used = _compact(b_task, b_thr, b_key, used, rt_f,
+                                                      empty, fan + len(rows), nobody)
+            b_task[used:used + len(rows)] = rows
+            b_thr[used:used + len(rows)] = thr_f.take(rows)
+            b_key[used:used + len(rows)] = key_f.take(rows)
+            used += len(rows)
+    return tend, tstep
 
 
 def _distinct_edges(ga: GraphArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -238,33 +250,54 @@ def _distinct_edges(ga: GraphArrays) -> tuple[np.ndarray, np.ndarray]:
     return cached
 
 
-def _compact(buf: np.ndarray, empty: np.ndarray, room: int) -> tuple[np.ndarray, int, int]:
-    """Released tasks moved to the front of each row; the table widened if ``room``
-    more columns do not fit. Returns ``(table, used columns, width)``."""
-    live = buf != empty[:, None]
-    order = np.argsort(~live, axis=1, kind="stable")
-    buf = np.take_along_axis(buf, order, 1)
-    used = int(live.sum(1).max())
-    cap = buf.shape[1]
-    if used + room > cap // 2:
-        cap = 2 * (used + room)
-        wide = np.empty((buf.shape[0], cap), np.int64)
-        wide[:] = empty[:, None]
-        wide[:, : buf.shape[1]] = buf
-        buf = wide
-    buf[:, used:] = empty[:, None]
-    return buf, used, cap
+def _compact(b_task, b_thr, b_key, used, rt_f, empty, room, nobody):
+    """Released tasks moved to the first rows, keeping at least ``16 room`` free rows
+    (``nobody``: the clock cell of no thread). Returns ``(b_task, b_thr, b_key, used)``."""
+    live = rt_f.take(b_task[:used]) < np.inf
+    keep = int(live.sum(0).max())
+    cap = max(b_task.shape[0], keep + 16 * room)
+    rows, cols = np.nonzero(live)
+    dest = (np.cumsum(live, 0) - 1)[rows, cols]
+    out = []
+    for arr, fill in ((b_task, empty), (b_thr, nobody), (b_key, _NONE)):
+        new = np.empty((cap, arr.shape[1]), arr.dtype)
+        new[:] = fill
+        new[dest, cols] = arr[rows, cols]
+        out.append(new)
+    return out[0], out[1], out[2], keep
 
 
-def _extra_targets(task, end, extra_f, has_extra, deps_f, rt_f):
-    """Dependencies past the dense table of the tasks just taken; returns the
-    ``(plans, tasks)`` they release."""
-    plans, released = [], []
+def _release_extra(task, end, extra_f, has_extra, deps_f, rt_f, empty) -> np.ndarray:
+    """Dependencies past the dense table of the tasks just taken: ``[R, P]`` rows of the
+    tasks they release (``empty`` elsewhere)."""
+    got: list[tuple[int, int]] = []
     for p in np.flatnonzero(has_extra.take(task)).tolist():
         more = extra_f[int(task[p])]
         deps_f[more] -= 1
         rt_f[more] = np.maximum(rt_f[more], end[p])
-        for t in more[deps_f[more] == 0].tolist():
-            plans.append(p)
-            released.append(t)
-    return (plans, released) if plans else None
+        got += [(p, t) for t in more[deps_f[more] == 0].tolist()]
+    per = np.bincount([p for p, _ in got], minlength=len(empty)) if got else np.zeros(1, int)
+    rows = np.empty((int(per.max()), len(empty)), np.int64)
+    rows[:] = empty
+    seen = [0] * len(empty)
+    for p, t in got:
+        rows[seen[p], p] = t
+        seen[p] += 1
+    return rows
+
+
+def _extra_targets(extra, dev, rank, copy_on, n, m, kk, cmax) -> dict[int, np.ndarray]:
+    """Flat task -> flat tasks it releases past the dense table (the producers past
+    ``MAX_DENSE_FANIN`` of an op fed by many)."""
+    out: dict[int, np.ndarray] = {}
+    num = dev.shape[0]
+    mn = m * n
+    for i, more in extra.items():
+        for p in range(num):
+            d_i = dev[p, i]
+            for mb in range(m):
+                ts = [mb * n + u if dev[p, u] == d_i or not copy_on[p]
+                      else mn + mb * cmax + int(rank[(p * n + u) * kk + d_i])
+                      for u in more.tolist()]
+                out[(mb * n + i) * num + p] = np.asarray(ts, np.int64) * num + p
+    return out
