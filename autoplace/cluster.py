@@ -40,6 +40,8 @@ from autoplace.topology import gpu_kind as _gpu_kind
 __all__ = ["Device", "Cluster", "PRESETS", "preset", "resolve", "parse_bytes", "format_bytes"]
 
 CLUSTER_FORMAT = "autoplace.cluster/1"
+#: Devices a compact cluster file may expand to (its pair matrices grow as the square).
+MAX_FILE_DEVICES = 2048
 GiB = 2**30
 
 
@@ -359,6 +361,9 @@ class Cluster:
                                  "\"link_alpha_s\", \"link_bandwidth\" for two or more)")
         devices = _devices_json(node["devices"])
         g = len(devices)
+        if g * nodes > MAX_FILE_DEVICES:
+            raise AutoplaceError(f"{nodes} nodes x {g} devices is more than the "
+                                 f"{MAX_FILE_DEVICES} devices a cluster file may describe")
         link = (0.0, 1.0)
         if g > 1:
             link = (_number(node["link_alpha_s"], "link_alpha_s"),

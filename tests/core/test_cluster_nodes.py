@@ -132,3 +132,10 @@ def test_cluster_command_shows_nodes():
     assert p.returncode == 0, p.stderr
     assert "16 nodes x 8 h100-96 = 128 devices" in p.stdout
     assert "50 GB/s per device (400 Gb/s)" in p.stdout and "96.00 GiB" in p.stdout
+
+
+def test_a_file_cannot_expand_to_a_huge_cluster():
+    data = json.loads(json.dumps(_two_by_four().to_json()))
+    data["nodes"] = 10**9
+    with pytest.raises(AutoplaceError, match="more than the 2048 devices"):
+        Cluster.from_json(data)
