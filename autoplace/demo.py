@@ -1,9 +1,11 @@
 """The main job: the whole chain on one workload, on the devices present.
 
 capture -> the ops profiled on the devices present (so the simulator ranks plans with
-this machine's op times, not estimates) -> every baseline planner on the simulator -> a
-placement policy trained briefly with REINFORCE -> the policy's plan exported -> the
-policy's plan and the best baselines executed for real (loss checked against
+this machine's op times, not estimates) -> every baseline planner on the simulator -> the
+placement policy: the pre-trained GNN shipped with autoplace places the graph zero-shot and
+is fine-tuned on it briefly (warm start from the best heuristic plan, then REINFORCE; on 2, 4
+or 8 devices, else a policy trained from scratch), its progress printed -> the policy's
+plan exported -> the policy's plan and the best baselines executed for real (loss checked against
 unpartitioned training) -> one table, plus a Gantt chart of the best plan and a bar
 chart, under ``out``.
 
@@ -24,7 +26,7 @@ import torch
 from autoplace.errors import AutoplaceError
 from autoplace.files import write_json_atomic
 
-__all__ = ["run_demo", "DEFAULT_PLANNERS", "order_notes"]
+__all__ = ["run_demo", "DEFAULT_PLANNERS", "order_notes", "progress_lines"]
 
 #: The baselines the demo compares (the full list is ``autoplace plan --list``).
 DEFAULT_PLANNERS = ("single", "expert", "hash", "critical-path", "mincut", "m-etf",
@@ -56,8 +58,9 @@ def run_demo(
         memory_cap: cap every device (``"16GB"``).
         options: workload options.
         out_dir: where plans, reports and plots go.
-        policy: policy trained with REINFORCE (seq2seq, hierarchical, gnn).
-        budget: its training budget (``60s``, ``500ep``).
+        policy: policy trained with REINFORCE (seq2seq, hierarchical, gnn: the pre-trained
+            GNN, fine-tuned, where it places on the cluster's device count).
+        budget: its training (or fine-tuning) budget (``60s``, ``500ep``).
         steps: real training steps per executed plan (warm-up included).
         execute_top: baselines executed for real beside the policy's plan (fastest
             simulated first; ``single`` always).
@@ -70,6 +73,7 @@ def run_demo(
     from autoplace.costs.profile import profile
     from autoplace.executor.launch import run_plan
     from autoplace.policies import train
+    from autoplace.policies.pretrained import DEVICE_COUNTS, finetune_pretrained
     from autoplace.search.auto import signature
     from autoplace.search.compare import compare, format_table
     from autoplace.sim import simulate
@@ -93,13 +97,25 @@ def run_demo(
 
     rows = compare(graph, cluster, list(DEFAULT_PLANNERS), progress=True)
 
-    _say(f"training a {policy} policy for {budget} on the simulator")
     t0 = time.perf_counter()
-    # a fresh policy every demo: the demo's own folder, replaced each time it runs
-    res = train(graph, cluster, policy=policy, backend="sim", budget=budget,
-                out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True,
-                force=True)
-    policy_plan = res.best_plan
+    if policy == "gnn" and cluster.num_devices in DEVICE_COUNTS:
+        # the shipped GNN places the graph zero-shot, then trains on it: warm start (the
+        # best heuristic plan the env reaches) and REINFORCE from the pre-trained weights
+        _say(f"pre-trained gnn: zero-shot, then fine-tuned for {budget} on the simulator")
+        tuned = finetune_pretrained(graph, cluster, budget=budget, seed=0, progress=True)
+        policy_plan = tuned.plan
+        for line in progress_lines(tuned.history, tuned.zero_shot_step_time_s,
+                                   tuned.warm_start):
+            _say(line)
+    else:
+        _say(f"training a {policy} policy for {budget} on the simulator")
+        # a fresh policy every demo: the demo's own folder, replaced each time it runs
+        res = train(graph, cluster, policy=policy, backend="sim", budget=budget,
+                    out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True,
+                    force=True)
+        policy_plan = res.best_plan
+        for line in progress_lines(res.history, None, res.warm_start):
+            _say(line)
     sim_res = simulate(graph, policy_plan, cluster)
     policy_plan = policy_plan.with_predicted({"step_time_s": sim_res.step_time_s,
                                               "peak_memory_bytes": sim_res.peak_memory_bytes,
@@ -172,6 +188,25 @@ def run_demo(
                   ylabel="simulated step (ms)", title=f"{wl.name} on {cluster.name}")
     print(f"\nplans, reports and plots in {out}/ ({time.perf_counter() - t_start:.0f} s)")
     return rows
+
+
+def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
+                   warm: dict[str, Any]) -> list[str]:
+    """How the policy's best simulated plan improved: zero-shot (pre-trained), after the
+    warm start, then at a quarter, half, three quarters and the end of REINFORCE."""
+    lines = []
+    if zero_shot_s is not None:
+        lines.append(f"  policy: pre-trained zero-shot plan {zero_shot_s * 1e3:.3f} ms")
+    for target in (warm.get("targets") or {}).values():
+        lines.append(f"  policy: warm start imitates {target['source']}'s plan, "
+                     f"{target['step_time_s'] * 1e3:.3f} ms")
+        break
+    best, elapsed = history.get("best_step_time_s", []), history.get("elapsed_s", [])
+    n = len(best)
+    for i in sorted({max(0, (n * k) // 4 - 1) for k in (1, 2, 3, 4)} if n else ()):
+        lines.append(f"  policy: update {i + 1}/{n} ({elapsed[i]:.0f} s): best "
+                     f"{best[i] * 1e3:.3f} ms")
+    return lines
 
 
 #: measured step times this close (6 steps on a shared machine) are a tie, not an order

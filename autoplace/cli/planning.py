@@ -18,7 +18,8 @@ __all__ = ["COMMANDS"]
 
 @dataclass(kw_only=True)
 class PlanConfig(ModelArgs, ClusterArgs):
-    planner: str = opt("hybrid-dp", "planner name (see --list), or 'auto'")
+    planner: str = opt("hybrid-dp", "planner name (see --list), 'auto', or 'pretrained' (the "
+                                    "GNN shipped with autoplace, zero-shot on 2, 4 or 8 devices)")
     policy: str | None = opt(None, "a trained policy checkpoint: place the model zero-shot",
                              exists=True)
     out: str = opt("plan.json", "where to write the plan (an existing file at the default "
@@ -66,14 +67,14 @@ def cmd_plan(cfg: PlanConfig) -> int:
     from autoplace import planners
 
     if cfg.list:
-        for name in [*planners.names(), "auto"]:
+        for name in [*planners.names(), "auto", "pretrained"]:
             print(name)
         return 0
     cluster = cluster_of(cfg.cluster, cfg.memory_cap)
     if cfg.planner == "auto" and not cfg.policy:
         if getattr(cluster, "num_nodes", 1) == 1:  # several: planned by simulation only
             cluster.require_present(what="--planner auto (it measures plans on the devices)")
-    elif not cfg.policy:
+    elif not cfg.policy and cfg.planner != "pretrained":
         planners.get(cfg.planner)  # an unknown name fails before the capture
     wl = build_model(cfg, device="meta")
     graph = graph_of(wl, cfg.profile_dir, cluster)
@@ -82,6 +83,10 @@ def cmd_plan(cfg: PlanConfig) -> int:
         from autoplace.policies import place
 
         plan = place(cfg.policy, graph, cluster)
+    elif cfg.planner == "pretrained":
+        from autoplace.policies.pretrained import place_pretrained
+
+        plan = place_pretrained(graph, cluster, seed=cfg.seed)
     elif cfg.planner == "auto":
         from autoplace.search.auto import auto_plan
 

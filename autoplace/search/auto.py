@@ -55,6 +55,7 @@ from autoplace.planners.manual import halves_name, hand_written, lever_plans
 from autoplace.planners.mesh import mesh
 from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_family
 from autoplace.policies import train
+from autoplace.policies.pretrained import pretrained_candidates
 from autoplace.search.calibration import Calibration, calibration_path
 from autoplace.search.compare import compare
 from autoplace.search.families import family, signature
@@ -161,6 +162,7 @@ def auto_plan(
     progress: bool = True,
     cache_dir: str | Path | None = None,
     extra_plans: dict[str, Plan] | None = None,
+    pretrained: bool = True,
 ) -> Plan:
     """The fastest measured plan for ``spec`` on ``cluster``.
 
@@ -183,6 +185,8 @@ def auto_plan(
         cache_dir: profile cache folder; the calibration is read from and saved there.
         extra_plans: plans made elsewhere (a policy trained earlier) to consider too,
             by name.
+        pretrained: also consider the shipped pre-trained GNN's zero-shot plan and a
+            fine-tune of it for 5% of the budget (at most 30 s), on 2, 4 or 8 devices.
     """
     t_start = time.perf_counter()
     limit_s = parse_duration(budget)
@@ -209,6 +213,10 @@ def auto_plan(
                             cluster=cluster)
 
     try:
+        if pretrained:
+            extra_plans = {**pretrained_candidates(graph, cluster,
+                                                   finetune_s=min(30.0, 0.05 * limit_s)),
+                           **(extra_plans or {})}
         return _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure,
                        progress, cache_dir, extra_plans, t_start, say)
     finally:
