@@ -126,21 +126,25 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     if with_copies:
         flat_has = np.flatnonzero(has)
         p_c, u_c, e_c = np.unravel_index(flat_has, (num, n, kk))
-        w_op = order_t[first[flat_has], p_c] % n  # first consumer there (a microbatch-0 step)
-        r_c = rank[flat_has]
+        at = rank[flat_has] * num + p_c  # cell of each copy in a [cmax, P] block
+        blocks = {}
+        for name, val, fill in (("thr", p_c * kk + e_c, num * kk), ("cost", copy_h[e_c], 0.0),
+                                ("deps", ccount[flat_has], 1 << 40), ("u", u_c, 0),
+                                ("w", order_t[first[flat_has], p_c] % n, 0)):
+            blk = np.full(cmax * num, fill, np.asarray(val).dtype)
+            blk[at] = val  # unused copy slots are never released
+            blocks[name] = blk.reshape(cmax, num)
+        pos_f = pos.T.reshape(-1)
         for mb in range(m):
-            t_c = mn + mb * cmax + r_c
-            thr[t_c, p_c] = p_c * kk + e_c
-            cost[t_c, p_c] = copy_h[e_c]
-            # just after its first consumer; equal keys (one consumer, several producers)
-            # go in task order, producer order, as the scalar path's
-            kq[t_c, p_c] = 2 * mn + 1 - 2 * pos[p_c, mb * n + w_op]
-            deps[t_c, p_c] = ccount[flat_has]
-            tgt[0, t_c, p_c] = mb * n + u_c
-        # unused copy slots, the empty slot and the sink are never released
-        unused = (np.arange(m * cmax) % cmax)[:, None] >= per_mb[None, :]
-        deps[mn:mn + m * cmax][unused] = 1 << 40
-    deps[empty:] = 1 << 40
+            rows = slice(mn + mb * cmax, mn + (mb + 1) * cmax)
+            thr[rows] = blocks["thr"]
+            cost[rows] = blocks["cost"]
+            deps[rows] = blocks["deps"]
+            tgt[0, rows] = mb * n + blocks["u"]
+            # just after its first consumer (w); equal keys (one consumer, several
+            # producers) go in task order, producer order, as the scalar path's
+            kq[rows] = 2 * mn + 1 - 2 * pos_f.take((mb * n + blocks["w"]) * num + pidx)
+    deps[empty:] = 1 << 40  # the empty slot and the sink are never released
 
     shift = max(1, int(nw - 1).bit_length())
     flat_ids = np.arange(nw, dtype=np.int64).reshape(width, num)
