@@ -1,0 +1,130 @@
+"""The batched simulator equals the one-plan path on every placement family at 8 devices,
+and its backward issue equals ``local.backward_issue`` task for task."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from autoplace import planners
+from autoplace.cluster import preset
+from autoplace.graph import OpGraph, OpNode, random_dag
+from autoplace.lowering import issue_order_items
+from autoplace.plan import ParallelConfig, Plan
+from autoplace.sim import simulate, simulate_batch
+from autoplace.sim.batch_issue import batch_backward_issue
+from autoplace.sim.local import backward_issue
+from autoplace.sim.model import graph_arrays
+
+
+def wide_sink(n: int) -> OpGraph:
+    """A chain whose last op reads every earlier op (a fan-in past the dense table)."""
+    nodes = [OpNode(name=f"op{i}", kind="Linear", module_path=f"l.{i}", output_bytes=2**16,
+                    param_bytes=2**16, activation_bytes=2**16, fwd_time_s={"cuda": 1e-5},
+                    bwd_time_s={"cuda": 2e-5}) for i in range(n)]
+    edges = [(f"op{i}", f"op{i + 1}", 2**16) for i in range(n - 1)]
+    edges += [(f"op{i}", f"op{n - 1}", 2**16) for i in range(n - 2)]
+    return OpGraph(f"sink{n}", nodes, edges)
+
+
+def family_plans(graph: OpGraph, cluster, rng: random.Random) -> list[Plan]:
+    """Each placement family's plan (critical path, round-robin, hash, random), its
+    devices relabelled, with 1 and 3 microbatches, data-parallel twins at 4 devices a
+    replica, a recomputed variant, issue priorities, and 2-stage pipelines."""
+    k = cluster.num_devices
+    base = [planners.get(name)(graph, cluster) for name in ("critical-path", "round-robin",
+                                                            "hash")]
+    base += [planners.get("random")(graph, cluster, seed=s) for s in range(3)]
+    plans = []
+    for plan in base:
+        perm = list(range(k))
+        rng.shuffle(perm)
+        placement = [perm[x] for x in plan.placement]
+        g = len(placement)
+        for m in (1, 3):
+            plans.append(Plan.from_groups(graph, plan.groups, placement,
+                                          parallel=ParallelConfig(microbatches=m)))
+        half = [x % (k // 2) for x in placement]
+        plans.append(Plan.from_groups(graph, plan.groups, half,
+                                      parallel=ParallelConfig(data=2, microbatches=2)))
+        plans.append(Plan.from_groups(graph, plan.groups, placement,
+                                      recompute={x for x in range(g) if rng.random() < 0.3}))
+        plans.append(Plan.from_groups(graph, plan.groups, placement,
+                                      parallel=ParallelConfig(microbatches=2),
+                                      priority=[rng.randrange(3) for _ in range(g)]))
+    n = len(graph)
+    halves = {op.name: 2 * i // n for i, op in enumerate(graph)}
+    plans.append(Plan.from_groups(graph, halves, [0, 1],
+                                  parallel=ParallelConfig(pipeline=2, microbatches=4)))
+    return plans
+
+
+@pytest.mark.parametrize("cluster_name", ["h200x8", "cpu-x4"])
+def test_batch_equals_scalar_on_every_placement_family(cluster_name):
+    cluster = preset(cluster_name)
+    rng = random.Random(5)
+    for graph in (random_dag(120, seed=2), wide_sink(24)):
+        plans = family_plans(graph, cluster, rng)
+        batch = simulate_batch(graph, plans, cluster)
+        scalar = [simulate(graph, p, cluster) for p in plans]
+        np.testing.assert_allclose(batch.step_time_s, [r.step_time_s for r in scalar],
+                                   rtol=1e-9, atol=0)
+        np.testing.assert_array_equal(batch.peak_memory_bytes,
+                                      [r.peak_memory_bytes for r in scalar])
+
+
+@pytest.mark.parametrize(("n", "m"), [(60, 1), (60, 3), (24, 2)])
+def test_batch_issue_equals_backward_issue(n, m):
+    """Order, issue times and copy times, plan by plan (the wide sink: past the table)."""
+    graph = random_dag(n, seed=4) if n != 24 else wide_sink(n)
+    ga = graph_arrays(graph)
+    rng = random.Random(n + m)
+    num, kk = 12, 5
+    dev = np.array([[rng.randrange(kk) for _ in range(n)] for _ in range(num)])
+    dev[:, 0] = kk - 1  # every plan uses all kk devices
+    hb = np.array([[rng.choice([1e-5, 2e-5, 3e-5]) for _ in range(num)] for _ in range(n)])
+    copy_h = np.array([2e-4] * kk)
+    host_f = np.array([rng.random() * 1e-3 for _ in range(num)])
+    copy_on = np.array([p % 4 != 3 for p in range(num)])  # some plans without copy tasks
+    order_t = np.stack([np.array(issue_order_items(ga.preds, dev[p].tolist(), m))
+                        for p in range(num)], 1)
+    bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb, copy_h, copy_on,
+                                                host_f, kk)
+    for p in range(num):
+        order = order_t[:, p].tolist()
+        items, iss, cop = backward_issue(ga, dev[p].tolist(), order, hb[:, p].tolist(),
+                                         (copy_h if copy_on[p] else 0 * copy_h).tolist(),
+                                         float(host_f[p]), kk)
+        pos = {it: s for s, it in enumerate(order)}
+        assert bpos[:, p].tolist() == [pos[it] for it in items]
+        assert issued[:, p].tolist() == [iss[it] for it in items]
+        if cop is not None:
+            assert copied[:, :, p].tolist() == np.asarray(cop).reshape(-1, kk)[items].tolist()
+
+
+def test_backward_issue_takes_no_task_before_its_consumers_are_issued():
+    """A gradient's copy back is issued after every consumer on its device, and an op
+    after its consumers and copies, whichever thread was passed over before."""
+    graph = random_dag(80, seed=9)
+    ga = graph_arrays(graph)
+    rng = random.Random(3)
+    kk, m = 4, 3
+    for _ in range(6):
+        dev = [rng.randrange(kk) for _ in range(ga.n)]
+        hb = [rng.choice([1e-5, 3e-5]) for _ in range(ga.n)]
+        copy_h = [2e-4] * kk
+        order = issue_order_items(ga.preds, dev, m)
+        items, issued, copied = backward_issue(ga, dev, order, hb, copy_h, 0.0, kk)
+        n = ga.n
+        for it in range(m * n):
+            i, off = it % n, it - it % n
+            start = issued[it] - hb[i]
+            for w in ga.succs[i]:
+                if dev[w] == dev[i]:
+                    assert start >= issued[off + w] - 1e-15
+                else:
+                    copy_start = copied[it * kk + dev[w]] - copy_h[dev[w]]
+                    assert copy_start >= issued[off + w] - 1e-15
+                    assert start >= copied[it * kk + dev[w]] - 1e-15
