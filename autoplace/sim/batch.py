@@ -1,17 +1,12 @@
 """Vectorised simulation of many ``pipeline == 1`` plans (numpy arrays over plans).
 
-The same model as ``sim_local``, step for step: at step ``s`` every plan processes
-the ``s``-th item of its own issue order, so each plan's compute and link queues
-see the same order as in the scalar path. Arrays are laid out ``[item, plan]`` so a
-step touches contiguous memory; predecessor and successor lists are flattened (CSR)
-and reduced with ``np.maximum.reduceat``. Plans with ``pipeline > 1``, ZeRO-2 or
-FSDP, or replicas on unlike devices go through the scalar path. Host issue time is the
-scalar path's too: one forward host clock per plan, advanced by the device's
-``host_dispatch_s`` at every step (and ``copy_host_s`` per copy it sends); the backward's
-issue order and times come per plan from ``sim_local.backward_issue`` (a Python loop over
-the plan's items: with host costs and several devices per replica the batch path is then
-about 4x slower than without, ~110 instead of ~520 plans/s for random placements of 1000
-ops over 2 GPUs on this project's CI machine).
+The same model as ``sim.local``, step for step: at step ``s`` every plan processes the
+``s``-th item of its own issue order (``sim.batch_steps``), so each plan's compute and link
+queues see the same order as in the scalar path; the backward's issue order and times
+come from autograd's threads simulated for every plan at once (``sim.batch_issue``). Host
+issue time is the scalar path's too, its clocks summed in the same order. Plans with
+``pipeline > 1``, ZeRO-2 or FSDP, selective recompute, or replicas on unlike devices go
+through the scalar path; plans with an issue priority stay here with the lowering's order.
 """
 
 from __future__ import annotations
