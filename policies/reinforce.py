@@ -471,6 +471,7 @@ def _warm_start(envs, keys, policy, cfg, best) -> dict[str, Any]:
                      "plan": _plan_text(plan, step, measured, planner), "update": 0}
     return {"done": True, **stats, "targets": {
         key: {"source": t.source, "step_time_s": t.step_time_s,
+              "fits": not _outcome(t.info, t.reward)[0][0],
               "action": [int(x) for x in t.action], "candidates": t.candidates}
         for key, t in targets.items()}}
 

@@ -50,7 +50,7 @@ class WarmStartTarget:
     """The action a policy imitates and what the env made of it.
 
     Attributes:
-        action: the env action (``[max_groups + 3]`` int64).
+        action: the env action (``[max_groups + 3]`` int64; longer with levers).
         step_time_s: the env's step time of ``action``.
         source: the planner whose plan it is (``"device0"`` for a plain candidate).
         info: the env's ``info`` after stepping ``action`` (its ``plan``, ``score``...).
