@@ -14,7 +14,7 @@ from autoplace.envs.levers import Levers
 from autoplace.errors import AutoplaceError
 from autoplace.lowering import issue_order
 from autoplace.plan import Plan
-from autoplace.policies import batch_obs, describe_spaces, make, reinforce
+from autoplace.policies import batch_obs, describe_spaces, make, place, reinforce, train
 from autoplace.policies import checkpoint as ckpt
 from autoplace.policies.warm_start import order_priority, plan_to_action, warm_start
 from tests.helpers.graphs import small_graph
@@ -132,3 +132,18 @@ def test_reinforce_trains_the_lever_heads_where_recompute_pays():
     assert isinstance(plan, Plan) and not plan.predicted.get("oom", False)
     for e in envs:
         e.close()
+
+
+def test_train_then_place_with_levers(tmp_path):
+    """The checkpoint of a lever policy records the env's levers; place() rebuilds both."""
+    res = train(small_graph(), "cpu-x2", policy="gnn", budget="2", out_dir=tmp_path, seed=0,
+                max_groups=8, progress=False, batch_size=4, tensorboard=False,
+                policy_options={"hidden": 16}, env_options={"levers": ALL})
+    assert res.best_plan is not None
+    data = ckpt.load(tmp_path / "checkpoint.pt")
+    assert data["policy"]["config"]["priority_levels"] == 4
+    assert data["extra"]["env_options"]["levers"] == list(ALL)
+    plan = place(tmp_path / "checkpoint.pt", small_graph(), "cpu-x2", samples=4)
+    # a pipeline's order is its schedule's: the env drops its priorities
+    assert len(plan.priority) == (0 if plan.parallel.pipeline > 1 else
+                                  max(plan.groups.values()) + 1)
