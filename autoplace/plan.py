@@ -26,7 +26,10 @@ under ``torch.distributed.pipelining``. With ``pipeline == 1`` and several local
 devices, the replica runs in one process (any DAG placement; microbatches flow
 through it); with ``parallel.graphs`` (one process, ``data == 1``) each run of ops on one
 device replays as a CUDA graph on GPUs. ``parallel.shard_units`` (sharded plans only)
-picks FSDP2's units: ``blocks`` (the default) or ``modules``.
+picks FSDP2's units: ``blocks`` (the default) or ``modules``. ``parallel.offload``
+(``shard="fsdp"`` only) keeps the parameters, gradients and optimizer state on the host
+(FSDP2's ``CPUOffloadPolicy``, the optimizer stepping on the CPU); with it ``data == 1`` is
+a valid sharded plan: FSDP2 on one rank, the model streamed through one GPU unit by unit.
 
 JSON (``"format": "autoplace.plan/1"``), never pickle::
 
@@ -35,6 +38,7 @@ JSON (``"format": "autoplace.plan/1"``), never pickle::
      "parallel": {"data": 1, "pipeline": 1, "microbatches": 1,
                   "schedule": "gpipe", "shard": "none"},   # + "graphs": true when on,
                                                            # + "shard_units": "modules"
+                                                           # + "offload": true when on
      "recompute": [3, 4], "selective": [5],                 # "selective" when not empty
      "priority": [0, 2, 1],                                 # when not empty
      "model": {"spec": "gpt-tiny", "options": {}, "fingerprint": "...", "num_ops": 123},
@@ -80,7 +84,8 @@ class ParallelConfig:
         microbatches: microbatches per step, per replica.
         schedule: pipeline schedule, ``gpipe`` or ``1f1b``.
         shard: ``none`` (DDP), ``zero2`` (gradients and optimizer state sharded) or
-            ``fsdp`` (parameters sharded too); only with ``data > 1``.
+            ``fsdp`` (parameters sharded too); only with ``data > 1``, or ``fsdp``
+            with ``offload`` on one device.
         graphs: on GPUs, replay each run of ops on one device of each microbatch as a
             CUDA graph (:func:`autoplace.executor.local.build_local`); only for plans run
             in one process per replica (``pipeline == 1``, ``data == 1``).
@@ -98,6 +103,11 @@ class ParallelConfig:
             parameters (``fsdp``) or gradients and optimizer state (``zero2``) are
             sharded within a group and replicated across groups (across nodes, say);
             1 = sharded over all ``data`` replicas.
+        offload: FSDP2's ``CPUOffloadPolicy``: the parameter shards, their gradients and
+            the optimizer state live on the host, each unit's parameters are copied to
+            the GPU before its forward and its backward and its gradients back after, and
+            the optimizer steps on the CPU. Only with ``shard="fsdp"``, ``pipeline == 1``,
+            ``tensor == 1`` and without ``graphs``; ``data == 1`` is valid with it.
     """
 
     data: int = 1
@@ -110,6 +120,7 @@ class ParallelConfig:
     compile: bool = False
     tensor: int = 1
     replicate: int = 1
+    offload: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data", "pipeline", "microbatches", "tensor", "replicate"):
@@ -152,11 +163,27 @@ class ParallelConfig:
             if self.data % self.replicate:
                 raise PlanError(f"parallel.replicate={self.replicate} must divide "
                                 f"parallel.data={self.data} (replica groups of equal size)")
+        if not isinstance(self.offload, bool):
+            raise PlanError(f"parallel.offload must be true or false, got {self.offload!r}")
+        if self.offload:
+            self._check_offload()
         if self.pipeline > 1 and self.microbatches < self.pipeline:
             raise PlanError(
                 f"a {self.pipeline}-stage pipeline needs at least {self.pipeline} microbatches, "
                 f"got {self.microbatches}"
             )
+
+    def _check_offload(self) -> None:
+        if self.shard != "fsdp":
+            raise PlanError("parallel.offload keeps FSDP2's parameter shards on the host: it "
+                            f"needs shard='fsdp', got shard={self.shard!r}")
+        for name, bad, valid in (("pipeline", self.pipeline > 1, "1"),
+                                 ("tensor", self.tensor > 1, "1"),
+                                 ("graphs", self.graphs, "false")):
+            if bad:
+                raise PlanError(f"parallel.offload is valid only with parallel.{name} = "
+                                f"{valid}, got {getattr(self, name)!r} (offloaded plans run "
+                                "one FSDP2 rank per device, eagerly or compiled)")
 
     def micro_batch_size(self, batch_size: int) -> int:
         """Samples per microbatch of one replica; raises :class:`PlanError` when a global
@@ -184,6 +211,8 @@ class ParallelConfig:
             out["tensor"] = self.tensor
         if self.replicate > 1:  # likewise
             out["replicate"] = self.replicate
+        if self.offload:  # likewise
+            out["offload"] = True
         return out
 
     @classmethod
@@ -191,7 +220,7 @@ class ParallelConfig:
         if not isinstance(d, dict):
             raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
         unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs",
-                            "shard_units", "compile", "tensor", "replicate"}
+                            "shard_units", "compile", "tensor", "replicate", "offload"}
         if unknown:
             raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
         return cls(**d)
@@ -202,6 +231,10 @@ class ParallelConfig:
             parts.append(f"dp={self.data}" + ("" if self.shard == "none" else f"/{self.shard}")
                          + ("" if self.replicate == 1 else f"/hsdp{self.replicate}")
                          + ("" if self.shard_units == "blocks" else f"/{self.shard_units}"))
+        elif self.shard != "none":  # one sharded rank: FSDP2 with offload
+            parts.append(self.shard)
+        if self.offload:
+            parts.append("offload")
         if self.tensor > 1:
             parts.append(f"tp={self.tensor}")
         if self.pipeline > 1:
@@ -395,8 +428,10 @@ class Plan:
                     f"{cluster.num_devices}"
                 )
         par = self.parallel
-        if par.shard != "none" and par.data == 1:
-            raise PlanError(f"parallel.shard={par.shard!r} needs parallel.data > 1")
+        if par.shard != "none" and par.data == 1 and not par.offload:
+            raise PlanError(f"parallel.shard={par.shard!r} needs parallel.data > 1 (or, with "
+                            "shard='fsdp', parallel.offload: one rank streaming its parameters "
+                            "from the host)")
         if par.shard != "none" and par.pipeline == 1 and self.devices_per_replica > 1:
             raise PlanError(
                 f"parallel.shard={par.shard!r} with a replica spread over "
