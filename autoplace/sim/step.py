@@ -52,7 +52,7 @@ from autoplace.graph import OpGraph
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.sim.batch import run_batch
-from autoplace.sim.compiled import compiled_tables
+from autoplace.sim.compiled import compiled_arrays, compiled_tables
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     Event,
@@ -152,6 +152,7 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     tables = cost_tables(graph, cluster)
     if plan.parallel.compile:  # compiled pieces fuse their cheap ops (sim/compiled.py)
         tables = compiled_tables(tables, ga)
+        ga = compiled_arrays(graph, ga, plan)
     if plan.parallel.pipeline > 1:
         out = simulate_pipeline(ga, plan, cluster, tables, timeline)
     else:

@@ -2,6 +2,7 @@
 
     python scripts/bench/bench_levers.py --model gpt-1b --memory-cap 22GB --budget 60s
     python scripts/bench/bench_levers.py --smoke --out /tmp/levers   # gpt-tiny, CPU allowed
+    python scripts/bench/bench_levers.py --replay bench/results/<run>  # simulator vs measured
 
 Per case (the model under each ``--memory-cap``; ``none``: no cap), written by hand on the
 workload's own module: ``eager``; ``compile`` (``torch.compile`` on each block: the children
@@ -350,6 +351,97 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: the per-block recipe each measured option runs (``eager``: the one-device plan)
+RECIPE_OF = {"hand:eager": "eager", "hand:compile": "compile-blocks",
+             "hand:checkpoint": "checkpoint-blocks",
+             "hand:checkpoint+compile": "checkpoint-blocks+compile",
+             "hand:hf-gradient-checkpointing": "checkpoint-blocks"}
+
+
+def replay(folder: Path) -> str:
+    """The simulator on every option of a stored run (``levers.json``): each option's
+    plan (its recipe; eager: one device) simulated on the card's preset under the case's
+    cap, against its measured step time and peak memory; per case the median error and
+    Kendall tau over the distinct plans. Writes ``sim-check.json`` / ``sim-check.md``."""
+    from scipy.stats import kendalltau
+
+    from autoplace import workloads
+    from autoplace.capture import capture_workload
+    from autoplace.cluster import resolve
+    from autoplace.plan import Plan
+    from autoplace.planners.manual import lever_plans
+    from autoplace.sim import simulate
+
+    out = json.loads((folder / "levers.json").read_text())
+    card = out["card"].lower().replace("nvidia", "").strip().split()[0]
+    meta = workloads.get(out["model"], device="meta", **out["options"])
+    graph = capture_workload(meta)
+    rows, cases = [], []
+    for c in out["cases"]:
+        cluster = resolve(f"{card}x1", memory_cap=c["memory_cap_bytes"])
+        plans = {"eager": Plan.single(graph), **lever_plans(graph, cluster)}
+        by_recipe: dict[str, dict[str, Any]] = {}
+        for key, r in c["options"].items():
+            recipe = RECIPE_OF.get(key) or (c["auto"].get("same_as") if key == "autoplace:auto"
+                                            else key.split(":", 1)[1])
+            if recipe not in plans:
+                continue
+            sim = simulate(graph, plans[recipe], cluster)
+            row = {"case": c["name"], "option": key, "recipe": recipe,
+                   "measured_ms": r["step_time_s"] and r["step_time_s"] * 1e3,
+                   "measured_oom": r["oom"], "sim_ms": sim.step_time_s * 1e3,
+                   "sim_oom": sim.oom, "measured_peak_gib": r["peak_memory_bytes"]
+                   and r["peak_memory_bytes"] / 2**30,
+                   "measured_reserved_gib": r["reserved_peak_bytes"]
+                   and r["reserved_peak_bytes"] / 2**30,
+                   "sim_peak_gib": max(sim.peak_memory_bytes) / 2**30}
+            for k, m in (("time_err", "ms"), ("peak_err", "peak_gib")):
+                meas = row[f"measured_{m}"]
+                row[k] = row[f"sim_{m}"] / meas - 1 if meas else None
+            rows.append(row)
+            if row["measured_ms"] and not r["oom"]:  # one point per distinct plan
+                by_recipe.setdefault(recipe, row) if key.startswith("autoplace:") \
+                    or recipe not in by_recipe else None
+        pts = [r for r in by_recipe.values() if r["measured_ms"]]
+        tau = kendalltau([r["sim_ms"] for r in pts], [r["measured_ms"] for r in pts]).statistic \
+            if len(pts) >= 3 else None
+        oom_right = sum(r["sim_oom"] == r["measured_oom"] for r in rows if r["case"] == c["name"])
+        cases.append({
+            "case": c["name"], "plans": len(pts),
+            "median_abs_time_err": statistics.median(abs(r["time_err"]) for r in pts)
+            if pts else None,
+            "median_abs_peak_err": statistics.median(abs(r["peak_err"]) for r in pts)
+            if pts else None,
+            "kendall_tau": tau, "oom_agree": f"{oom_right}/"
+            f"{sum(r['case'] == c['name'] for r in rows)}"})
+    result = {"source": str(folder), "cluster": f"{card}x1 preset, estimated op costs",
+              "cases": cases, "rows": rows}
+    (folder / "sim-check.json").write_text(json.dumps(result, indent=1, allow_nan=False))
+    lines = [f"# The simulator on every option of this run ({out['model']})", "",
+             f"Each option's plan simulated on the {card}x1 preset under the case's cap, op "
+             "costs estimated (as `auto` had them in this run: no profile); hand-written "
+             "options as their recipe's plan (eager: one device). Errors: simulated / "
+             "measured - 1; peak: allocated.", "",
+             "| case | plans | median abs time error | median abs peak error | Kendall tau "
+             "| OOM agree |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['case']} | {c['plans']} | {fmt(c['median_abs_time_err'], '.1%')} | "
+              f"{fmt(c['median_abs_peak_err'], '.1%')} | {fmt(c['kendall_tau'])} | "
+              f"{c['oom_agree']} |" for c in cases]
+    lines += ["", "| case | option | recipe | measured ms | sim ms | time err | measured peak "
+              "GiB (reserved) | sim peak GiB | peak err |", "|" + "---|" * 9]
+    for r in rows:
+        ms = "OOM" if r["measured_oom"] else fmt(r["measured_ms"], ".1f")
+        res = f" ({fmt(r['measured_reserved_gib'], '.1f')})" if r["measured_reserved_gib"] else ""
+        lines.append(
+            f"| {r['case']} | {r['option']} | {r['recipe']} | {ms} | "
+            f"{fmt(r['sim_ms'], '.1f')}{' OOM' if r['sim_oom'] else ''} | "
+            f"{fmt(r['time_err'], '+.1%')} | {fmt(r['measured_peak_gib'], '.1f')}{res} | "
+            f"{fmt(r['sim_peak_gib'], '.1f')} | {fmt(r['peak_err'], '+.1%')} |")
+    text = "\n".join(lines) + "\n"
+    (folder / "sim-check.md").write_text(text)
+    return text
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="zoo name or module:factory (default gpt-1b)")
@@ -369,6 +461,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output folder (default: a new run folder)")
     p.add_argument("--smoke", action="store_true", help="gpt-tiny, 3 steps, 1 round, budget 0, "
                    "compiled with aot_eager: runs on a CPU")
+    p.add_argument("--replay", default=None, metavar="RUN_FOLDER",
+                   help="simulate every option of a stored run and compare (sim-check.md)")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -385,6 +479,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> int:
     a = parse_args()
+    if a.replay:
+        print(replay(Path(a.replay)))
+        return 0
     if a.worker:
         if not torch.cuda.is_available():  # on a small shared CPU more threads only contend
             torch.set_num_threads(1)

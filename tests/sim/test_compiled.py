@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from autoplace import workloads
 from autoplace.capture import capture_workload
@@ -11,8 +12,9 @@ from autoplace.cluster import preset
 from autoplace.lowering import block_groups
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.sim import simulate, simulate_batch
-from autoplace.sim.compiled import COMPILED_FUSED_TIME, compiled_tables
+from autoplace.sim.compiled import COMPILED_FUSED_TIME, compiled_arrays, compiled_tables
 from autoplace.sim.model import cost_tables, ensure_costs, graph_arrays
+from autoplace.workloads import Workload
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +48,35 @@ def test_a_compiled_plan_simulates_faster_and_batch_agrees(gpt):
     assert t_comp < t_eager
     batch = simulate_batch(gpt, [eager, comp], cluster)
     np.testing.assert_allclose(batch.step_time_s, [t_eager, t_comp], rtol=1e-9)
+
+
+class _TanhGeluMLP(torch.nn.Module):
+    """Linear -> GELU written out (pow, mul, tanh: five kept tensors eagerly) -> Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    def forward(self, x):
+        h = self.up(x)
+        h = 0.5 * h * (1.0 + torch.tanh(0.79788456 * (h + 0.044715 * torch.pow(h, 3.0))))
+        return self.down(h)
+
+
+def test_a_compiled_chain_of_fused_ops_keeps_only_its_input():
+    wl = Workload(name="gelu-mlp", model=_TanhGeluMLP(), batch_size=512,
+                  make_batch=lambda bs, dev: ((torch.randn(bs, 64, device=dev),),
+                                              torch.randn(bs, 64, device=dev)),
+                  loss_fn=torch.nn.functional.mse_loss)
+    graph = capture_workload(wl)
+    ga = graph_arrays(graph)
+    plan = Plan.single(graph, parallel=ParallelConfig(compile=True))
+    comp = compiled_arrays(graph, ga, plan)
+    fused = ~ga.saved & (ga.act_bytes > 0)
+    assert fused.sum() >= 3  # the chain's ops keep their tensors eagerly
+    assert comp.act_bytes[fused].sum() < 0.5 * ga.act_bytes[fused].sum()
+    np.testing.assert_array_equal(comp.act_bytes[ga.saved], ga.act_bytes[ga.saved])
+    cluster = preset("h200x1")
+    peak = {c: max(simulate(graph, Plan.single(graph, parallel=ParallelConfig(compile=c)),
+                            cluster).peak_memory_bytes) for c in (False, True)}
+    assert peak[True] < peak[False]
