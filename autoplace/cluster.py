@@ -25,6 +25,8 @@ from autoplace.topology import (
     CPU_SPEC,
     GPU_HOST_DISPATCH_S,
     GPU_SPECS,
+    HOST_LINK_BANDWIDTH,
+    HOST_MEMORY_BANDWIDTH,
     LINKS,
     NETWORK_ALPHA_S,
     NETWORK_BANDWIDTH,
@@ -73,6 +75,16 @@ class Device:
         shard_param_host_s: host time per parameter tensor per sharded collective of
             FSDP2 (all-gather before forward and before backward, reduce-scatter after
             it: 3 a step; ZeRO-2: 2) that the device waits for: added to the step.
+        copy_host_s: host time to issue one copy to another GPU of the same process.
+        host_bandwidth: bytes/s of the link between the host's memory and this device,
+            each way (PCIe: Gen5 x16 ~50e9 on H100 / H200, Gen4 x16 ~25e9 on A100). An
+            offloaded plan (``parallel.offload``) copies each FSDP2 unit's parameters
+            over it before forward and backward, and its gradients back after.
+        host_memory_bandwidth: bytes/s of host memory traffic the optimizer step reaches
+            on the CPU (AdamW moves 7 bytes per parameter byte), for an offloaded plan's
+            step. The default, 20e9, is about what torch's fused CPU AdamW reached on one
+            thread of a 2-core x86 machine (22.5 GB/s, torch 2.13); torchrun sets
+            ``OMP_NUM_THREADS=1``, so a multi-process run steps on one thread per rank.
     """
 
     name: str
@@ -86,6 +98,8 @@ class Device:
     ddp_param_host_s: float = 0.0
     shard_param_host_s: float = 0.0
     copy_host_s: float = 0.0
+    host_bandwidth: float = HOST_LINK_BANDWIDTH
+    host_memory_bandwidth: float = HOST_MEMORY_BANDWIDTH
 
     def __post_init__(self) -> None:
         for key in ("name", "kind"):
@@ -98,6 +112,8 @@ class Device:
             _positive(self.memory_cap_bytes, f"{label}: memory_cap_bytes")
         _positive(self.peak_flops, f"{label}: peak_flops")
         _positive(self.memory_bandwidth, f"{label}: memory_bandwidth")
+        _positive(self.host_bandwidth, f"{label}: host_bandwidth")
+        _positive(self.host_memory_bandwidth, f"{label}: host_memory_bandwidth")
         for key in ("launch_overhead_s", "host_dispatch_s", "ddp_param_host_s",
                     "shard_param_host_s", "copy_host_s"):
             _non_negative(getattr(self, key), f"{label}: {key}")

@@ -23,6 +23,8 @@ __all__ = [
     "CPU_SPEC",
     "GPU_HOST_DISPATCH_S",
     "GPU_SPECS",
+    "HOST_LINK_BANDWIDTH",
+    "HOST_MEMORY_BANDWIDTH",
     "LINKS",
     "NETWORK_ALPHA_S",
     "NETWORK_BANDWIDTH",
@@ -58,26 +60,39 @@ GPU_HOST_DISPATCH_S = 30e-6
 GPU_COPY_HOST_S = 0.2e-3
 GPU_HOST_PARAM = dict(ddp_param_host_s=0.15e-3, shard_param_host_s=0.13e-3,
                       copy_host_s=GPU_COPY_HOST_S)
+#: Bytes/s between host memory and a GPU, each way, over PCIe Gen4 x16 (A100): about
+#: 25e9 achieved. The default for a device that names none.
+HOST_LINK_BANDWIDTH = 25e9
+#: The same over PCIe Gen5 x16 (H100, H200): about 50e9.
+PCIE_GEN5_BANDWIDTH = 50e9
+#: Bytes/s of host memory traffic of the CPU optimizer step of an offloaded plan (torch's
+#: fused CPU AdamW on one thread; Device.host_memory_bandwidth says where it comes from).
+HOST_MEMORY_BANDWIDTH = 20e9
 #: Device fields per GPU kind (the name is a pattern: ``{i}`` becomes the local index).
 # Achievable (not datasheet) rates for bf16 training: ~60% of dense peak.
 GPU_SPECS: dict[str, dict[str, Any]] = {
     "h100": dict(name="cuda:{i}", kind="h100", memory_bytes=80 * GiB,
                  peak_flops=600e12, memory_bandwidth=2.8e12, launch_overhead_s=8e-6,
-                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
+                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
+                 host_bandwidth=PCIE_GEN5_BANDWIDTH),
     "h200": dict(name="cuda:{i}", kind="h200", memory_bytes=141 * GiB,
                  peak_flops=600e12, memory_bandwidth=4.0e12, launch_overhead_s=8e-6,
-                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
+                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
+                 host_bandwidth=PCIE_GEN5_BANDWIDTH),
     "a100": dict(name="cuda:{i}", kind="a100", memory_bytes=80 * GiB,
                  peak_flops=250e12, memory_bandwidth=1.6e12, launch_overhead_s=8e-6,
-                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
+                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
+                 host_bandwidth=HOST_LINK_BANDWIDTH),
     # Grand Teton's H100: 96 GB HBM2e at 2.4 TB/s peak, run at a 500 W power limit
     # (torchtitan's multi-node measurements); rates scaled from the 700 W H100's.
     "h100-96": dict(name="cuda:{i}", kind="h100-96", memory_bytes=96 * GiB,
                     peak_flops=520e12, memory_bandwidth=2.0e12, launch_overhead_s=8e-6,
-                    host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
+                    host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
+                    host_bandwidth=PCIE_GEN5_BANDWIDTH),
     "a100-pcie": dict(name="cuda:{i}", kind="a100-pcie", memory_bytes=40 * GiB,
                       peak_flops=230e12, memory_bandwidth=1.3e12, launch_overhead_s=8e-6,
-                      host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM),
+                      host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
+                      host_bandwidth=HOST_LINK_BANDWIDTH),
 }
 _NVLINK4 = dict(alpha_s=10e-6, bandwidth=300e9, collective_bandwidth=250e9)
 #: Links inside a node per GPU kind: copy latency and bandwidth, collective bus bandwidth.
@@ -90,7 +105,8 @@ LINKS: dict[str, dict[str, float]] = {
 }
 CPU_SPEC: dict[str, Any] = dict(name="cpu", kind="cpu", memory_bytes=8 * GiB,
                                 peak_flops=150e9, memory_bandwidth=10e9,
-                                launch_overhead_s=20e-6)
+                                launch_overhead_s=20e-6, host_bandwidth=10e9,
+                                host_memory_bandwidth=10e9)
 
 
 def gpu_kind(name: str) -> str:
