@@ -159,6 +159,7 @@ def make_plan(
     *,
     parallel: ParallelConfig | None = None,
     recompute: set[int] | frozenset[int] = frozenset(),
+    selective: set[int] | frozenset[int] = frozenset(),
     **info: Any,
 ) -> Plan:
     """A plan recording the planner's name and its search time (since ``t0``)."""
@@ -169,6 +170,6 @@ def make_plan(
             f"{cluster.name!r} has {cluster.num_devices} devices"
         )
     return Plan.from_groups(
-        graph, groups, placement, parallel=parallel, recompute=recompute, planner=name,
-        cluster=cluster, search_time_s=time.perf_counter() - t0, **info,
+        graph, groups, placement, parallel=parallel, recompute=recompute, selective=selective,
+        planner=name, cluster=cluster, search_time_s=time.perf_counter() - t0, **info,
     )

@@ -64,7 +64,9 @@ def anneal(
     initial_temperature: float = 0.05,
     final_temperature: float = 0.002,
 ) -> Plan:
-    """Simulated annealing over group placements, seeded from the best heuristic.
+    """Simulated annealing over group placements, seeded from the best heuristic; its
+    moves also change the split (data degree, sharding, microbatches), recompute a group
+    whole or selectively, and (on GPUs) compile the plan's pieces.
 
     Args:
         time_budget_s: wall-clock seconds of search (seeding included).
@@ -110,6 +112,8 @@ def anneal(
     seed_name, seed_cost = candidates[j % n][0], best_cost
     evaluations, steps, accepted = len(costs), 0, 0
     degrees = [d for d in range(1, n_dev + 1) if n_dev % d == 0 and _microbatch_ok(graph, d, 1)]
+    # torch.compile is a choice on GPUs (on CPUs inductor's compile outlasts what it saves)
+    compilable = all(d.kind != "cpu" for d in cluster.devices)
 
     def propose(plan: Plan) -> Plan:
         place = list(plan.placement)
@@ -138,7 +142,12 @@ def anneal(
             return replace(plan, parallel=replace(par, shard=shard))
         elif r < 0.17 and par.pipeline == 1:  # a pipeline stage is recomputed whole
             g = rng.randrange(n_groups)
-            return replace(plan, recompute=plan.recompute ^ {g})
+            return replace(plan, recompute=plan.recompute ^ {g}, selective=plan.selective - {g})
+        elif r < 0.19 and par.pipeline == 1:  # or selectively: matmuls' outputs kept
+            g = rng.randrange(n_groups)
+            return replace(plan, selective=plan.selective ^ {g}, recompute=plan.recompute - {g})
+        elif r < 0.2 and compilable and not par.graphs:  # every group a compiled piece
+            return replace(plan, parallel=replace(par, compile=not par.compile))
         if k == 1:
             return plan
         if r < 0.6:
@@ -175,7 +184,8 @@ def anneal(
             accepted += 1
     return make_plan(
         graph, cluster, "anneal", t0, best.groups, list(best.placement),
-        parallel=best.parallel, recompute=best.recompute, seed_planner=seed_name,
+        parallel=best.parallel, recompute=best.recompute, selective=best.selective,
+        seed_planner=seed_name,
         seed_cost_s=seed_cost, cost_s=best_cost, oom=best_oom, evaluations=evaluations,
         steps=steps, accepted=accepted, seed=seed,
     )
