@@ -131,6 +131,25 @@ def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[
     return out
 
 
+def _compiled_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """On GPUs, every plan among ``rows`` again with its pieces compiled
+    (``parallel.compile``): the split and the levers chosen together, priced by the
+    simulator's compiled costs (:mod:`autoplace.sim.compiled`)."""
+    if not all(d.name.startswith("cuda") for d in cluster.devices):
+        return []
+    out = []
+    for r in rows:
+        plan = r.get("plan")
+        if plan is None or plan.parallel.compile or plan.parallel.graphs:
+            continue
+        try:
+            twin = plan.with_parallel(compile=True)
+        except PlanError:
+            continue
+        out.append(_sim_row(graph, cluster, f"{r['planner']}+compile", twin))
+    return out
+
+
 def _mesh_auto(graph: Any, cluster: Any, say: Callable[[str], None]) -> Plan:
     """On several nodes: the ``mesh`` planner's plan, chosen by its closed-form model
     (docs/simulator.md); measured nowhere, and said so when this machine lacks the GPUs."""
@@ -185,8 +204,8 @@ def auto_plan(
         cache_dir: profile cache folder; the calibration is read from and saved there.
         extra_plans: plans made elsewhere (a policy trained earlier) to consider too,
             by name.
-        pretrained: also consider the shipped pre-trained GNN's zero-shot plan and a
-            fine-tune of it for 5% of the budget (at most 30 s), on 2, 4 or 8 devices.
+        pretrained: also consider the shipped pre-trained GNN's zero-shot plan and a short
+            fine-tune of it (at most 5% of the budget, 30 s), on 2, 4 or 8 devices.
     """
     t_start = time.perf_counter()
     limit_s = parse_duration(budget)
@@ -325,6 +344,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     # the simulator ranks it (first where nothing else fits)
     rows += [_sim_row(graph, cluster, name, p)
              for name, p in lever_plans(graph, cluster).items()]
+    rows += _compiled_rows(graph, cluster, rows)  # before the graphed twins: not both
     rows += _graphed_rows(graph, cluster, rows)
     usable = min(d.usable_memory_bytes for d in cluster.devices)
 

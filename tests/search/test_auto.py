@@ -375,6 +375,23 @@ def test_graphed_twins_of_one_process_plans_only_on_gpus(setup):
     assert _graphed_rows(graph, preset("cpu-x2"), rows) == []
 
 
+def test_compiled_twins_of_every_plan_only_on_gpus(setup):
+    """On GPUs auto also considers every plan with its pieces compiled (DDP and pipelines
+    too), priced by the simulator's compiled costs: faster than its eager twin."""
+    from autoplace.search.auto import _compiled_rows
+    from autoplace.search.compare import compare
+
+    graph, cluster = setup
+    rows = compare(graph, cluster, ["single", "expert", "ddp", "pipeline"], progress=False)
+    twins = _compiled_rows(graph, cluster, rows)
+    assert {r["planner"] for r in twins} == {f"{r['planner']}+compile" for r in rows}
+    eager = {r["planner"]: r["sim_step_time_s"] for r in rows}
+    for r in twins:
+        assert r["plan"].parallel.compile and family(r["plan"]).endswith("+compile")
+        assert r["sim_step_time_s"] < eager[r["planner"].removesuffix("+compile")]
+    assert _compiled_rows(graph, preset("cpu-x2"), rows) == []
+
+
 @pytest.mark.parametrize("over", [1.05, 1.25])
 def test_a_plan_simulated_a_little_over_the_cap_is_measured_in_its_turn(setup, tmp_path, over):
     """The memory model errs by up to ~30%: a plan simulated at most TIGHT_MEMORY over
