@@ -58,6 +58,8 @@ DEVICE_COUNTS = (2, 4, 8)
 MAX_GROUPS = 32
 #: zero-shot: sampled placements scored under every valid split (after the free samples)
 SPLIT_SAMPLES = 2
+#: most updates of the fine-tune :func:`pretrained_candidates` runs
+AUTO_FINETUNE_UPDATES = 40
 #: features :class:`MemoryPressure` appends to the env's group features
 EXTRA_FEATURES = ("log2_one_device_memory_ratio", "fits_one_device")
 
@@ -327,8 +329,9 @@ def finetune_pretrained(
 
 def pretrained_candidates(graph: OpGraph, cluster: Any, *, finetune_s: float = 0.0,
                           seed: int = 0) -> dict[str, Plan]:
-    """The zero-shot plan and (with ``finetune_s`` of at least a second) the fine-tuned one,
-    by name, for a search that considers plans made elsewhere (``auto``). Empty where the
+    """The zero-shot plan and (with ``finetune_s`` of at least a second) the one fine-tuned
+    for :data:`AUTO_FINETUNE_UPDATES` updates or ``finetune_s``, whichever ends first, by
+    name, for a search that considers plans made elsewhere (``auto``). Empty where the
     shipped policy does not place on this cluster's device count or cannot place this
     graph; a plan that does not fit is left out."""
     cl = resolve(cluster)
@@ -338,7 +341,8 @@ def pretrained_candidates(graph: OpGraph, cluster: Any, *, finetune_s: float = 0
         out = {"pretrained": place_pretrained(graph, cl, seed=seed)}
         if finetune_s >= 1:
             out["pretrained+finetune"] = finetune_pretrained(
-                graph, cl, budget=f"{finetune_s:.1f}s", seed=seed).plan
+                graph, cl, budget=AUTO_FINETUNE_UPDATES, time_limit_s=finetune_s,
+                seed=seed).plan
     except AutoplaceError:  # a graph the env cannot coarsen, say: the search goes on
         return {}
     return {k: p for k, p in out.items() if not p.planner.get("failed")}

@@ -10,7 +10,9 @@ families at many sizes (GPT depth / width / heads, branchy MLPs of 2-8 branches,
 ResNets, Inception-v3s, LSTM language models of 2-6 layers) and random layered DAGs, each
 on a cluster of that many devices (H100, A100, H200 or CPU presets) with or without a
 memory cap (a fraction of the graph's one-device peak). Training is warm start (each
-graph's best heuristic plan the env can reach, imitated) then REINFORCE for ``--budget``.
+graph's best heuristic plan the env can reach, imitated) then REINFORCE for ``--budget`` in
+``--rounds`` rounds, keeping the weights (warm start or a round's) whose zero-shot plans
+score best on the training graphs.
 Families never seen in training (:data:`HELD_OUT`: GNMT encoder-decoders, and with
 ``--hf-module`` the Hugging Face T5, Mixtral and ViT) are placed zero-shot at the end,
 against the best heuristic plan the env reaches on them; the card records it.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import copy
 import datetime
 import json
 import math
@@ -52,8 +55,8 @@ from autoplace.policies.pretrained import (
     _zero_shot,
     make_env,
 )
-from autoplace.policies.reinforce import ReinforceConfig, reinforce
-from autoplace.policies.warm_start import heuristic_target
+from autoplace.policies.reinforce import ReinforceConfig, parse_budget, reinforce
+from autoplace.policies.warm_start import WarmStartTarget, heuristic_target, warm_start
 from autoplace.sim import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +107,8 @@ KINDS = {2: ("h100", "a100", "h200", "cpu"), 4: ("h100", "a100", "h200", "cpu"),
 #: memory caps, as fractions of a graph's one-device peak, in turn (each graph also uncapped)
 CAPS = (0.75, 0.5)
 MAX_EDGES = 512
+#: what a zero-shot plan that does not fit counts as in :func:`training_score`
+OUT_OF_MEMORY_RATIO = 4.0
 
 
 def preset(kind: str, devices: int) -> str:
@@ -135,6 +140,9 @@ def training_envs(devices: int, quick: bool) -> tuple[list[Any], list[dict[str, 
         graph = build()
         # every graph twice: uncapped, and under a cap (CAPS in turn), on two card kinds
         for j, cap_fraction in enumerate((None, CAPS[i % len(CAPS)])):
+            if cap_fraction is not None:  # a graph of its own name: the trainer keys by it
+                graph = copy.deepcopy(graph)
+            graph.name = label if cap_fraction is None else f"{label}-capped"
             cluster = resolve(preset(kinds[(i + j) % len(kinds)], devices))
             cap = None if cap_fraction is None else \
                 max(1, int(cap_fraction * one_device_peak(graph, cluster)))
@@ -144,12 +152,12 @@ def training_envs(devices: int, quick: bool) -> tuple[list[Any], list[dict[str, 
     return envs, rows
 
 
-def zero_shot_vs_target(policy: GNNPolicy, env: Any, seed: int) -> dict[str, Any]:
+def zero_shot_vs_target(policy: GNNPolicy, env: Any, target: WarmStartTarget, seed: int
+                        ) -> dict[str, Any]:
     """The zero-shot plan's step time against the best heuristic plan the env reaches."""
     t = time.perf_counter()
     rank, step, _, _ = _zero_shot(env, policy, 16, seed, float("inf"))
     zero_s = time.perf_counter() - t
-    target = heuristic_target(env)
     fits = math.isfinite(target.step_time_s) and not target.info.get("error")
     return {"zero_shot_step_time_s": None if rank[0] else step,
             "heuristic_step_time_s": target.step_time_s if fits else None,
@@ -158,22 +166,61 @@ def zero_shot_vs_target(policy: GNNPolicy, env: Any, seed: int) -> dict[str, Any
             "zero_shot_s": zero_s}
 
 
+def training_score(policy: GNNPolicy, envs: list[Any], targets: list[WarmStartTarget],
+                   seed: int) -> tuple[float, list[dict[str, Any]]]:
+    """Zero-shot quality on the training graphs: the geometric mean over graphs whose
+    heuristic plan fits of zero-shot / heuristic step time (a zero-shot plan that does not
+    fit counts :data:`OUT_OF_MEMORY_RATIO`), and the per-graph rows."""
+    policy.eval()
+    rows = [zero_shot_vs_target(policy, env, t, seed) for env, t in zip(envs, targets)]
+    ratios = [r["ratio"] if r["zero_shot_fits"] else OUT_OF_MEMORY_RATIO
+              for r in rows if r["heuristic_fits"]]
+    return geomean(ratios) or 1.0, rows
+
+
 def train_devices(devices: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Train the policy of one device count; returns its state dict, config and stats."""
+    """Train the policy of one device count; returns its state dict, config and stats.
+
+    Warm start (imitating every graph's best heuristic plan) runs first with its own,
+    larger learning rate; REINFORCE then continues in ``--rounds`` rounds. REINFORCE on a
+    family can pull the policy off the plans it imitated, so after the warm start and after
+    every round the zero-shot plans of the training graphs are scored
+    (:func:`training_score`) and the best weights so far are kept: the card says which.
+    """
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     envs, rows = training_envs(devices, args.quick)
     torch.manual_seed(args.seed)
     policy = GNNPolicy.from_spaces(envs[0].observation_space, envs[0].action_space,
                                    hidden=args.hidden, layers=args.layers, conv=args.conv)
-    cfg = ReinforceConfig(budget=args.budget, batch_size=args.batch_size, lr=args.lr,
-                          seed=args.seed, progress=not args.quiet, tensorboard=False,
-                          checkpoint_every=0, warm_start_steps=args.warm_start_steps)
-    result = reinforce(envs, policy, cfg)
-    train_s = time.perf_counter() - t0
+    targets = [heuristic_target(env) for env in envs]
+    warm = warm_start(policy, envs, [t.action for t in targets], steps=args.warm_start_steps,
+                      lr=args.warm_start_lr)
+    warm_s = time.perf_counter() - t0
+    score, graph_rows = training_score(policy, envs, targets, args.seed)
+    best = (score, 0, copy.deepcopy(policy.state_dict()), graph_rows)
+    rounds = [{"round": 0, "what": "warm start", "score": score}]
+    unit, amount = parse_budget(args.budget)
+    per_round = {"updates": f"{math.ceil(amount / args.rounds)}",
+                 "episodes": f"{math.ceil(amount / args.rounds)}ep",
+                 "seconds": f"{amount / args.rounds:.1f}s"}[unit]
+    updates = episodes = 0
+    for r in range(1, args.rounds + 1):
+        cfg = ReinforceConfig(budget=per_round, batch_size=args.batch_size, lr=args.lr,
+                              lr_schedule="constant", seed=args.seed + r,
+                              progress=not args.quiet, tensorboard=False, checkpoint_every=0,
+                              warm_start=False)
+        result = reinforce(envs, policy, cfg)
+        updates, episodes = updates + result.updates, episodes + result.episodes
+        score, graph_rows = training_score(policy, envs, targets, args.seed)
+        rounds.append({"round": r, "what": f"REINFORCE to update {updates}", "score": score})
+        if score < best[0]:
+            best = (score, r, copy.deepcopy(policy.state_dict()), graph_rows)
+    policy.load_state_dict(best[2])
     policy.eval()
-    for env, row in zip(envs, rows):
-        row.update(zero_shot_vs_target(policy, env, args.seed))
+    train_s = time.perf_counter() - t0
+    for env, row, graph_row in zip(envs, rows, best[3]):
+        row.update(graph_row)
         env.close()
     held = []
     for label, fam, spec, opts in HELD_OUT[:1] if args.quick else HELD_OUT:
@@ -185,12 +232,14 @@ def train_devices(devices: int, args: argparse.Namespace) -> dict[str, Any]:
         sized.load_state_dict(policy.state_dict())
         sized.eval()
         held.append({"graph": label, "family": fam, "ops": len(env.unwrapped.graph),
-                     "cluster": cluster.name, **zero_shot_vs_target(sized, env, args.seed)})
+                     "cluster": cluster.name,
+                     **zero_shot_vs_target(sized, env, heuristic_target(env), args.seed)})
         env.close()
     config = {k: v for k, v in policy.config.items() if k != "max_groups"}
-    warm = {k: v for k, v in result.warm_start.items() if k != "targets"}
-    stats = {"updates": result.updates, "episodes": result.episodes,
-             "train_s": round(train_s, 1), "warm_start": warm, "training_graphs": rows,
+    stats = {"updates": updates, "episodes": episodes, "rounds": rounds,
+             "kept_round": best[1],
+             "train_s": round(train_s, 1), "warm_start": {**warm, "s": round(warm_s, 1)},
+             "training_graphs": rows,
              "held_out_graphs": held}
     return {"devices": devices, "state": policy.state_dict(), "config": config,
             "stats": stats}
@@ -204,14 +253,20 @@ def geomean(values: list[float]) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", default="2,4,8", help="device counts, one policy each")
-    parser.add_argument("--budget", default="600",
-                        help="REINFORCE budget per device count: updates (600), episodes "
-                             "(9600ep) or wall time (5m, the warm start included)")
+    parser.add_argument("--budget", default="800",
+                        help="REINFORCE budget per device count: updates (800), episodes "
+                             "(9600ep) or wall time (5m)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="REINFORCE rounds the budget is split into; the weights kept are "
+                             "those of the round (or the warm start) whose zero-shot plans "
+                             "score best on the training graphs")
     parser.add_argument("--batch-size", type=int, default=16, help="episodes per update")
-    parser.add_argument("--lr", type=float, default=2e-3,
-                        help="peak learning rate (warm start and REINFORCE)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="REINFORCE's learning rate")
+    parser.add_argument("--warm-start-lr", type=float, default=3e-3,
+                        help="the warm start's learning rate")
     parser.add_argument("--warm-start-steps", type=int, default=1000,
-                        help="most imitation steps of the warm start")
+                        help="most imitation steps of the warm start (it stops once every "
+                             "graph's greedy plan is its heuristic plan)")
     parser.add_argument("--hidden", type=int, default=64, help="GNN width")
     parser.add_argument("--layers", type=int, default=3, help="message-passing rounds")
     parser.add_argument("--conv", default="sage", help="sage or gat")
@@ -227,7 +282,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(WEIGHTS_PATH.parent), help="output folder")
     args = parser.parse_args()
     if args.quick:
-        args.budget, args.warm_start_steps = "3", 20
+        args.budget, args.warm_start_steps, args.rounds = "2", 20, 2
     devices = [int(d) for d in args.devices.split(",")]
     started = time.perf_counter()
     if args.jobs > 1:
