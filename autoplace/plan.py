@@ -39,6 +39,7 @@ JSON (``"format": "autoplace.plan/1"``), never pickle::
                   "schedule": "gpipe", "shard": "none"},   # + "graphs": true when on,
                                                            # + "shard_units": "modules"
                                                            # + "offload": true when on
+                                                           # + "sequence_parallel": true
      "recompute": [3, 4], "selective": [5],                 # "selective" when not empty
      "priority": [0, 2, 1],                                 # when not empty
      "model": {"spec": "gpt-tiny", "options": {}, "fingerprint": "...", "num_ops": 123},
@@ -97,8 +98,7 @@ class ParallelConfig:
             with ``torch.compile``; not with ``graphs``.
         tensor: tensor-parallel degree: every local device of the placement is a group
             of ``tensor`` GPUs that split the model's Linear pairs Megatron-style
-            (column then row, sequence parallel on the norms between), through
-            ``torch.distributed.tensor.parallel``; 1 = none.
+            (column then row), through ``torch.distributed.tensor.parallel``; 1 = none.
         replicate: HSDP: a sharded plan's ``data`` replicas form ``replicate`` groups;
             parameters (``fsdp``) or gradients and optimizer state (``zero2``) are
             sharded within a group and replicated across groups (across nodes, say);
@@ -108,6 +108,9 @@ class ParallelConfig:
             the GPU before its forward and its backward and its gradients back after, and
             the optimizer steps on the CPU. Only with ``shard="fsdp"``, ``pipeline == 1``,
             ``tensor == 1`` and without ``graphs``; ``data == 1`` is valid with it.
+        sequence_parallel: with ``tensor > 1``, the residual stream between the Linear
+            pairs (norms, residual adds) runs on ``1 / tensor`` of the sequence on each
+            rank of a group (columns all-gather, rows reduce-scatter); not with a pipeline.
     """
 
     data: int = 1
@@ -121,6 +124,7 @@ class ParallelConfig:
     tensor: int = 1
     replicate: int = 1
     offload: bool = False
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data", "pipeline", "microbatches", "tensor", "replicate"):
@@ -167,6 +171,13 @@ class ParallelConfig:
             raise PlanError(f"parallel.offload must be true or false, got {self.offload!r}")
         if self.offload:
             self._check_offload()
+        if not isinstance(self.sequence_parallel, bool):
+            raise PlanError("parallel.sequence_parallel must be true or false, got "
+                            f"{self.sequence_parallel!r}")
+        if self.sequence_parallel and (self.tensor == 1 or self.pipeline > 1):
+            raise PlanError("parallel.sequence_parallel splits a tensor group's residual "
+                            "stream: it needs parallel.tensor > 1 and parallel.pipeline = 1, "
+                            f"got tensor={self.tensor}, pipeline={self.pipeline}")
         if self.pipeline > 1 and self.microbatches < self.pipeline:
             raise PlanError(
                 f"a {self.pipeline}-stage pipeline needs at least {self.pipeline} microbatches, "
@@ -213,6 +224,8 @@ class ParallelConfig:
             out["replicate"] = self.replicate
         if self.offload:  # likewise
             out["offload"] = True
+        if self.sequence_parallel:  # likewise
+            out["sequence_parallel"] = True
         return out
 
     @classmethod
@@ -220,7 +233,8 @@ class ParallelConfig:
         if not isinstance(d, dict):
             raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
         unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs",
-                            "shard_units", "compile", "tensor", "replicate", "offload"}
+                            "shard_units", "compile", "tensor", "replicate", "offload",
+                            "sequence_parallel"}
         if unknown:
             raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
         return cls(**d)
@@ -236,7 +250,7 @@ class ParallelConfig:
         if self.offload:
             parts.append("offload")
         if self.tensor > 1:
-            parts.append(f"tp={self.tensor}")
+            parts.append(f"tp={self.tensor}" + ("/sp" if self.sequence_parallel else ""))
         if self.pipeline > 1:
             parts.append(f"pp={self.pipeline}/{self.schedule}")
         if self.microbatches > 1:

@@ -24,7 +24,8 @@ accepts only ops that keep it whole:
 
 Anything else ends the unit's search without a split: the Linears stay whole. The norms
 whose outputs feed a unit's columns are recorded too (:attr:`TensorShards.norms`: the
-norms between blocks that sequence parallelism would shard).
+norms between blocks that sequence parallelism shards:
+:mod:`autoplace.sequence_shards` finds the residual stream they are on).
 
 The executor (:mod:`autoplace.executor.tensor_parallel`) applies the result with
 ``torch.distributed.tensor.parallel``; the simulator (:mod:`autoplace.sim.tensor`) prices it.
@@ -32,9 +33,8 @@ The executor (:mod:`autoplace.executor.tensor_parallel`) applies the result with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
-from typing import Any
 
 import torch.fx as fx
 from torch import nn
@@ -42,13 +42,27 @@ from torch import nn
 from autoplace.errors import PlanError
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.sequence_shards import SequenceShards, find_sequence_shards
+from autoplace.tensor_dims import (
+    ATTENTION,
+    DIM_OPS,
+    INSERT_DIM,
+    SAME,
+    VIEWS,
+    Unsplittable,
+    as_int,
+    block_of,
+    dim_arg,
+    expand_dim,
+    index_dim,
+    inserted_dim,
+    op_name,
+    permute_dim,
+    view_group,
+)
 
-__all__ = ["TensorPair", "TensorShards", "block_of", "find_tensor_shards", "plan_tensor_shards"]
-
-_VIEWS = {"view", "reshape", "unflatten", "flatten", "view_as", "reshape_as"}
-_SAME = {"contiguous", "to", "float", "half", "bfloat16", "type_as", "clone", "dropout"}
-_DIM_OPS = {"softmax", "log_softmax"}
-_ATTENTION = {"scaled_dot_product_attention", "matmul", "bmm"}
+__all__ = ["TensorPair", "TensorShards", "block_of", "find_tensor_shards", "plan_tensor_shards",
+           "with_sequence"]
 
 
 @dataclass(frozen=True)
@@ -85,11 +99,15 @@ class TensorShards:
         degree: ranks per tensor group.
         pairs: the pair units (:class:`TensorPair`), in graph order.
         norms: norm ops whose outputs feed a unit's columns (sequence parallel's norms).
+        sequence: where the residual stream runs on sequence shards
+            (:class:`autoplace.sequence_shards.SequenceShards`); None without sequence
+            parallelism.
     """
 
     degree: int
     pairs: tuple[TensorPair, ...]
     norms: tuple[str, ...] = ()
+    sequence: SequenceShards | None = None
 
     @property
     def columns(self) -> set[str]:
@@ -107,14 +125,6 @@ class TensorShards:
     def describe(self) -> str:
         return ", ".join(f"{p.block}: {'+'.join(p.columns)} -> {'+'.join(p.rows)}"
                          for p in self.pairs)
-
-
-def block_of(module_path: str) -> str:
-    """A module path up to its first integer index (``"blocks.3.attn.qkv"`` -> ``"blocks.3"``),
-    ``""`` outside any block."""
-    parts = module_path.split(".") if module_path else []
-    cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
-    return ".".join(parts[:cut + 1]) if cut is not None else ""
 
 
 def find_tensor_shards(graph: OpGraph, degree: int) -> TensorShards:
@@ -151,19 +161,6 @@ def _module(gm: fx.GraphModule, target: str) -> nn.Module:
     return gm.get_submodule(target)
 
 
-def _name(n: fx.Node) -> str:
-    """The op's name: a method's, or a function's ``__name__``."""
-    if n.op == "call_method":
-        return str(n.target)
-    if n.op == "call_function":
-        return getattr(n.target, "__name__", str(n.target))
-    return n.op
-
-
-class _Unsplittable(Exception):
-    pass
-
-
 class _Finder:
     """Grows pair units from each Linear of a block (one walk per candidate)."""
 
@@ -196,7 +193,7 @@ class _Finder:
                 continue
             try:
                 pair = self._grow({c})
-            except _Unsplittable as e:
+            except Unsplittable as e:
                 self.why = self.why or f"{c.name}: {e}"
                 continue
             if pair is None:
@@ -213,7 +210,7 @@ class _Finder:
             made: list[tuple[str, int]] = []  # (view, number of candidates), in walk order
             try:
                 res = self._walk(seeds, choices, made)
-            except _Unsplittable:
+            except Unsplittable:
                 while made and choices.get(made[-1][0], 0) + 1 >= made[-1][1]:
                     choices.pop(made.pop()[0], None)
                 if not made:
@@ -240,7 +237,7 @@ class _Finder:
         for c in seeds:
             shp = self.shape(c)
             if shp is None or block_of(self.graph[c.name].module_path) != block:
-                raise _Unsplittable("not a single tensor output in the block")
+                raise Unsplittable("not a single tensor output in the block")
             state[c] = len(shp) - 1
             raw.add(c)
             origin[c] = c
@@ -251,16 +248,16 @@ class _Finder:
                 continue
             if n.op == "output" or n.name not in self.graph \
                     or block_of(self.graph[n.name].module_path) != block:
-                raise _Unsplittable(f"the split values reach {n.name}, outside block {block!r}")
+                raise Unsplittable(f"the split values reach {n.name}, outside block {block!r}")
             if n in self.linear:
                 (arg,) = n.all_input_nodes
                 if state.get(arg) != len(self.shape(arg) or ()) - 1:
-                    raise _Unsplittable(f"{n.name} reads the split values on another dimension")
+                    raise Unsplittable(f"{n.name} reads the split values on another dimension")
                 rows.append(n)
                 sizes.append(_module(self.gm, n.target).in_features)
                 continue
             if n.op == "call_module" and isinstance(_module(self.gm, n.target), nn.Linear):
-                raise _Unsplittable(f"{n.name} (a Linear with shared parameters or outside "
+                raise Unsplittable(f"{n.name} (a Linear with shared parameters or outside "
                                     "a block) reads the split values")
             siblings = self._outside_full(n, state)
             if siblings:
@@ -305,58 +302,82 @@ class _Finder:
         return out
 
     def _source_linear(self, a: fx.Node) -> fx.Node | None:
-        """The Linear ``a`` is computed from through a chain of one-tensor ops (``k`` of
-        ``q @ k.transpose(-2, -1)``), or None."""
-        while a not in self.linear:
-            ins = [x for x in a.all_input_nodes if self.shape(x)]
-            if len(ins) != 1 or a.op == "call_module":
+        """The one Linear of the block ``a`` is computed from, through ops that are not
+        Linears (``k`` of ``q @ k.transpose(-2, -1)``, a rotary-embedded ``k``), or None
+        where no Linear or several are."""
+        block = block_of(self.graph[a.name].module_path) if a.name in self.graph else ""
+        found: set[fx.Node] = set()
+        seen: set[fx.Node] = set()
+        todo = [a]
+        while todo:
+            x = todo.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in self.linear:
+                found.add(x)
+                continue
+            if x.name not in self.graph or block_of(self.graph[x.name].module_path) != block:
+                continue  # constants and tables from outside the block: no source
+            if x.op == "call_module" and any(True for _ in _module(self.gm, x.target).parameters()):
                 return None
-            a = ins[0]
-        return a
+            todo.extend(x.all_input_nodes)
+        return next(iter(found)) if len(found) == 1 else None
 
     def _through(self, n: fx.Node, state: dict[fx.Node, int], raw: set[fx.Node],
                  origin: dict[fx.Node, fx.Node], regroup: dict[str, tuple[int, int, int]],
                  sizes: list[int]) -> tuple[int, bool]:
         """The split dimension of ``n``'s output, and whether ``n`` is a view whose size
-        arguments name it; raises :class:`_Unsplittable` for an op that does not keep it."""
-        name = _name(n)
+        arguments name it; raises :class:`Unsplittable` for an op that does not keep it."""
+        name = op_name(n)
         ins = [a for a in n.all_input_nodes if a in state]
         x = ins[0]
         d = state[x]
         sin, sout = self.shape(x), self.shape(n)
         if sin is None or sout is None:
-            raise _Unsplittable(f"{n.name} has no single tensor output")
-        if any(state[a] != d or self.shape(a) != sin for a in ins[1:]) and name not in _ATTENTION:
-            raise _Unsplittable(f"{n.name} combines split values of different layouts")
-        if name in _VIEWS:
+            raise Unsplittable(f"{n.name} has no single tensor output")
+        if any(state[a] != d or self.shape(a) != sin for a in ins[1:]) and name not in ATTENTION:
+            raise Unsplittable(f"{n.name} combines split values of different layouts")
+        if name in VIEWS:
             return self._view(n, x, d, sin, sout, raw, origin, regroup, sizes), True
+        if name in INSERT_DIM:  # unsqueeze; stack of split values (a rotary's pairs)
+            if name == "stack" and not all(a in state for a in n.all_input_nodes):
+                raise Unsplittable(f"{n.name} stacks split values with whole ones")
+            return inserted_dim(n, d, len(sin)), False
+        if name == "expand":  # grouped-query attention: kv heads repeated for the q heads
+            return d, expand_dim(n, d, sin, sout)
+        if name == "repeat_interleave":
+            if dim_arg(n, 2) is None or as_int(n.args[1] if len(n.args) > 1 else None) is None:
+                raise Unsplittable(f"{n.name}: repeat_interleave without an integer count "
+                                   "and dimension")
+            return d, False  # each shard's heads repeated in place: the q heads' order
         if name == "getitem":
-            return _index(n, d, len(sin)), False
+            return index_dim(n, d, len(sin)), False
         if name in ("permute", "transpose", "swapaxes"):
-            return _permute(n, d, len(sin)), False
-        if name in _ATTENTION:
+            return permute_dim(n, d, len(sin)), False
+        if name in ATTENTION:
             if any(state.get(a) != d for a in n.args[:2] if isinstance(a, fx.Node)) \
                     or d >= len(sout) - 2 or sout[d] != sin[d]:
-                raise _Unsplittable(f"{n.name}: attention split on a non-batch dimension")
+                raise Unsplittable(f"{n.name}: attention split on a non-batch dimension")
             self._broadcast_ok(n, state, d, sout)
             if name == "scaled_dot_product_attention":
                 for a in n.args[:3]:
                     if not (isinstance(a, fx.Node) and a in state):
-                        raise _Unsplittable(f"{n.name}: q, k and v are not all split")
+                        raise Unsplittable(f"{n.name}: q, k and v are not all split")
             return d, False
-        if name in _DIM_OPS:
+        if name in DIM_OPS:
             dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else None)
             if dim is None or int(dim) % len(sin) == d:
-                raise _Unsplittable(f"{n.name} reduces over the split dimension")
+                raise Unsplittable(f"{n.name} reduces over the split dimension")
         if n.op == "call_module":
             mod = _module(self.gm, n.target)
             if any(True for _ in mod.parameters()) and d == len(sin) - 1:
-                raise _Unsplittable(f"{n.name} (a module with parameters) acts on the split "
+                raise Unsplittable(f"{n.name} (a module with parameters) acts on the split "
                                     "dimension")
         if sout != sin:
-            raise _Unsplittable(f"{n.name} ({name}) changes the shape of the split values")
+            raise Unsplittable(f"{n.name} ({name}) changes the shape of the split values")
         self._broadcast_ok(n, state, d, sout)
-        if x in raw and name in _SAME:
+        if x in raw and name in SAME:
             raw.add(n)
             origin[n] = origin[x]
         return d, False
@@ -371,94 +392,27 @@ class _Finder:
                 continue
             k = len(shp) - (len(sout) - d)  # a's dimension aligned with the split one
             if 0 <= k < len(shp) and shp[k] != 1:
-                raise _Unsplittable(f"{n.name} reads {a.name}, whole along the split dimension")
+                raise Unsplittable(f"{n.name} reads {a.name}, whole along the split dimension")
 
     def _view(self, n: fx.Node, x: fx.Node, d: int, sin: tuple[int, ...], sout: tuple[int, ...],
               raw: set[fx.Node], origin: dict[fx.Node, fx.Node],
               regroup: dict[str, tuple[int, int, int]], sizes: list[int]) -> int:
-        a, b, c, e = _group(sin, sout, d)
+        a, b, c, e = view_group(sin, sout, d)
         if d != a:
-            raise _Unsplittable(f"{n.name} merges the split dimension under an outer one")
+            raise Unsplittable(f"{n.name} merges the split dimension under an outer one")
         cands = [i for i in range(c, e + 1) if sout[i] > 1]
         if not cands:
-            raise _Unsplittable(f"{n.name} leaves the split dimension no factor")
+            raise Unsplittable(f"{n.name} leaves the split dimension no factor")
         self.made.append((n.name, len(cands)))
         i = cands[min(self.choices.get(n.name, 0), len(cands) - 1)]
         if i > c:
             if x not in raw or a != b:
-                raise _Unsplittable(f"{n.name} splits the dimension inside an outer factor, "
+                raise Unsplittable(f"{n.name} splits the dimension inside an outer factor, "
                                     "past another op")
             col = origin[x]
             regroup[col.name] = (prod(sout[c:i]), sout[i], prod(sout[i + 1:e + 1]))
         sizes.append(sout[i])
         return i
-
-
-def _group(sin: tuple[int, ...], sout: tuple[int, ...], d: int) -> tuple[int, int, int, int]:
-    """Input dims ``a..b`` and output dims ``c..e`` of a view that hold the same elements as
-    input dim ``d`` does with its neighbours (equal products, smallest such runs)."""
-    i = j = 0
-    while i < len(sin) or j < len(sout):
-        a, c = i, j
-        pi = sin[i] if i < len(sin) else 1
-        pj = sout[j] if j < len(sout) else 1
-        i, j = i + 1, j + 1
-        while pi != pj:
-            if pi < pj:
-                pi *= sin[i]
-                i += 1
-            else:
-                pj *= sout[j]
-                j += 1
-        if a <= d < i:
-            # size-1 output dims ahead of the group's first real factor belong to it
-            while c < j - 1 and sout[c] == 1:
-                c += 1
-            return a, i - 1, c, j - 1
-    raise _Unsplittable(f"dimension {d} is not in the view's input")
-
-
-def _as_int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _index(n: fx.Node, d: int, ndim: int) -> int:
-    """The split dimension after indexing (``x[0]``, ``x[:, None]``, ``x[..., 1]``)."""
-    idx = n.args[1]
-    items = idx if isinstance(idx, tuple) else (idx,)
-    if any(it is Ellipsis for it in items):
-        k = items.index(Ellipsis)
-        fill = ndim - sum(1 for it in items if it is not None and it is not Ellipsis)
-        items = items[:k] + (slice(None),) * fill + items[k + 1:]
-    out, src = 0, 0
-    for it in items:
-        if it is None:
-            if src <= d:
-                out += 1
-            continue
-        if src == d:
-            if not (isinstance(it, slice) and it == slice(None)):
-                raise _Unsplittable(f"{n.name} indexes the split dimension")
-            return out
-        if isinstance(it, slice):
-            out += 1
-        elif _as_int(it) is None:
-            raise _Unsplittable(f"{n.name}: indexing by {type(it).__name__}")
-        src += 1
-    return out + (d - src)
-
-
-def _permute(n: fx.Node, d: int, ndim: int) -> int:
-    """The split dimension after ``permute`` / ``transpose``."""
-    name = _name(n)
-    args = [a for a in n.args[1:]]
-    if name == "permute":
-        dims = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
-        dims = [int(x) % ndim for x in dims]
-        return dims.index(d)
-    d0 = int(args[0] if args else n.kwargs["dim0"]) % ndim
-    d1 = int(args[1] if len(args) > 1 else n.kwargs["dim1"]) % ndim
-    return d1 if d == d0 else d0 if d == d1 else d
 
 
 def plan_tensor_shards(graph: OpGraph, plan: Plan) -> TensorShards | None:
@@ -480,4 +434,22 @@ def plan_tensor_shards(graph: OpGraph, plan: Plan) -> TensorShards | None:
                 f"the tensor-parallel unit of block {p.block!r} ({p.columns[0]} -> {p.rows[-1]}) "
                 f"has ops on local devices {sorted(devices)}; its Linears and the ops between "
                 "them run on one device (stage): move the cut outside that unit")
+    if plan.parallel.sequence_parallel:
+        return with_sequence(graph, shards)
     return shards
+
+
+def with_sequence(graph: OpGraph, shards: TensorShards) -> TensorShards:
+    """``shards`` with its residual stream on sequence shards (``sequence`` set: see
+    :func:`autoplace.sequence_shards.find_sequence_shards`), cached on ``graph``.
+
+    Raises:
+        PlanError: the stream cannot run on sequence shards (the error names the op).
+    """
+    cache = graph.__dict__.setdefault("_sequence_shards", {})
+    if shards.degree not in cache:
+        seq = find_sequence_shards(graph, graph.module, shards.columns, shards.rows,
+                                   shards.split_ops, {p.block for p in shards.pairs},
+                                   shards.degree)
+        cache[shards.degree] = replace(shards, sequence=seq)
+    return cache[shards.degree]

@@ -29,11 +29,20 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from autoplace.plan import Plan
+from autoplace.sequence_shards import SEQUENCE_DIM, SequenceShards
 from autoplace.tensor_shards import TensorShards
 
-__all__ = ["apply_tensor_parallel", "data_mesh", "device_mesh", "prepare_program",
+__all__ = ["apply_sequence_parallel", "apply_tensor_parallel", "data_mesh", "device_mesh", "prepare_program",
            "process_count", "rank_cluster_device", "rank_layout", "regroup_columns",
            "rewrite_views"]
 
@@ -105,9 +114,15 @@ def rewrite_views(gm: fx.GraphModule, graph: Any, shards: TensorShards) -> int:
                 n.args = (n.args[0], tuple(new))
             elif op == "unflatten":
                 x, at, sizes = n.args[0], n.args[1], list(n.args[2])
-                start = at % len(graph[x.name].output_shapes[0])
-                new = _local_sizes(gm, n, sizes, dim - start, t)
-                n.args = (x, at, tuple(new))
+                pos = dim - at % len(graph[x.name].output_shapes[0])
+                if not 0 <= pos < len(sizes):  # it splits another dimension
+                    continue
+                n.args = (x, at, tuple(_local_sizes(gm, n, sizes, pos, t)))
+            elif op == "expand":  # -1 keeps the local size
+                sizes = list(n.args[1]) if len(n.args) == 2 and isinstance(
+                    n.args[1], (tuple, list)) else list(n.args[1:])
+                sizes[dim] = -1
+                n.args = (n.args[0], tuple(sizes))
             else:  # flatten and the like name no sizes
                 continue
             changed += 1
@@ -151,13 +166,11 @@ def apply_tensor_parallel(gm: fx.GraphModule, graph: Any, shards: TensorShards, 
                           ops: set[str] | None = None) -> list[str]:
     """Split the pairs' Linears of ``gm`` over ``tp_mesh`` (``ColwiseParallel`` /
     ``RowwiseParallel``, local tensors in and out); ``ops``: only the pairs whose ops are
-    all among them (a pipeline stage's). Returns the module paths split."""
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
+    all among them (a pipeline stage's). With ``shards.sequence`` the rows reduce-scatter
+    along the sequence instead (``output_layouts=Shard(1)``) and the stream's modules run
+    under ``SequenceParallel`` (:func:`apply_sequence_parallel`). Returns the module paths
+    split."""
+    seq = shards.sequence
     styles: dict[str, Any] = {}
     for pair in shards.pairs:
         if ops is not None and not set(pair.columns) <= ops:
@@ -165,10 +178,77 @@ def apply_tensor_parallel(gm: fx.GraphModule, graph: Any, shards: TensorShards, 
         for c in pair.columns:
             styles[graph[c].target] = ColwiseParallel()
         for r in pair.rows:
-            styles[graph[r].target] = RowwiseParallel()
+            styles[graph[r].target] = RowwiseParallel(
+                output_layouts=Shard(SEQUENCE_DIM) if seq is not None else None)
+    if seq is not None:
+        for name in seq.modules:  # parameters replicated, their gradients summed
+            styles[graph[name].target] = SequenceParallel(
+                sequence_dim=SEQUENCE_DIM, use_local_output=name not in seq.gathers)
     if styles:
         parallelize_module(gm, tp_mesh, styles)
-    return sorted(styles)
+    if seq is not None:
+        apply_sequence_parallel(gm, seq, tp_mesh)
+    return sorted(graph[o].target for p in shards.pairs for o in (*p.columns, *p.rows)
+                  if graph[o].target in styles)
+
+
+def apply_sequence_parallel(gm: fx.GraphModule, seq: SequenceShards, tp_mesh: Any) -> None:
+    """The stream's boundaries on ``gm`` (after ``parallelize_module``): the gathering
+    norms' outputs all-gathered to replicated DTensors for their columns, the entries'
+    outputs scattered along the sequence, the exits' gathered. A call_function or
+    call_method entry or exit becomes a call of a :class:`_Then` module (same node name)."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for name in seq.gathers:
+        gm.get_submodule(nodes[name].target).register_forward_hook(_replicate_hook)
+    for i, name in enumerate((*seq.entries, *seq.exits)):
+        n = nodes[name]
+        then = _scatter if name in seq.entries else _gather
+        if n.op == "call_module":
+            gm.get_submodule(n.target).register_forward_hook(
+                lambda m, args, out, then=then: then(out, tp_mesh))
+            continue
+        target = f"_sequence_boundary{i}"
+        gm.add_submodule(target, _Then(n.op, n.target, then, tp_mesh))
+        n.op, n.target = "call_module", target
+    gm.recompile()
+
+
+class _Then(nn.Module):
+    """An fx op (a call_function's function or a call_method's name) followed by a
+    sequence scatter or gather of its output."""
+
+    def __init__(self, op: str, target: Any, then: Any, mesh: Any) -> None:
+        super().__init__()
+        self.op, self.target, self.then, self.mesh = op, target, then, mesh
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.op == "call_method":
+            out = getattr(args[0], self.target)(*args[1:], **kwargs)
+        else:
+            out = self.target(*args, **kwargs)
+        return self.then(out, self.mesh)
+
+    def extra_repr(self) -> str:
+        return f"{getattr(self.target, '__name__', self.target)} then {self.then.__name__}"
+
+
+def _scatter(x: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """This rank's sequence shard of ``x`` (the same on every rank); backward all-gathers."""
+    return DTensor.from_local(x, mesh, [Replicate()], run_check=False).redistribute(
+        mesh, [Shard(SEQUENCE_DIM)]).to_local()
+
+
+def _gather(x: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """The whole sequence from each rank's shard ``x``; backward keeps this rank's shard
+    of the gradient (every rank computes the same one from the whole sequence)."""
+    return DTensor.from_local(x, mesh, [Shard(SEQUENCE_DIM)], run_check=False).redistribute(
+        mesh, [Replicate()]).to_local()
+
+
+def _replicate_hook(module: nn.Module, args: Any, out: Any) -> Any:
+    """A norm's sequence-sharded output gathered once for all its columns; backward
+    reduce-scatters the columns' summed input gradients."""
+    return out.redistribute(placements=[Replicate()])
 
 
 def prepare_program(gm: fx.GraphModule, graph: Any, shards: TensorShards, tp_mesh: Any,
