@@ -17,19 +17,15 @@ from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.lowering import issue_order_items, validate
 from autoplace.plan import Plan
-from autoplace.sim.batch_issue import batch_backward_issue, pred_table
+from autoplace.sim.batch_finish import finish_batch
+from autoplace.sim.batch_issue import batch_backward_issue
+from autoplace.sim.batch_sends import edge_tables, link_cells, plan_sends
 from autoplace.sim.batch_steps import Steps, backward_steps, forward_steps
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
-    BUCKET_BYTES,
-    DDP_GRAD_COPIES,
-    OPTIMIZER_STATE_PER_PARAM_BYTE,
-    UPDATE_TRAFFIC_PER_PARAM_BYTE,
     CostTables,
     GraphArrays,
-    affine_collective,
     graph_arrays,
-    graphed_grad_bytes,
     graphed_host,
     host_times,
     replicas_identical,
@@ -37,7 +33,7 @@ from autoplace.sim.model import (
 )
 from autoplace.sim.pipeline import simulate_pipeline
 
-#: bound on items x plans x local devices per vectorised chunk (memory ~ 100 bytes each)
+#: bound on items x plans x slots per vectorised chunk (memory ~ 100 bytes each)
 _CHUNK_CELLS = 4_000_000
 
 
@@ -50,23 +46,30 @@ def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostT
     peak = np.zeros((num, cluster.num_devices))
     gids = _validate_and_group_ids(ga, graph, plans, cluster)
     by_m: dict[int, list[int]] = {}
+    alike: dict[tuple[int, int], bool] = {}  # (replicas, devices each): replicas alike
+    k_all = np.array([plan.devices_per_replica for plan in plans], np.int64)
     for p, plan in enumerate(plans):
         par = plan.parallel
-        if par.pipeline > 1 or par.shard != "none" or plan.selective \
-                or not replicas_identical(cluster, plan):
+        key = (par.data, int(k_all[p]))
+        if key not in alike:
+            alike[key] = replicas_identical(cluster, plan)
+        if par.pipeline > 1 or par.shard != "none" or plan.selective or not alike[key]:
             sim = simulate_pipeline if par.pipeline > 1 else simulate_local
             out = sim(ga, plan, cluster, tables, False)
             step[p] = out["step"]
             peak[p] = out["peak"]
         else:
             by_m.setdefault(par.microbatches, []).append(p)
+    et = edge_tables(ga)
     for m, idx in by_m.items():
-        k_max = max(plans[p].devices_per_replica for p in idx)
-        size = max(1, _CHUNK_CELLS // (m * ga.n * k_max))
+        # an op's slots: its device and at most one per consumer, or per other device
+        k_max = int(k_all[idx].max())
+        slots = 1 + min(et.max_out, k_max - 1)
+        size = max(1, _CHUNK_CELLS // (m * ga.n * slots))
         for c in range(0, len(idx), size):
             sel = idx[c:c + size]
             s, pk = _run_chunk(ga, [plans[p] for p in sel], np.stack([gids[p] for p in sel]),
-                               m, cluster, tables)
+                               k_all[sel], m, cluster, tables)
             step[sel] = s
             peak[sel] = pk
     return step, peak
@@ -106,15 +109,13 @@ def _devices_ok(placement: tuple[int, ...], data: int, num_devices: int) -> bool
     return bool(arr.min() >= 0 and (arr.max() + 1) * data <= num_devices)
 
 
-def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
-               cluster: Cluster, tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, k_plan: np.ndarray,
+               m: int, cluster: Cluster, tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
     n, num = ga.n, len(plans)
     pidx = np.arange(num)
     ar = np.arange(n)
-    placement = [np.asarray(p.placement, np.int64) for p in plans]
-    dev = np.stack([pl[g] for pl, g in zip(placement, gid)])  # [P, n] local device
+    dev = np.stack([np.asarray(p.placement, np.int64)[g] for p, g in zip(plans, gid)])
     dev_t = np.ascontiguousarray(dev.T)  # [n, P]: arrays are op-major from here on
-    k_plan = np.array([p.devices_per_replica for p in plans])
     kk = int(k_plan.max())
     d = np.array([p.parallel.data for p in plans], np.float64)
     mdiv = m * d  # the scalar path divides by m * d
@@ -133,30 +134,18 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     if rc_op.any():
         tb = tb + np.where(rc_op.T, tf, 0.0)
 
-    # ---- link time of the tensor each op sends to each other device (max over its
-    # consumers there), -inf where nothing is sent: max(queue, t) + -inf drops out
-    es, ed, eb = ga.edge_src, ga.edge_dst, ga.edge_bytes
-    durs_f: list[np.ndarray] = []
-    durs_b: list[np.ndarray] = []
-    if len(es) and kk > 1:
-        dv, du = dev_t[ed], dev_t[es]
-        starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]])
-        heads = es[starts]
-        if kk == 2:  # a crossing edge goes to the one other device
-            other = np.zeros((n, num))
-            other[heads] = np.maximum.reduceat(np.where(dv != du, eb[:, None], 0.0), starts, 0)
-        alpha, inv = tables.alpha, tables.inv_bw
-        for e in range(kk):
-            if kk == 2:
-                nb = np.where(dev_t == 1 - e, other, 0.0)
-            else:
-                nb = np.zeros((n, num))
-                nb[heads] = np.maximum.reduceat(np.where(dv == e, eb[:, None], 0.0), starts, 0)
-                nb *= dev_t != e
-            bmb = nb / mdiv
-            sent = nb > 0
-            durs_f.append(np.where(sent, alpha[dev_t, e] + bmb * inv[dev_t, e], -np.inf))
-            durs_b.append(np.where(sent, alpha[e, dev_t] + bmb * inv[e, dev_t], -np.inf))
+    # ---- each op's slots (its device, then the others its consumers use): link cells
+    # and seconds there and back, -inf where nothing is sent (max(queue, t) + -inf drops out)
+    sends = plan_sends(ga, dev_t)
+    width = sends.width
+    links = 1
+    if width > 1:
+        sent = sends.nbytes > 0
+        src, dst = dev_t[:, None, :], sends.dev
+        bmb = sends.nbytes / mdiv
+        dur_f = np.where(sent, tables.alpha[src, dst] + bmb * tables.inv_bw[src, dst], -np.inf)
+        dur_b = np.where(sent, tables.alpha[dst, src] + bmb * tables.inv_bw[dst, src], -np.inf)
+        link_f, link_b, links = link_cells(sends, dev_t, kk, sent)
 
     # ---- issue order: sort (mb, op) by (mb + level, mb, op), as lowering.issue_order_items
     order_t = _issue_orders(ga, plans, gid, dev, dev_t, m, kk)  # [mn, P] item per step
@@ -164,13 +153,17 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
     op_t = order_t % n
     mboff_t = (order_t // n) * (n + 1)  # row offset of the item's microbatch (n + 1 rows each)
     flat = op_t * num + pidx
-    dev_s = np.take(dev_t, flat)
+    dev_s = dev_t.take(flat)
+    per_slot = None
+    if width > 1:  # [mn, S1, P] index of a step's slots in the [n, S1, P] tables
+        per_slot = (op_t[:, None, :] * width + np.arange(width)[:, None]) * num + pidx
+        dur_f, dur_b, link_f, link_b = (x.reshape(-1).take(per_slot)
+                                        for x in (dur_f, dur_b, link_f, link_b))
+    else:
+        dur_f = dur_b = link_f = link_b = None
     host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
                    or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any())
-    dur_f = dur_b = host = hb_t = None
-    if kk > 1:
-        dur_f = np.stack([np.take(x, flat) for x in durs_f], 1)  # [mn, K, P]
-        dur_b = np.stack([np.take(x, flat) for x in durs_b], 1)
+    host = hb_t = None
     copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
     if host_on:  # [n, P] host seconds per op, forward and backward
         hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape), share)
@@ -181,45 +174,50 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, m: int,
         if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
             hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]
         # the forward thread's clock, added up in its order (sim_local): each op, then
-        # each copy it sends (to devices in order; adding 0.0 where none changes nothing)
-        inc = np.zeros((steps, kk + 1, num))
-        inc[:, 0] = np.take(hf_t, flat)
-        if kk > 1:
-            inc[:, 1:] = np.where(dur_f > -np.inf, copy_h[dev_s][:, None, :], 0.0)
-        host = np.cumsum(inc.reshape(-1, num), 0).reshape(steps, kk + 1, num)
-    pred_tab, pred_extra = pred_table(ga)
-    # cell (producer item, plan, this op's device) of each input: read forward, written back
-    in_cell = ((mboff_t[:, None, :] + pred_tab[op_t].transpose(0, 2, 1)) * num + pidx) * kk
-    in_cell += dev_s[:, None, :]
+        # each copy it sends (to its slots' devices in order; adding 0.0 changes nothing)
+        inc = np.zeros((steps, width, num))
+        inc[:, 0] = hf_t.take(flat)
+        if width > 1:
+            inc[:, 1:] = np.where(dur_f[:, 1:] > -np.inf, copy_h[dev_s][:, None, :], 0.0)
+        host = np.cumsum(inc.reshape(-1, num), 0).reshape(steps, width, num)
+    et = edge_tables(ga)
+    fan = et.pred.shape[1]
+    # cell (producer item, plan, slot of this op's device) of each input: read forward,
+    # written back
+    pslot = sends.pred_slot.reshape(-1).take(
+        (op_t[:, None, :] * fan + np.arange(fan)[:, None]) * num + pidx)  # [mn, F, P]
+    in_cell = ((mboff_t[:, None, :] + et.pred[op_t].transpose(0, 2, 1)) * num + pidx) * width
+    in_cell += pslot
     # cells of the inputs past the dense table's width, per (forward step, plan)
     extra_at: dict[tuple[int, int], np.ndarray] = {}
     has_extra = None
-    if pred_extra:
-        has_extra = np.isin(op_t, list(pred_extra))
+    if et.extra:
+        has_extra = np.isin(op_t, list(et.extra))
         s_hit, p_hit = np.nonzero(has_extra)
         for s, p in zip(s_hit.tolist(), p_hit.tolist()):
-            more = ((mboff_t[s, p] + pred_extra[op_t[s, p]]) * num + p) * kk + dev_s[s, p]
-            extra_at[(s, p)] = more
+            more, edges = et.extra[int(op_t[s, p])]
+            extra_at[(s, p)] = ((mboff_t[s, p] + more) * num + p) * width \
+                + sends.edge_slot[edges, p]
     st = Steps(item=order_t, dev_row=pidx * kk + dev_s, item_row=(mboff_t + op_t) * num + pidx,
-               in_cell=in_cell, t_fwd=np.take(tf, flat), t_bwd=np.take(tb, flat),
-               dur_f=dur_f, dur_b=dur_b, host=host, extra=extra_at, has_extra=has_extra)
-    del flat
+               in_cell=in_cell, t_fwd=tf.take(flat), t_bwd=tb.take(flat), link_f=link_f,
+               link_b=link_b, dur_f=dur_f, dur_b=dur_b, host=host, extra=extra_at,
+               has_extra=has_extra)
+    del flat, per_slot
     rows = m * (n + 1) * num
-    _, dev_free, link_free = forward_steps(st, num, kk, rows)
+    _, dev_free, link_free = forward_steps(st, num, kk, width, rows, links)
     # backward: each plan's issue order and host times (batch_issue); with no host
     # costs the reversed forward order
     bpos = np.broadcast_to(np.arange(steps - 1, -1, -1)[:, None], (steps, num))
     issued = copied = None
     if host_on:
-        copy_on = np.array([bool(copy_h[:k].any()) for k in k_plan.tolist()])
+        copy_on = np.logical_or.accumulate(copy_h != 0)[k_plan - 1]
         bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb_t, copy_h,
-                                                    copy_on, host[-1, -1], kk)
-    bfin = backward_steps(st, dev_free, link_free, num, kk, rows, bpos, issued, copied)
+                                                    copy_on, host[-1, -1], kk, sends)
+    bfin = backward_steps(st, dev_free, link_free, num, width, rows, bpos, issued, copied)
     dev_free = dev_free.reshape(num, kk)
     last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
-
-    return _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
-                   cluster, tables)
+    return finish_batch(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
+                        cluster, tables)
 
 
 def _issue_orders(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndarray,
@@ -229,9 +227,10 @@ def _issue_orders(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.n
     priority takes the lowering's order itself."""
     n, num = dev_t.shape
     pidx = np.arange(num)
-    first = np.stack([np.where((dev == j).any(1), (dev == j).argmax(1), n + j)
-                      for j in range(kk)], 1)
-    rank = np.argsort(np.argsort(first, axis=1), axis=1)
+    # devices ranked by their first op (unused ones after, in device order)
+    first = np.tile(n + np.arange(kk), num)
+    np.minimum.at(first, (pidx[:, None] * kk + dev).reshape(-1), np.tile(np.arange(n), num))
+    rank = np.argsort(np.argsort(first.reshape(num, kk), axis=1), axis=1)
     rank_t = rank[pidx, dev_t]  # [n, P]
     level_t = np.empty_like(rank_t)
     for i in range(n):
@@ -250,104 +249,3 @@ def _issue_orders(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.n
             prio = np.asarray(plan.priority)[gid[p]].tolist()
             order_t[:, p] = issue_order_items(ga.preds, dev[p].tolist(), m, prio)
     return order_t
-
-
-def _finish(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
-            cluster: Cluster, tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
-    num, n = dev.shape
-    pidx = np.arange(num)
-    pbytes = np.stack([np.where(dev == j, ga.param_bytes, 0.0).sum(1) for j in range(kk)], 1)
-    coll = np.zeros((num, kk))
-    coeff_cache: dict[tuple, tuple[float, float]] = {}
-
-    def coeffs(kind: str, j: int) -> np.ndarray:
-        out = np.zeros((num, 2))
-        for p, plan in enumerate(plans):
-            dd, k = plan.parallel.data, plan.devices_per_replica
-            if j >= k:
-                continue
-            key = (kind, dd, k, j)
-            if key not in coeff_cache:
-                coeff_cache[key] = affine_collective(cluster, kind, [r * k + j for r in range(dd)])
-            out[p] = coeff_cache[key]
-        return out
-
-    multi = d > 1
-    if multi.any():  # gradient buckets in reverse topological order
-        rev_params = ga.param_bytes[::-1]
-        for j in range(kk):
-            pb = np.where(dev[:, ::-1] == j, rev_params, 0.0)
-            before = np.cumsum(pb, 1) - pb
-            bid = np.floor(before / BUCKET_BYTES).astype(np.int64)
-            has = (pb > 0) & multi[:, None]
-            if not has.any():
-                continue
-            nbk = int(bid[has].max()) + 1
-            key = (pidx[:, None] * nbk + bid)[has]
-            nbytes = np.bincount(key, weights=pb[has], minlength=num * nbk).reshape(num, nbk)
-            starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-            ready = np.zeros(num * nbk)
-            ready[key[starts]] = np.maximum.reduceat(last_bwd[:, ::-1][has], starts)
-            ready = ready.reshape(num, nbk)
-            c = coeffs("allreduce", j)
-            for b in range(nbk):
-                x = nbytes[:, b]
-                t = np.maximum(coll[:, j], ready[:, b]) + (c[:, 0] + c[:, 1] * x)
-                coll[:, j] = np.where(x > 0, t, coll[:, j])
-
-    bw = tables.mem_bandwidth[:kk]
-    t_up = UPDATE_TRAFFIC_PER_PARAM_BYTE * pbytes / bw[None, :]
-    upd_end = np.where(t_up > 0, np.maximum(dev_free, coll) + t_up, dev_free)
-    step = np.maximum(upd_end, coll).max(1)
-
-    mem = _memory(ga, plans, dev, gid, rc_op, pbytes, d, kk, m)
-    peak = np.zeros((num, cluster.num_devices))
-    for p in range(num):
-        k = int(k_plan[p])
-        for r in range(int(d[p])):
-            peak[p, r * k:(r + 1) * k] = mem[p, :k]
-    return step, peak
-
-
-def _memory(ga, plans, dev, gid, rc_op, pbytes, d, kk, m) -> np.ndarray:
-    num, n = dev.shape
-    pidx = np.arange(num)
-    dcol = d[:, None]
-    ddp = (dcol > 1) & (np.array([pl.devices_per_replica for pl in plans])[:, None] == 1)
-    grads = np.where(ddp, DDP_GRAD_COPIES * pbytes, pbytes)  # sim_model.state_memory
-    graphed = np.array([pl.parallel.graphs for pl in plans])[:, None]
-    grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)  # (sim_local)
-    opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
-    kept = np.stack([np.where((dev == j) & ~rc_op, ga.act_bytes, 0.0).sum(1)
-                     for j in range(kk)], 1)
-    big_out = np.stack([np.where(dev == j, ga.out_bytes, 0.0).max(1) for j in range(kk)], 1)
-    big_rc = np.zeros((num, kk))
-    if rc_op.any():
-        gmax = int(gid.max()) + 1
-        place = np.full((num, gmax), -1, np.int64)
-        for p, plan in enumerate(plans):
-            place[p, : len(plan.placement)] = plan.placement
-        gact = np.bincount((pidx[:, None] * gmax + gid)[rc_op],
-                           weights=np.broadcast_to(ga.act_bytes, (num, n))[rc_op],
-                           minlength=num * gmax).reshape(num, gmax)
-        rc_g = np.zeros((num, gmax), bool)
-        for p, plan in enumerate(plans):
-            rc_g[p, list(plan.recompute)] = True
-        for j in range(kk):
-            big_rc[:, j] = np.where((place == j) & rc_g, gact, 0.0).max(1)
-        # inputs a recomputed group keeps: each outside producer once per group
-        es, ed, eb = ga.edge_src, ga.edge_dst, ga.edge_bytes
-        gu, gv = gid[:, es], gid[:, ed]
-        cross = rc_g[pidx[:, None], gv] & (gu != gv)
-        dup = np.zeros_like(cross)
-        o = 1
-        while o < len(es) and (es[o:] == es[:-o]).any():
-            same = es[o:] == es[:-o]
-            dup[:, o:] |= same[None, :] & (gv[:, o:] == gv[:, :-o])
-            o += 1
-        keep = np.where(cross & ~dup, eb[None, :], 0.0)
-        gdev = place[pidx[:, None], gv]
-        kept = kept + np.stack([np.where(gdev == j, keep, 0.0).sum(1) for j in range(kk)], 1)
-    acts = kept * m / (m * dcol)
-    transient = (big_out + big_rc) / (m * dcol)
-    return pbytes + grads + opt + acts + transient

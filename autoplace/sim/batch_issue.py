@@ -19,35 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoplace.sim.batch_sends import Sends, edge_tables, plan_sends
 from autoplace.sim.model import GraphArrays
 
-__all__ = ["batch_backward_issue", "pred_table"]
-
-#: predecessor lists longer than this are walked per plan (rare: an op fed by many)
-MAX_DENSE_FANIN = 8
-
-
-def pred_table(ga: GraphArrays) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-    """Distinct producers of every op as a dense ``[n, F]`` table padded with ``n``, and
-    the producers past ``F`` of the ops that have more (cached on ``ga``)."""
-    cached = ga.__dict__.get("_pred_table")
-    if cached is not None:
-        return cached
-    lists = [list(dict.fromkeys(x)) for x in ga.preds]
-    width = max(1, min(MAX_DENSE_FANIN, max((len(x) for x in lists), default=1)))
-    table = np.full((ga.n, width), ga.n, np.int64)
-    extra: dict[int, np.ndarray] = {}
-    for i, x in enumerate(lists):
-        table[i, : min(len(x), width)] = x[:width]
-        if len(x) > width:
-            extra[i] = np.asarray(x[width:], np.int64)
-    ga.__dict__["_pred_table"] = (table, extra)
-    return table, extra
+__all__ = ["batch_backward_issue"]
 
 
 def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, m: int,
                          hb_t: np.ndarray, copy_h: np.ndarray, copy_on: np.ndarray,
-                         host_f: np.ndarray, kk: int
+                         host_f: np.ndarray, kk: int, sends: Sends | None = None
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Backward issue order and times of ``P`` one-process replicas.
 
@@ -62,40 +42,46 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
             the plan has a copy cost), as ``local.backward_issue``'s ``with_copies``.
         host_f: ``[P]`` when the forward is fully issued (the threads start then).
         kk: local devices of the widest plan.
+        sends: the plans' slots (``batch_sends.plan_sends``), built here when None.
 
     Returns:
         ``(bpos, issued, copied)``, each row ``s`` the ``s``-th backward item a plan issues:
         ``bpos [m n, P]`` its forward step, ``issued [m n, P]`` when its issue ends, and
-        ``copied [m n, kk, P]`` when its gradient's copy from each device is issued (0
-        where none; None when no copy has a host cost), as ``local.backward_issue``.
+        ``copied [m n, S1, P]`` when its gradient's copy from each slot's device is issued
+        (0 where none, and in slot 0; None when no copy has a host cost), as
+        ``local.backward_issue``.
     """
     num, n = dev.shape
     mn = m * n
     pidx = np.arange(num)
+    if sends is None:
+        sends = plan_sends(ga, np.ascontiguousarray(dev.T))
+    et = edge_tables(ga)
+    ns = sends.width - 1  # copy slots per op
     pos = np.empty((num, mn), np.int64)  # forward step of every item
     pos[pidx[:, None], order_t.T] = np.arange(mn)[None, :]
-    with_copies = kk > 1 and bool(copy_on.any())
+    with_copies = ns > 0 and bool(copy_on.any())
 
-    # ---- copy tasks: (plan, op, device) with consumers of the op on that other device
-    es, ed = _distinct_edges(ga)
-    du, dv = dev[:, es], dev[:, ed]  # [P, E]
-    cross = (du != dv) & copy_on[:, None]
-    cidx = ((pidx[:, None] * n + es[None, :]) * kk + dv)[cross]
-    ccount = np.bincount(cidx, minlength=num * n * kk)  # consumers there
+    # ---- copy tasks: (plan, op, slot) with consumers of the op on that slot's device
+    es, ed = et.dist_src, et.dist_dst
+    slot = sends.edge_slot[et.dist_edge].T  # [P, E]
+    cross = (slot > 0) & copy_on[:, None]
+    cidx = ((pidx[:, None] * n + es[None, :]) * max(ns, 1) + slot - 1)[cross]
+    ncell = num * n * max(ns, 1)
+    ccount = np.bincount(cidx, minlength=ncell)  # consumers there
     # the first consumer there in issue order (the same op in every microbatch)
-    first = np.full(num * n * kk, mn, np.int64)
+    first = np.full(ncell, mn, np.int64)
     np.minimum.at(first, cidx, pos[:, ed][cross])
     has = ccount > 0
-    per_mb = has.reshape(num, n * kk).sum(1)  # copies per microbatch of each plan
+    per_mb = np.count_nonzero(has.reshape(num, -1), 1)  # copies per microbatch of each plan
     cmax = int(per_mb.max()) if with_copies else 0
     width = mn + m * cmax + 2  # items, copies, then an empty slot and a sink for padding
     empty, sink = width - 2, width - 1
-    rank = (np.cumsum(has.reshape(num, n * kk), 1) - 1).reshape(-1)  # copy's index in mb
+    rank = np.cumsum(has.reshape(num, -1), 1, dtype=np.int64).reshape(-1) - 1  # index in mb
 
     # ---- per task (``[task, plan]``, flat ``task * P + plan`` so that the plans' tasks of
     # one step lie close): thread's clock cell, host cost, key, dependencies, targets
-    ptab, extra = pred_table(ga)
-    fan = ptab.shape[1]
+    fan = et.pred.shape[1]
     nw = num * width
     thr = np.full((width, num), num * kk, np.int64)  # clock cell num*kk: nobody's
     cost = np.zeros((width, num))
@@ -110,22 +96,24 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     cost[:mn] = hb_t[op_of]
     kq[:mn] = 2 * mn - 2 * pos.T
     succ_n = np.bincount(es, minlength=n)
-    cc = ccount.reshape(num, n, kk)
-    deps[:mn] = (succ_n[:, None] - cc.sum(2).T + has.reshape(num, n, kk).sum(2).T)[op_of]
+    cc = ccount.reshape(num, n, -1)
+    deps[:mn] = (succ_n[:, None] - cc.sum(2).T + has.reshape(num, n, -1).sum(2).T)[op_of]
     # an item's producers: the producer's item on the same device, else its copy to here
-    pu = ptab[op_of]  # [mn, F]
+    pu = et.pred[op_of]  # [mn, F]
     pad = pu == n
-    pu_c = np.where(pad, 0, pu)
+    pslot = sends.pred_slot[op_of]  # [mn, F, P]
     for f in range(fan):
-        u = pu_c[:, f]
-        via_copy = (dev.T[u] != dev_it) & copy_on
-        cell = (pidx * n + u[:, None]) * kk + dev_it
+        via_copy = (pslot[:, f] > 0) & copy_on
+        cell = (pidx * n + pu[:, f, None]) * max(ns, 1) + pslot[:, f] - 1
         tgt[f, :mn] = np.where(pad[:, f, None], sink,
-                               np.where(via_copy, mn + mb_of[:, None] * cmax + rank[cell],
-                                        (mb_of * n + u)[:, None]))
+                               np.where(via_copy, mn + mb_of[:, None] * cmax
+                                        + rank.take(cell, mode="clip"),
+                                        (mb_of * n + pu[:, f])[:, None]))
     if with_copies:
         flat_has = np.flatnonzero(has)
-        p_c, u_c, e_c = np.unravel_index(flat_has, (num, n, kk))
+        p_c, rest = np.divmod(flat_has, n * ns)
+        u_c, j_c = np.divmod(rest, ns)
+        e_c = sends.dev[u_c, j_c + 1, p_c]
         at = rank[flat_has] * num + p_c  # cell of each copy in a [cmax, P] block
         blocks = {}
         for name, val, fill in (("thr", p_c * kk + e_c, num * kk), ("cost", copy_h[e_c], 0.0),
@@ -154,7 +142,7 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     rt_f = np.tile(host_f, width)  # release time of every task; inf once taken
     rt_f[empty * num + pidx] = np.inf
     clock = np.append(np.repeat(host_f, kk), np.inf)  # per thread, and one for nobody
-    extra_f = _extra_targets(extra, dev, rank, copy_on, n, m, kk, cmax)
+    extra_f = _extra_targets(et.extra, sends, dev, rank, copy_on, n, m, ns, cmax)
     steps = mn + m * int(per_mb.max()) if with_copies else mn
     fewest = mn + m * int(per_mb.min()) if with_copies else mn
     tend, tstep = _take_tasks(deps.reshape(-1), rt_f, clock, thr.reshape(-1), cost.reshape(-1),
@@ -167,14 +155,15 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     issued = np.take_along_axis(tend[:mn], by_step, 0)
     copied = None
     if with_copies:
-        copied = np.zeros((mn, kk, num))
+        copied = np.zeros((mn, ns + 1, num))
         u_of = by_step % n
         mb_s = by_step // n
-        for e in range(kk):
-            c_cell = (pidx * n + u_of) * kk + e
-            ok = has[c_cell]
-            t_id = np.where(ok, mn + mb_s * cmax + rank[c_cell], empty)
-            copied[:, e] = np.where(ok, np.take_along_axis(tend, t_id, 0), 0.0)
+        tend_f = tend.reshape(-1)
+        for j in range(ns):
+            c_cell = (pidx * n + u_of) * ns + j
+            ok = has.take(c_cell)
+            t_id = (mn + mb_s * cmax + rank.take(c_cell)) * num + pidx
+            copied[:, j + 1] = np.where(ok, tend_f.take(t_id, mode="clip"), 0.0)
     return bpos, issued, copied
 
 
@@ -244,16 +233,6 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
     return tend, tstep
 
 
-def _distinct_edges(ga: GraphArrays) -> tuple[np.ndarray, np.ndarray]:
-    """``(src, dst)`` of every distinct edge (an op may read one tensor twice), cached."""
-    cached = ga.__dict__.get("_distinct_edges")
-    if cached is None:
-        pairs = np.unique(np.stack([ga.edge_src, ga.edge_dst], 1), axis=0).reshape(-1, 2)
-        cached = (np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1]))
-        ga.__dict__["_distinct_edges"] = cached
-    return cached
-
-
 def _compact(b_task, b_thr, b_key, used, rt_f, empty, room, nobody):
     """Released tasks moved to the first rows, keeping at least ``16 room`` free rows
     (``nobody``: the clock cell of no thread). Returns ``(b_task, b_thr, b_key, used)``."""
@@ -290,18 +269,19 @@ def _release_extra(task, end, extra_f, has_extra, deps_f, rt_f, empty) -> np.nda
     return rows
 
 
-def _extra_targets(extra, dev, rank, copy_on, n, m, kk, cmax) -> dict[int, np.ndarray]:
+def _extra_targets(extra, sends: Sends, dev, rank, copy_on, n, m, ns, cmax
+                   ) -> dict[int, np.ndarray]:
     """Flat task -> flat tasks it releases past the dense table (the producers past
     ``MAX_DENSE_FANIN`` of an op fed by many)."""
     out: dict[int, np.ndarray] = {}
     num = dev.shape[0]
     mn = m * n
-    for i, more in extra.items():
+    for i, (more, edges) in extra.items():
+        slots = sends.edge_slot[edges]  # [len(more), P]
         for p in range(num):
-            d_i = dev[p, i]
             for mb in range(m):
-                ts = [mb * n + u if dev[p, u] == d_i or not copy_on[p]
-                      else mn + mb * cmax + int(rank[(p * n + u) * kk + d_i])
-                      for u in more.tolist()]
+                ts = [mb * n + u if slots[x, p] == 0 or not copy_on[p]
+                      else mn + mb * cmax + int(rank[(p * n + u) * ns + slots[x, p] - 1])
+                      for x, u in enumerate(more.tolist())]
                 out[(mb * n + i) * num + p] = np.asarray(ts, np.int64) * num + p
     return out

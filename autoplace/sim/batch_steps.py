@@ -3,11 +3,12 @@
 Step ``s`` of the forward processes the ``s``-th item of every plan's issue order; step
 ``s`` of the backward the ``s``-th item each plan's autograd threads issue
 (:mod:`autoplace.sim.batch_issue`). Per step the work is a fixed few numpy operations on
-``[devices, plans]`` arrays, whatever the placement: a reduction over devices runs along
-the first axis (numpy reduces a short last axis one row at a time, ten times slower).
-Cells are flat: an item's row is ``(microbatch * (n + 1) + op) * P + plan`` (op ``n`` of
-every microbatch is padding that stays 0 / -inf), a device's ``plan * K + device``, a link's
-``(plan * K + src) * K + dst``.
+``[slots, plans]`` arrays (:mod:`autoplace.sim.batch_sends`: the op's own device and the
+few others its consumers use), whatever the number of devices: a reduction over slots
+runs along the first axis (numpy reduces a short last axis one row at a time, ten times
+slower). Cells are flat: an item's row is ``(microbatch * (n + 1) + op) * P + plan`` (op
+``n`` of every microbatch is padding that stays 0 / -inf), its value on a slot's device
+``row * S1 + slot``, a device's ``plan * K + device``, a link's as ``batch_sends.link_cells``.
 """
 
 from __future__ import annotations
@@ -26,25 +27,29 @@ class Steps:
     item: np.ndarray  # item (mb * n + op) at step s
     dev_row: np.ndarray  # device cell of its op
     item_row: np.ndarray  # item row of it
-    in_cell: np.ndarray  # [m n, F, P] (item row of each producer) * K + this device
+    in_cell: np.ndarray  # [m n, F, P] (item row of each producer) * S1 + slot of this device
     t_fwd: np.ndarray  # forward seconds
     t_bwd: np.ndarray  # backward seconds
-    dur_f: np.ndarray | None  # [m n, K, P] link seconds to each device, -inf: none sent
-    dur_b: np.ndarray | None  # [m n, K, P] link seconds back from each device
-    host: np.ndarray | None  # [m n, K + 1, P] forward host clock: after the op, per copy
+    link_f: np.ndarray | None  # [m n, S1, P] link cell to each slot's device
+    link_b: np.ndarray | None  # [m n, S1, P] link cell back from it
+    dur_f: np.ndarray | None  # [m n, S1, P] link seconds to each slot's device, -inf: none
+    dur_b: np.ndarray | None  # [m n, S1, P] link seconds back from it
+    host: np.ndarray | None  # [m n, S1, P] forward host clock: after the op, after each copy
     extra: dict[tuple[int, int], np.ndarray]  # (step, plan) -> cells past the F inputs
     has_extra: np.ndarray | None  # [m n, P] bool: the step's op has inputs past F
 
 
-def forward_steps(st: Steps, num: int, kk: int, rows: int
+def forward_steps(st: Steps, num: int, kk: int, width: int, rows: int, links: int
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Forward of every plan. Returns ``(arrive, dev_free, link_free)``: ``arrive[row *
-    K + device]`` when an item's output is on a device, the devices' and links' clocks."""
-    arrive = np.zeros(rows * kk)
+    S1 + slot]`` when an item's output is on a slot's device, the devices' and links'
+    clocks."""
+    arrive = np.zeros(rows * width)
     dev_free = np.zeros(num * kk)
-    link_free = np.zeros(num * kk * kk)
-    ek = np.arange(kk)[:, None]
+    link_free = np.zeros(links)
+    ej = np.arange(width)[:, None]
     extra = st.extra
+    host = st.host
     for s in range(len(st.item)):
         ready = np.maximum.reduce(arrive.take(st.in_cell[s]), 0)
         if extra and st.has_extra[s].any():
@@ -52,55 +57,57 @@ def forward_steps(st: Steps, num: int, kk: int, rows: int
                 ready[p] = max(ready[p], arrive[extra[(s, p)]].max())
         row = st.dev_row[s]
         start = np.maximum(dev_free.take(row), ready)
-        if st.host is not None:
-            np.maximum(start, st.host[s, 0], out=start)
+        if host is not None:
+            np.maximum(start, host[s, 0], out=start)
         fin = start + st.t_fwd[s]
         dev_free[row] = fin
-        if kk > 1:
-            lrow = row * kk + ek
+        if width > 1:
+            lrow = st.link_f[s]
             lf = link_free.take(lrow)
             s0 = np.maximum(lf, fin)
-            if st.host is not None:  # each copy issued by the forward thread
-                np.maximum(s0, st.host[s, 1:], out=s0)
+            if host is not None:  # each copy issued by the forward thread
+                np.maximum(s0, host[s], out=s0)
             arr = s0 + st.dur_f[s]
             link_free[lrow] = np.maximum(lf, arr)
-            arrive[st.item_row[s] * kk + ek] = np.maximum(arr, fin)
+            arrive[st.item_row[s] * width + ej] = np.maximum(arr, fin)
         else:
             arrive[st.item_row[s]] = fin
     return arrive, dev_free, link_free
 
 
-def backward_steps(st: Steps, dev_free: np.ndarray, link_free: np.ndarray, num: int, kk: int,
-                   rows: int, bpos: np.ndarray, issued: np.ndarray | None,
+def backward_steps(st: Steps, dev_free: np.ndarray, link_free: np.ndarray, num: int,
+                   width: int, rows: int, bpos: np.ndarray, issued: np.ndarray | None,
                    copied: np.ndarray | None) -> np.ndarray:
     """Backward of every plan, its items in ``bpos`` order (``[m n, P]`` forward steps),
     not started before ``issued`` (``[m n, P]``) nor a gradient's copy before ``copied``
-    (``[m n, K, P]``). Updates ``dev_free``; returns each item's finish ``[m n, P]``."""
+    (``[m n, S1, P]``). Updates ``dev_free``; returns each item's finish ``[m n, P]``."""
     mn = len(st.item)
     pidx = np.arange(num)
-    grad = np.full(rows * kk, -np.inf)  # per item and device: max over its consumers there
+    grad = np.full(rows * width, -np.inf)  # per item and slot: max over its consumers there
     bfin = np.zeros((mn, num))
     bfin_f = bfin.reshape(-1)
-    ek = np.arange(kk)[:, None]
-    dcells = pidx * kk + ek  # [K, P] device cells of every plan
+    ej = np.arange(width)[:, None]
+    jcol = ej * num + pidx  # [S1, P] offsets in a step's [S1, P] block
     item_f, dev_row_f, item_row_f = st.item.reshape(-1), st.dev_row.reshape(-1), \
         st.item_row.reshape(-1)
     t_bwd_f = st.t_bwd.reshape(-1)
     in_cell = np.ascontiguousarray(st.in_cell.transpose(0, 2, 1)).reshape(mn * num, -1)
+    link_b = st.link_b.reshape(-1) if width > 1 else None
+    dur_b = st.dur_b.reshape(-1) if width > 1 else None
     extra = st.extra
     has_extra = st.has_extra.reshape(-1) if extra else None
     for s in range(mn):
         fl = bpos[s] * num + pidx
         row = dev_row_f.take(fl)
-        r = grad.take(item_row_f.take(fl) * kk + ek)  # [K, P] gradient complete on each device
-        if kk > 1:
-            d = row - pidx * kk
-            lcell = dcells * kk + d  # link from each device to this one
+        r = grad.take(item_row_f.take(fl) * width + ej)  # [S1, P] gradient done per slot
+        if width > 1:
+            blk = bpos[s] * (width * num) + jcol
+            lcell = link_b.take(blk)  # link from each slot's device to this one
             lfb = link_free.take(lcell)
             s0 = np.maximum(lfb, r)
             if copied is not None:  # the copy back is issued by the consumer's thread
                 np.maximum(s0, copied[s], out=s0)
-            arr = s0 + st.dur_b.take(bpos[s] * (kk * num) + ek * num + pidx)
+            arr = s0 + dur_b.take(blk)
             link_free[lcell] = np.maximum(lfb, arr)
             ready = np.maximum.reduce(np.maximum(arr, r), 0)
         else:

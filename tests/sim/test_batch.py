@@ -15,6 +15,7 @@ from autoplace.lowering import issue_order_items
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.sim import simulate, simulate_batch
 from autoplace.sim.batch_issue import batch_backward_issue
+from autoplace.sim.batch_sends import plan_sends
 from autoplace.sim.local import backward_issue
 from autoplace.sim.model import graph_arrays
 
@@ -90,8 +91,9 @@ def test_batch_issue_equals_backward_issue(n, m):
     copy_on = np.array([p % 4 != 3 for p in range(num)])  # some plans without copy tasks
     order_t = np.stack([np.array(issue_order_items(ga.preds, dev[p].tolist(), m))
                         for p in range(num)], 1)
+    sends = plan_sends(ga, np.ascontiguousarray(dev.T))
     bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb, copy_h, copy_on,
-                                                host_f, kk)
+                                                host_f, kk, sends)
     for p in range(num):
         order = order_t[:, p].tolist()
         items, iss, cop = backward_issue(ga, dev[p].tolist(), order, hb[:, p].tolist(),
@@ -100,8 +102,13 @@ def test_batch_issue_equals_backward_issue(n, m):
         pos = {it: s for s, it in enumerate(order)}
         assert bpos[:, p].tolist() == [pos[it] for it in items]
         assert issued[:, p].tolist() == [iss[it] for it in items]
-        if cop is not None:
-            assert copied[:, :, p].tolist() == np.asarray(cop).reshape(-1, kk)[items].tolist()
+        if cop is not None:  # copied is per slot: back on devices, zero elsewhere
+            by_dev = np.zeros((len(items), kk))
+            ops = np.asarray(items) % n
+            for j in range(1, sends.width):
+                on = sends.used[ops, j, p]
+                by_dev[np.flatnonzero(on), sends.dev[ops[on], j, p]] = copied[on, j, p]
+            assert by_dev.tolist() == np.asarray(cop).reshape(-1, kk)[items].tolist()
 
 
 def test_backward_issue_takes_no_task_before_its_consumers_are_issued():

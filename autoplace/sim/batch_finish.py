@@ -1,0 +1,159 @@
+"""End of a batched step: DDP's gradient buckets, the AdamW update and memory per device.
+
+The same formulas as ``local.finish_step`` and ``local.local_memory``, over ``[plans,
+devices]`` arrays built with one ``bincount`` / ``maximum.at`` each (never a pass per
+device: a chunk at 512 devices has 512 of them). Byte counts are whole numbers, so sums
+in another order are the same sums.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplace.cluster import Cluster
+from autoplace.plan import Plan
+from autoplace.sim.model import (
+    BUCKET_BYTES,
+    DDP_GRAD_COPIES,
+    OPTIMIZER_STATE_PER_PARAM_BYTE,
+    UPDATE_TRAFFIC_PER_PARAM_BYTE,
+    CostTables,
+    GraphArrays,
+    affine_collective,
+    graphed_grad_bytes,
+)
+
+__all__ = ["finish_batch"]
+
+
+def finish_batch(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, gid: np.ndarray,
+                 rc_op: np.ndarray, last_bwd: np.ndarray, dev_free: np.ndarray,
+                 d: np.ndarray, k_plan: np.ndarray, kk: int, m: int, cluster: Cluster,
+                 tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+    """``(step_time_s [P], peak_memory_bytes [P, D])`` from each plan's device clocks
+    (``dev_free [P, K]``) and when each op's gradient is final (``last_bwd [P, n]``)."""
+    num, n = dev.shape
+    cell = np.arange(num)[:, None] * kk + dev  # [P, n] device cell of every op
+    pbytes = _per_device(cell, ga.param_bytes, num * kk).reshape(num, kk)
+    coll = np.zeros((num, kk))
+    multi = np.flatnonzero(d > 1)
+    if len(multi):
+        coll[multi] = _ddp_buckets(ga, plans, dev[multi], multi, last_bwd[multi], kk,
+                                   cluster)
+    bw = tables.mem_bandwidth[:kk]
+    t_up = UPDATE_TRAFFIC_PER_PARAM_BYTE * pbytes / bw[None, :]
+    upd_end = np.where(t_up > 0, np.maximum(dev_free, coll) + t_up, dev_free)
+    step = np.maximum(upd_end, coll).max(1)
+
+    mem = _memory(ga, plans, dev, cell, gid, rc_op, pbytes, d, k_plan, kk, m)
+    # replica r's local device j is cluster device r * k + j
+    col = np.arange(cluster.num_devices)
+    local = col[None, :] % k_plan[:, None]
+    on = col[None, :] < (k_plan * d.astype(np.int64))[:, None]
+    peak = np.where(on, np.take_along_axis(mem, local, 1), 0.0)
+    return step, peak
+
+
+def _per_device(cell: np.ndarray, per_op: np.ndarray, size: int) -> np.ndarray:
+    """Sum of ``per_op`` (``[n]`` or ``[P, n]``) over the ops of every device cell."""
+    w = np.broadcast_to(per_op, cell.shape).reshape(-1)
+    return np.bincount(cell.reshape(-1), weights=w, minlength=size)
+
+
+def _max_per_device(cell: np.ndarray, per_op: np.ndarray, size: int) -> np.ndarray:
+    """Largest non-negative ``per_op`` over the ops of every device cell (0: none)."""
+    out = np.zeros(size)
+    np.maximum.at(out, cell.reshape(-1), np.broadcast_to(per_op, cell.shape).reshape(-1))
+    return out
+
+
+def _ddp_buckets(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, which: np.ndarray,
+                 last_bwd: np.ndarray, kk: int, cluster: Cluster) -> np.ndarray:
+    """When each device's gradient all-reduces end (``[Q, K]``) for the data-parallel
+    plans ``which``: 25 MB buckets filled in reverse topological order per device, each
+    all-reduced once its last gradient is final and the previous bucket is done."""
+    num, n = dev.shape
+    rev = np.arange(n - 1, -1, -1)
+    with_params = rev[ga.param_bytes[rev] > 0]  # ops holding parameters, last first
+    coll = np.zeros(num * kk)
+    if not len(with_params):
+        return coll.reshape(num, kk)
+    q, x = np.divmod(np.arange(num * len(with_params)), len(with_params))
+    op = with_params[x]
+    grp = q * kk + dev[q, op]  # (plan, device) of every op with parameters
+    order = np.argsort(grp, kind="stable")  # per group, in reverse topological order
+    grp, op, q = grp[order], op[order], q[order]
+    pb = ga.param_bytes[op]
+    total = np.cumsum(pb)
+    starts = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
+    offset = np.repeat(total[starts] - pb[starts], np.diff(np.r_[starts, len(grp)]))
+    bucket = np.floor((total - pb - offset) / BUCKET_BYTES).astype(np.int64)
+    nb = int(bucket.max()) + 1
+    key = grp * nb + bucket
+    nbytes = np.bincount(key, weights=pb, minlength=num * kk * nb).reshape(num * kk, nb)
+    ready = np.full(num * kk * nb, -np.inf)
+    np.maximum.at(ready, key, last_bwd[q, op])
+    ready = ready.reshape(num * kk, nb)
+    # all-reduce coefficients of each group's ring (replicas of its local device)
+    groups = grp[starts]
+    c = np.zeros((num * kk, 2))
+    cache: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for g in groups.tolist():
+        plan = plans[int(which[g // kk])]
+        j, dd, k = g % kk, plan.parallel.data, plan.devices_per_replica
+        if (dd, k, j) not in cache:
+            cache[(dd, k, j)] = affine_collective(cluster, "allreduce",
+                                                  [r * k + j for r in range(dd)])
+        c[g] = cache[(dd, k, j)]
+    for b in range(nb):
+        xb = nbytes[groups, b]
+        t = np.maximum(coll[groups], ready[groups, b]) + (c[groups, 0] + c[groups, 1] * xb)
+        coll[groups] = np.where(xb > 0, t, coll[groups])
+    return coll.reshape(num, kk)
+
+
+def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarray,
+            gid: np.ndarray, rc_op: np.ndarray, pbytes: np.ndarray, d: np.ndarray,
+            k_plan: np.ndarray, kk: int, m: int) -> np.ndarray:
+    """``[P, K]`` bytes per local device, as ``local.local_memory`` (no sharding)."""
+    num, n = dev.shape
+    size = num * kk
+    pidx = np.arange(num)
+    dcol = d[:, None]
+    ddp = (dcol > 1) & (k_plan[:, None] == 1)
+    grads = np.where(ddp, DDP_GRAD_COPIES * pbytes, pbytes)  # sim_model.state_memory
+    graphed = np.array([pl.parallel.graphs for pl in plans])[:, None]
+    grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)  # (sim_local)
+    opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
+    kept = _per_device(cell, np.where(rc_op, 0.0, ga.act_bytes), size)
+    big_out = _max_per_device(cell, ga.out_bytes, size)
+    big_rc = np.zeros(size)
+    if rc_op.any():
+        gmax = int(gid.max()) + 1
+        place = np.zeros((num, gmax), np.int64)
+        for p, plan in enumerate(plans):
+            place[p, : len(plan.placement)] = plan.placement
+        gcell = pidx[:, None] * kk + place  # [P, G] device cell of every group
+        gact = np.bincount((pidx[:, None] * gmax + gid)[rc_op],
+                           weights=np.broadcast_to(ga.act_bytes, (num, n))[rc_op],
+                           minlength=num * gmax).reshape(num, gmax)
+        rc_g = np.zeros((num, gmax), bool)
+        for p, plan in enumerate(plans):
+            rc_g[p, list(plan.recompute)] = True
+        big_rc = _max_per_device(gcell[rc_g], gact[rc_g], size)
+        # inputs a recomputed group keeps: each outside producer once per group
+        es, eb = ga.edge_src, ga.edge_bytes
+        gu, gv = gid[:, es], gid[:, ga.edge_dst]
+        cross = rc_g[pidx[:, None], gv] & (gu != gv)
+        dup = np.zeros_like(cross)
+        o = 1
+        while o < len(es) and (es[o:] == es[:-o]).any():
+            same = es[o:] == es[:-o]
+            dup[:, o:] |= same[None, :] & (gv[:, o:] == gv[:, :-o])
+            o += 1
+        keep = cross & ~dup
+        kept = kept + _per_device(np.take_along_axis(gcell, gv, 1)[keep],
+                                  np.broadcast_to(eb, keep.shape)[keep], size)
+    acts = kept.reshape(num, kk) * m / (m * dcol)
+    transient = (big_out + big_rc).reshape(num, kk) / (m * dcol)
+    return pbytes + grads + opt + acts + transient

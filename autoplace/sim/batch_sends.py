@@ -1,0 +1,205 @@
+"""Where each op's output goes, per plan, in slots: the device dimension of the batch.
+
+An op sends its output to the few devices its consumers run on, however many devices the
+cluster has. So the batched simulator keeps, per op and plan, a short list of *slots*:
+slot 0 is the op's own device, slots ``1..`` the other devices its consumers use, in
+device order (the order the scalar path issues the copies in). Every per-step array is
+``[slots, plans]`` and every per-item table ``[items, slots, plans]``: at 512 devices an
+op of a residual MLP still has 3 slots, where a row per device would have 512.
+
+Links are cells of one flat table: ``(plan * K + src) * K + dst`` while that table is
+small, else one cell per distinct ``(plan, src, dst)`` the chunk uses (found without a
+sort: a scratch table per group of plans maps each link to its first use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.sim.model import GraphArrays
+
+__all__ = ["EdgeTables", "Sends", "edge_tables", "link_cells", "plan_sends"]
+
+#: predecessor lists longer than this are walked per plan (rare: an op fed by many)
+MAX_DENSE_FANIN = 8
+#: largest direct link table (plans x K x K cells); past it links get compact cells
+DIRECT_LINK_CELLS = 1 << 21
+
+
+@dataclass(frozen=True)
+class EdgeTables:
+    """Per-graph edge structure the batch reads (built once per graph, cached on it).
+
+    Attributes:
+        pred: ``[n, F]`` distinct producers of every op, padded with ``n``.
+        pred_edge: ``[n, F]`` an edge index from each producer to the op (0 on padding).
+        extra: op -> ``(producers, edge indices)`` past the ``F`` dense ones.
+        dist_src, dist_dst: every distinct ``(src, dst)`` pair (an op may read a tensor
+            twice), sorted; ``dist_edge``: an edge index of each.
+        pair_a, pair_b: every pair of edges ``a < b`` with the same producer.
+        max_out: the most consumers one op has.
+    """
+
+    pred: np.ndarray
+    pred_edge: np.ndarray
+    extra: dict[int, tuple[np.ndarray, np.ndarray]]
+    dist_src: np.ndarray
+    dist_dst: np.ndarray
+    dist_edge: np.ndarray
+    pair_a: np.ndarray
+    pair_b: np.ndarray
+    max_out: int
+
+
+def edge_tables(ga: GraphArrays) -> EdgeTables:
+    """The graph's :class:`EdgeTables` (cached on ``ga``)."""
+    cached = ga.__dict__.get("_batch_edge_tables")
+    if cached is not None:
+        return cached
+    n = ga.n
+    es, ed = ga.edge_src, ga.edge_dst
+    edge_of: dict[tuple[int, int], int] = {}
+    for e, (u, v) in enumerate(zip(es.tolist(), ed.tolist())):
+        edge_of.setdefault((u, v), e)
+    lists = [list(dict.fromkeys(x)) for x in ga.preds]
+    width = max(1, min(MAX_DENSE_FANIN, max((len(x) for x in lists), default=1)))
+    pred = np.full((n, width), n, np.int64)
+    pred_edge = np.zeros((n, width), np.int64)
+    extra: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for i, x in enumerate(lists):
+        w = min(len(x), width)
+        pred[i, :w] = x[:w]
+        pred_edge[i, :w] = [edge_of[(u, i)] for u in x[:w]]
+        if len(x) > width:
+            more = x[width:]
+            extra[i] = (np.asarray(more, np.int64),
+                        np.asarray([edge_of[(u, i)] for u in more], np.int64))
+    keys = sorted(edge_of)
+    dist = np.asarray(keys, np.int64).reshape(-1, 2)
+    # pairs of edges out of one producer (edges are sorted by producer)
+    starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]]) if len(es) else np.zeros(0, int)
+    ends = np.r_[starts[1:], len(es)].astype(np.int64)
+    pa: list[np.ndarray] = []
+    pb: list[np.ndarray] = []
+    for lo, hi in zip(starts.tolist(), ends.tolist()):
+        if hi - lo > 1:
+            a, b = np.triu_indices(hi - lo, 1)
+            pa.append(a + lo)
+            pb.append(b + lo)
+    out = EdgeTables(
+        pred=pred, pred_edge=pred_edge, extra=extra,
+        dist_src=np.ascontiguousarray(dist[:, 0]), dist_dst=np.ascontiguousarray(dist[:, 1]),
+        dist_edge=np.asarray([edge_of[k] for k in keys], np.int64),
+        pair_a=np.concatenate(pa) if pa else np.zeros(0, np.int64),
+        pair_b=np.concatenate(pb) if pb else np.zeros(0, np.int64),
+        max_out=int((ends - starts).max(initial=0)),
+    )
+    ga.__dict__["_batch_edge_tables"] = out
+    return out
+
+
+@dataclass
+class Sends:
+    """Slots of every op in every plan of a chunk (``P`` plans, ``S1`` slots).
+
+    Attributes:
+        width: ``S1``, 1 + the most other devices one op sends to in the chunk.
+        dev: ``[n, S1, P]`` device of each slot (slot 0 and padding: the op's own).
+        nbytes: ``[n, S1, P]`` bytes sent there (the largest over its consumers there),
+            0 in slot 0, on padding, and where every consumer there reads 0 bytes.
+        used: ``[n, S1, P]`` bool, a slot past 0 with a consumer (0 bytes or not).
+        edge_slot: ``[E, P]`` slot of each edge's consumer in its producer's list.
+        pred_slot: ``[n, F, P]`` the same for each op's dense producers (0 on padding).
+    """
+
+    width: int
+    dev: np.ndarray
+    nbytes: np.ndarray
+    used: np.ndarray
+    edge_slot: np.ndarray
+    pred_slot: np.ndarray
+
+
+def plan_sends(ga: GraphArrays, dev_t: np.ndarray) -> Sends:
+    """The :class:`Sends` of plans whose ops run on ``dev_t`` (``[n, P]`` local device)."""
+    et = edge_tables(ga)
+    n, num = dev_t.shape
+    es, ed, eb = ga.edge_src, ga.edge_dst, ga.edge_bytes
+    ne = len(es)
+    du, dv = dev_t[es], dev_t[ed]  # [E, P]
+    cross = du != dv
+    cols = np.arange(num)
+    # an edge is the first to its device when no earlier edge of its producer goes there;
+    # its slot is 1 + the number of distinct other devices below its device
+    a, b = et.pair_a, et.pair_b
+    below = np.zeros(ne * num, np.int64)
+    if len(a):
+        dva, dvb = dv[a], dv[b]  # [Q, P]
+        same = dva == dvb
+        dup = np.bincount((b[:, None] * num + cols)[same], minlength=ne * num) > 0
+        first = cross & ~dup.reshape(ne, num)
+        fa, fb = first[a], first[b]
+        below += np.bincount((b[:, None] * num + cols)[fa & (dva < dvb)], minlength=ne * num)
+        below += np.bincount((a[:, None] * num + cols)[fb & (dvb < dva)], minlength=ne * num)
+    else:
+        first = cross
+    edge_slot = np.where(cross, below.reshape(ne, num) + 1, 0)
+    count = np.zeros(n * num, np.int64)
+    if ne:
+        count = np.bincount((es[:, None] * num + cols)[first], minlength=n * num)
+    width = 1 + int(count.max(initial=0))
+    own = np.broadcast_to(dev_t[:, None, :], (n, width, num))
+    sdev = own.copy()
+    nbytes = np.zeros((n, width, num))
+    used = np.zeros((n, width, num), bool)
+    if width > 1:
+        cell = ((es[:, None] * width + edge_slot) * num + cols)[cross]
+        sdev.reshape(-1)[cell] = dv[cross]
+        used.reshape(-1)[cell] = True
+        np.maximum.at(nbytes.reshape(-1), cell, np.broadcast_to(eb[:, None], cross.shape)[cross])
+    return Sends(width=width, dev=sdev, nbytes=nbytes, used=used, edge_slot=edge_slot,
+                 pred_slot=edge_slot[et.pred_edge])
+
+
+def link_cells(sends: Sends, dev_t: np.ndarray, kk: int, sent: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Link cells of every slot: ``(forward [n, S1, P] (own device -> slot's),
+    backward [n, S1, P] (the reverse), number of cells)``; slots that send nothing get a
+    cell no real link has (written with its own value)."""
+    n, width, num = sends.dev.shape
+    src = np.broadcast_to(dev_t[:, None, :], sends.dev.shape)
+    dst = sends.dev
+    plan = np.arange(num)
+    if num * kk * kk <= DIRECT_LINK_CELLS:  # the own device's self link is never used
+        fwd = (plan * kk + src) * kk + dst
+        bwd = (plan * kk + dst) * kk + src
+        return fwd, bwd, num * kk * kk
+    # compact: each (plan, src, dst) its first use's index among the sent slots
+    sel = np.flatnonzero(sent.reshape(-1))
+    p_of = sel % num
+    s_of = src.reshape(-1)[sel]
+    d_of = dst.reshape(-1)[sel]
+    ids = np.empty(2 * len(sel), np.int64)
+    group = max(1, DIRECT_LINK_CELLS // (kk * kk))
+    scratch = np.empty(group * kk * kk, np.int64)
+    # per group of plans: forward keys then backward keys, in plan order
+    order = np.argsort(p_of // group, kind="stable")
+    bounds = np.searchsorted((p_of // group)[order], np.arange(0, num + group, group))
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        if lo == hi:
+            continue
+        pos = order[lo:hi]
+        pl = p_of[pos] % group
+        keys = np.concatenate([(pl * kk + s_of[pos]) * kk + d_of[pos],
+                               (pl * kk + d_of[pos]) * kk + s_of[pos]])
+        where = np.concatenate([pos, pos + len(sel)])
+        scratch[keys] = where
+        ids[where] = scratch[keys]
+    dummy = 2 * len(sel)
+    fwd = np.full(n * width * num, dummy, np.int64)
+    bwd = np.full(n * width * num, dummy, np.int64)
+    fwd[sel] = ids[: len(sel)]
+    bwd[sel] = ids[len(sel):]
+    return fwd.reshape(n, width, num), bwd.reshape(n, width, num), dummy + 1
