@@ -22,6 +22,7 @@ from autoplace.cluster import Cluster
 from autoplace.errors import PlanError
 from autoplace.executor.data import allreduce_grads, sum_grads, wrap_data_parallel
 from autoplace.executor.local import build_local, split_value
+from autoplace.executor.offload import one_rank_mesh
 from autoplace.executor.pieces import piece
 from autoplace.executor.pipeline import build_stage, example_values, make_schedule
 from autoplace.executor.tensor_parallel import (
@@ -125,7 +126,12 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         if par.data > 1 and not manual:
             model = wrap_data_parallel(program, low.module_units(graph), par.shard,
                                        mesh=data_mesh(mesh, plan) if mesh is not None else None,
-                                       device=devices[0], param_dtype=_gather_dtype(low))
+                                       device=devices[0], param_dtype=_gather_dtype(low),
+                                       offload=par.offload)
+        elif par.offload:  # FSDP2 on one rank, its shards on the host (executor/offload.py)
+            model = wrap_data_parallel(program, low.module_units(graph), par.shard,
+                                       mesh=one_rank_mesh(devices[0]), device=devices[0],
+                                       param_dtype=_gather_dtype(low), offload=True)
         dp_group = mesh["dp"].get_group() if manual and tp else None
         params = [q for q in program.parameters() if q.requires_grad] if manual else []
 

@@ -9,7 +9,8 @@ starts. With a plan's ``parallel.shard_units="modules"`` every other called modu
 parameters (embeddings, an output head) is a unit of its own too: gathered only around its
 own use and its gradient reduce-scattered as soon as it is complete, at the price of more
 collectives (docs/executor.md). ``auto`` measures the ``modules`` twin of a sharded plan
-that peaked near the cap.
+that peaked near the cap. With a plan's ``parallel.offload`` every unit (the root's too)
+is sharded under FSDP2's ``CPUOffloadPolicy`` (:mod:`autoplace.executor.offload`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from autoplace.executor.offload import offload_policy
 
 __all__ = ["allreduce_grads", "sum_grads", "wrap_data_parallel"]
 
@@ -45,6 +48,7 @@ def wrap_data_parallel(
     mesh: Any = None,
     device: torch.device | None = None,
     param_dtype: torch.dtype | None = None,
+    offload: bool = False,
 ) -> nn.Module:
     """``program`` replicated over ``group`` (DDP) or sharded over ``mesh`` (FSDP2).
 
@@ -64,6 +68,8 @@ def wrap_data_parallel(
             dtype), reduce gradients in fp32. Without it FSDP2 gathers fp32 parameters and
             autocast keeps a low-precision copy of every gathered block until the forward
             ends, so resharding frees little and the all-gathers move twice the bytes.
+        offload: FSDP2 only: keep every unit's shards, gradients and optimizer state on
+            the host (``CPUOffloadPolicy``; ``parallel.offload``).
     """
     if shard == "none":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -82,6 +88,8 @@ def wrap_data_parallel(
 
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     kw: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
+    if offload:
+        kw["offload_policy"] = offload_policy(device or torch.device("cpu"))
     members: dict[str, list[nn.Module]] = {}
     for target, module in _called_modules(program).items():
         if target in units:

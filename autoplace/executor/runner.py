@@ -9,6 +9,7 @@ of the global batch. Rank 0 returns the :class:`RunReport`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import math
@@ -33,6 +34,7 @@ from autoplace.errors import PlanError
 from autoplace.executor import build
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
 from autoplace.executor.local import graphs_from_env, move_to, split_value
+from autoplace.executor.offload import offload_optimizer, on_host, one_rank_group
 from autoplace.executor.pieces import compile_summary
 from autoplace.executor.report import RunReport
 from autoplace.executor.tensor_parallel import process_count
@@ -378,8 +380,11 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
 
     built = None
     tracer = None
+    group = contextlib.ExitStack()  # a one-device offloaded plan's process group of one
     t_build = time.perf_counter()
     try:
+        if par.offload and not distributed:
+            group.enter_context(one_rank_group(all_devices[0]))
         exec_workload = replace(workload, model=copy.deepcopy(workload.model)) \
             if copy_model else workload
         if micro != workload.batch_size:
@@ -396,7 +401,10 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             if d.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(d)
         params = [p for p in built.model.parameters() if p.requires_grad]
-        opt = workload_optimizer(params, workload, built.devices[0])
+        if par.offload and params:  # the shards are on the host: AdamW steps on the CPU
+            opt = offload_optimizer(params, workload.lr)
+        else:
+            opt = workload_optimizer(params, workload, built.devices[0])
         if opts.resume and opts.checkpoint_dir:
             start = load_checkpoint(opts.checkpoint_dir, built.state_module, opt)
         losses: list[torch.Tensor] = []
@@ -429,6 +437,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             if opts.progress and rank == 0:
                 print(f"step {step}: {times[-1] * 1e3:.1f} ms", flush=True)
         report.extra["steps_s"] = round(time.perf_counter() - t_steps, 3)
+        if par.offload:  # between steps every shard is back in host memory
+            report.extra["params_on_host"] = on_host(built.model)
         if (compiled := compile_summary(built.model, built.state_module)) is not None:
             report.extra["compile"] = compiled  # its seconds are in the warm-up steps'
         if tracer.close():
@@ -480,6 +490,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         _free()
         build.reset_memory_caps(all_devices)
         build.cap_allocator(None)
+        group.close()
         report.extra["teardown_s"] = round(time.perf_counter() - t_free, 3)
         report.extra["run_s"] = round(time.perf_counter() - t_run, 3)
     if start:
