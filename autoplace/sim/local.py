@@ -44,6 +44,7 @@ from autoplace.sim.model import (
     graphed_grad_bytes,
     graphed_host,
     host_times,
+    pipeline_held_bytes,
     recompute_boundary_bytes,
     recomputed_ops,
     replica_group,
@@ -494,17 +495,20 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     group_act: dict[int, float] = {}
     for i in np.flatnonzero(rc_op):
         group_act[group[i]] = group_act.get(group[i], 0.0) + ga.act_bytes[i]
+    cast, kept_out = (pipeline_held_bytes(ga, dev, k, m, d) if plan.parallel.pipeline > 1
+                      else (np.zeros(k), np.zeros(k)))
     out = []
     for j in range(k):
         on = dev == j
         mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j], ga.gather_scale,
                            replica_devices=k, root_bytes=root[j])
+        mem.params += cast[j]
         if plan.parallel.graphs:
             mem.grads += graphed_grad_bytes(ga.param_bytes[on].sum(), m)
         kept = ga.act_bytes[on & ~rc_op].sum()
         kept += sum(b for g, b in rc_bytes.items() if plan.placement[g] == j)
         held = lp.m if inflight is None else inflight[j]
-        mem.activations = kept * held / (m * d)
+        mem.activations = kept * held / (m * d) + kept_out[j]
         big_out = ga.out_bytes[on].max() if on.any() else 0.0
         big_rc = max((b for g, b in group_act.items() if plan.placement[g] == j), default=0.0)
         mem.transient = (big_out + big_rc) / (m * d)

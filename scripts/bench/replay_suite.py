@@ -18,13 +18,19 @@ simulator error and Kendall tau of both against the measurements.
 
 With the simulator unchanged the two columns agree (the check that the plans were
 rebuilt right); after a change to the simulator they show what the change does to
-every stored measurement. ``--json FILE`` writes the same as JSON.
+every stored measurement. ``--json FILE`` writes the same as JSON: per plan also its
+family (``autoplace.search.families``, ``+recompute`` where it recomputes) and the measured
+reserved peak, read by ``replay_report.py``.
 
 Several suites at once, each ``RESULTS.json:TAG`` (its profiles' tag), print one line per
 scenario and the totals over all of them, stored and now (a change to the simulator
 judged against every stored run):
 
     python scripts/bench/replay_suite.py --profiles PROFILES A/suite.json:TAG_A B/suite.json:TAG_B
+
+or, with ``--own-profiles``, each suite with the ``profiles/`` folder of its own run folder:
+
+    python scripts/bench/replay_suite.py --own-profiles A/suite.json B/suite.json
 
 ``--carried-calibration`` (several suites, in the order they ran) adds held-out fidelity as
 a user gets it: auto saves its calibration (:mod:`autoplace.search.calibration`) in the profile
@@ -176,6 +182,7 @@ def replay(result: dict[str, Any], profiles: str | None,
     """Every rebuilt plan of every scenario with its stored, current and measured times;
     with ``carried`` also each plan's time corrected by the scenario's carried calibration
     (``sim_carried_s``, None without one) and the calibration's tag (``carried_from``)."""
+    from autoplace.search.families import family
     from autoplace.sim import simulate
 
     kind = base_cluster(result).devices[0].kind
@@ -206,6 +213,9 @@ def replay(result: dict[str, Any], profiles: str | None,
                          "sim_peak_now_bytes": max(sim.peak_memory_bytes),
                          "measured_peak_bytes": max(r["peak_memory_bytes"])
                          if r.get("peak_memory_bytes") else None,
+                         "measured_reserved_bytes": r.get("reserved_peak_bytes"),
+                         "family": family(plan) + ("+recompute" if plan.recompute
+                                                   or plan.selective else ""),
                          "same_split": plan.split() == r["parallel"]})
             if carried is not None:
                 rows[-1]["sim_carried_s"] = (found[0].step_time(plan, sim.step_time_s)
@@ -256,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", default=None,
                     help="folder of per-op profiles (profile cache layout, or with --tag "
                          "*-TAG.profile.json files); default: analytic costs")
+    ap.add_argument("--own-profiles", action="store_true",
+                    help="each suite with the profiles/ folder beside its JSON (its run "
+                         "folder's); overrides --profiles")
     ap.add_argument("--tag", default=None, help="the profiles' tag (*-TAG.profile.json)")
     ap.add_argument("--hf-module", default=None, metavar="MODULE",
                     help="module of the hf-* scenarios' model factories, as bench_plans.py's")
@@ -270,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     result = read_suite(path)
     if result is None:
         return 2
-    out = _replay_with(result, args.profiles, tag, hf_module=args.hf_module)
+    out = _replay_with(result, _profiles_of(args, path), tag, hf_module=args.hf_module)
 
     def ms(x):
         return f"{x * 1e3:8.2f}" if x else "       -"
@@ -296,6 +309,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _profiles_of(args: argparse.Namespace, path: str) -> str | None:
+    """The profiles folder of the suite at ``path``: its run folder's with
+    ``--own-profiles`` (None where it has none), else ``--profiles``."""
+    if not args.own_profiles:
+        return args.profiles
+    own = Path(path).parent / "profiles"
+    return str(own) if own.is_dir() else None
+
+
+def _suite_name(path: str) -> str:
+    """A suite's name in the summary: its file's stem, or its run folder's name for a
+    ``suite.json``."""
+    p = Path(path)
+    return p.parent.name if p.stem == "suite" else p.stem
 
 
 def _path_tag(item: str, default: str | None) -> tuple[str, str | None]:
@@ -330,8 +359,8 @@ def _summary(args: argparse.Namespace) -> int:
         carried = (functools.partial(carried_calibration, args.profiles, earlier=list(earlier),
                                      own=own)
                    if args.carried_calibration else None)
-        for sc in _replay_with(result, args.profiles, tag, carried, args.hf_module):
-            rows.append((Path(path).stem, sc))
+        for sc in _replay_with(result, _profiles_of(args, path), tag, carried, args.hf_module):
+            rows.append((_suite_name(path), sc))
         earlier.append(own)
 
     def f(x, spec):

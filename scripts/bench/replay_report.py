@@ -1,0 +1,316 @@
+"""The simulator against every stored measurement, before and after a change: a run folder.
+
+    python scripts/bench/replay_report.py --before bench/results/<earlier replay> --out DIR
+
+Replays (``replay_suite.py``) every stored suite whose run folder keeps its per-op profiles
+(``profiles/``), and simulates every option of every one-GPU levers run (``levers.json``,
+``bench_levers.py --replay`` on a copy: recompute and compiled plans, estimated op costs).
+Writes to ``--out`` (or a new ``<date>-cpux1-sim-replay`` folder):
+
+* ``replay.md``: per scenario the median |simulated - measured| / measured step time and
+  Kendall tau before (``--before``: an earlier run of this script or of ``replay_suite.py
+  --json``, one ``<suite folder>.json`` per suite) and now; peak memory per plan family
+  against the allocated and the reserved peak (max over devices); every plan whose
+  simulated peak is more than 10% off; the suites that cannot be replayed and why;
+* ``replay.json`` (every plan), ``<suite folder>.json`` per suite (the next run's
+  ``--before``), ``levers-<run>.json``, ``steps.png`` (simulated against measured step time
+  per scenario, before and now) and ``memory.png`` (peak memory per family);
+* ``env.json`` (with ``--before``'s commit as ``before_commit``) and ``run.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import replay_suite as rs
+from results import RESULTS, write_run
+from run_folder import output_folder
+
+#: report family of a plan (``replay_suite``'s family, ``autoplace.search.families``)
+FAMILIES = ("single", "placement", "placement+mb", "CUDA graphs", "DDP", "ZeRO-2", "FSDP2",
+            "pipeline", "recompute", "compiled")
+#: levers recipe -> report family
+RECIPE_FAMILY = {"eager": "single", "compile-blocks": "compiled",
+                 "checkpoint-blocks": "recompute", "selective-blocks": "recompute",
+                 "checkpoint-blocks+compile": "recompute", "selective-blocks+compile": "recompute"}
+WITHIN = 0.10  # the memory target: simulated peak within 10% of the measured one
+
+
+def report_family(family: str) -> str:
+    """The report's family of ``replay_suite``'s ``family`` string."""
+    if "+recompute" in family:
+        return "recompute"
+    if "+compile" in family:
+        return "compiled"
+    if "pipeline" in family:
+        return "pipeline"
+    if family.startswith("dp-fsdp"):
+        return "FSDP2"
+    if family.startswith("dp-zero2"):
+        return "ZeRO-2"
+    if family.startswith("dp-"):
+        return "DDP"
+    if family.endswith("+graphs"):
+        return "CUDA graphs"
+    return family
+
+
+def suites(root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Stored suites (``suite.json``) that can be replayed, and ``(folder, why not)``."""
+    ok, skipped = [], []
+    for f in sorted(root.glob("*/suite.json")):
+        if (f.parent / "profiles").is_dir():
+            ok.append(f)
+            continue
+        hf = any(sc["name"].startswith("hf-") for sc in json.loads(f.read_text())["scenarios"])
+        skipped.append((f.parent.name, "no per-op profiles stored" + (
+            " (Hugging Face models)" if hf else "") + ": its searched plans cannot be rebuilt "
+            "as measured, and analytic costs are not what it simulated"))
+    return ok, skipped
+
+
+def replay_suites(paths: list[Path], before: Path | None) -> list[dict[str, Any]]:
+    """Every replayable suite's scenarios, each plan with its time and peak before."""
+    out = []
+    for path in paths:
+        result = json.loads(path.read_text())
+        scs = rs._replay_with(result, str(path.parent / "profiles"), None)
+        old = before / f"{path.parent.name}.json" if before else None
+        old_scs = {sc["name"]: sc for sc in json.loads(old.read_text())} \
+            if old and old.exists() else {}
+        for sc in scs:
+            prev = {r["planner"]: r for r in old_scs.get(sc["name"], {}).get("plans", [])}
+            for r in sc["plans"]:
+                p = prev.get(r["planner"], {})
+                r["sim_before_s"] = p.get("sim_now_s")
+                r["sim_peak_before_bytes"] = p.get("sim_peak_now_bytes")
+            sc.update(suite=path.parent.name, num_devices=int(result["num_devices"]),
+                      **_errors(sc["plans"]))
+        out.extend(scs)
+    return out
+
+
+def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median step-time error and Kendall tau before and now over distinct measured plans."""
+    from scipy.stats import kendalltau
+
+    pts = rs.distinct_measured(rows)
+    res: dict[str, Any] = {}
+    for k in ("before", "now"):
+        if not pts or any(p[f"sim_{k}_s"] is None for p in pts):
+            res[f"error_{k}"] = res[f"tau_{k}"] = None
+            continue
+        xs, ys = [p[f"sim_{k}_s"] for p in pts], [p["measured_s"] for p in pts]
+        res[f"error_{k}"] = statistics.median(abs(x - y) / y for x, y in zip(xs, ys))
+        res[f"tau_{k}"] = float(kendalltau(xs, ys).statistic) if len(pts) >= 3 else None
+    return res
+
+
+def replay_levers(root: Path) -> list[dict[str, Any]]:
+    """Every levers run's options simulated (``bench_levers.replay`` on a copy of its
+    ``levers.json``), one row per measured option that ran."""
+    import bench_levers
+
+    rows = []
+    for f in sorted(root.glob("*/levers.json")):
+        tmp = Path(tempfile.mkdtemp(prefix="autoplace-levers-"))
+        try:
+            shutil.copy(f, tmp / "levers.json")
+            bench_levers.replay(tmp)
+            check = json.loads((tmp / "sim-check.json").read_text())
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for r in check["rows"]:
+            if r["measured_ms"] and not r["measured_oom"]:
+                rows.append({**r, "run": f.parent.name,
+                             "family": RECIPE_FAMILY.get(r["recipe"], r["recipe"])})
+    return rows
+
+
+def memory_points(scs: list[dict[str, Any]], levers: list[dict[str, Any]]
+                  ) -> list[dict[str, Any]]:
+    """One point per distinct measured plan: family, simulated peak now and before,
+    measured allocated and reserved peak (bytes, max over devices), and its name."""
+    pts = []
+    for sc in scs:
+        for r in rs.distinct_measured(sc["plans"]):
+            if r["measured_peak_bytes"]:
+                pts.append({"family": report_family(r["family"]),
+                            "name": f"{sc['suite']} {sc['name']} {r['planner']} ({r['split']})",
+                            "sim": r["sim_peak_now_bytes"], "before": r["sim_peak_before_bytes"],
+                            "allocated": r["measured_peak_bytes"],
+                            "reserved": r["measured_reserved_bytes"]})
+    seen = set()
+    for r in levers:  # hand-written options and autoplace's of one recipe: one point each
+        key = (r["run"], r["case"], r["recipe"], round(r["measured_peak_gib"], 1))
+        if key in seen:
+            continue
+        seen.add(key)
+        pts.append({"family": r["family"], "name": f"{r['run']} {r['case']} {r['option']}",
+                    "sim": r["sim_peak_gib"] * 2**30, "before": None,
+                    "allocated": r["measured_peak_gib"] * 2**30,
+                    "reserved": (r["measured_reserved_gib"] or 0) * 2**30 or None})
+    return pts
+
+
+def pct(x: float | None, spec: str = ".1%") -> str:
+    """``x`` as a percentage, ``-`` for None."""
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(scs, pts, skipped, levers, before: str | None) -> str:
+    """The run's tables (see the module docstring)."""
+    lines = ["# The simulator replayed on every stored measurement", "",
+             "Every suite that kept its per-op profiles replayed (`scripts/bench/replay_suite.py`:"
+             " plans rebuilt by the deterministic planners from the suite's profiles, links and "
+             "cap) and every one-GPU levers run's options simulated (`bench_levers.py --replay`,"
+             " estimated op costs), on a CPU, against what the GPUs measured. Step time: "
+             "|simulated - measured| / measured, median over a scenario's distinct measured "
+             f"plans, and Kendall tau; *before*: {before or 'no earlier replay'}.", "",
+             "| suite | scenario | devices | plans | median error before | now | "
+             "Kendall tau before | now |", "|---|---|---|---|---|---|---|---|"]
+    for sc in scs:
+        lines.append(f"| [{sc['suite']}](../{sc['suite']}/) | {sc['name']} | {sc['num_devices']}"
+                     f" | {sc['measured_plans']} | {pct(sc['error_before'])} | "
+                     f"{pct(sc['error_now'])} | {pct(sc['tau_before'], '.2f')} | "
+                     f"{pct(sc['tau_now'], '.2f')} |")
+    for k in ("before", "now"):
+        errs = [abs(p[f"sim_{k}_s"] - p["measured_s"]) / p["measured_s"] for sc in scs
+                for p in rs.distinct_measured(sc["plans"]) if p[f"sim_{k}_s"] is not None]
+        taus = [sc[f"tau_{k}"] for sc in scs if sc[f"tau_{k}"] is not None]
+        if errs and taus:
+            lines.append(f"\n**{k}**: median error {statistics.median(errs):.1%} over "
+                         f"{len(errs)} plans, mean Kendall tau {statistics.mean(taus):.2f} over "
+                         f"{len(taus)} scenarios.")
+    runs = sorted({r["run"] for r in levers})
+    lines += ["", "One GPU, per-block recipes (" + ", ".join(f"[{r}](../{r}/)" for r in runs)
+              + "):", "",
+              "| run | case | option | recipe | measured ms | simulated ms | error |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['case']} | {r['option']} | {r['recipe']} | "
+              f"{r['measured_ms']:.1f} | {r['sim_ms']:.1f} | {pct(r['time_err'], '+.1%')} |"
+              for r in levers]
+    lines += ["", "## Peak memory per plan family", "",
+              "Simulated peak (max over devices) / measured - 1, against the allocated peak "
+              "(`torch.cuda.max_memory_allocated`) and the reserved one (the caching "
+              "allocator's segments; 4-GPU suites did not record it). Target: within 10% of "
+              "allocated.", "",
+              "| family | plans | median error allocated (before) | worst | within 10% | "
+              "median error reserved |", "|---|---|---|---|---|---|"]
+    for fam in FAMILIES:
+        fp = [p for p in pts if p["family"] == fam]
+        if not fp:
+            continue
+        e = [p["sim"] / p["allocated"] - 1 for p in fp]
+        eb = [p["before"] / p["allocated"] - 1 for p in fp if p["before"]]
+        er = [p["sim"] / p["reserved"] - 1 for p in fp if p["reserved"]]
+        worst = max(e, key=abs)
+        lines.append(f"| {fam} | {len(fp)} | {pct(statistics.median(map(abs, e)))} "
+                     f"({pct(statistics.median(map(abs, eb)) if eb else None)}) | "
+                     f"{worst:+.1%} | {sum(abs(x) <= WITHIN for x in e)}/{len(e)} | "
+                     f"{pct(statistics.median(map(abs, er)) if er else None)} |")
+    lines += ["", "Plans more than 10% off the allocated peak:", "",
+              "| family | plan | simulated GiB | allocated | reserved | error |",
+              "|---|---|---|---|---|---|"]
+    for p in sorted(pts, key=lambda p: (FAMILIES.index(p["family"]), p["name"])):
+        e = p["sim"] / p["allocated"] - 1
+        if abs(e) > WITHIN:
+            lines.append(f"| {p['family']} | {p['name']} | {p['sim'] / 2**30:.2f} | "
+                         f"{p['allocated'] / 2**30:.2f} | "
+                         f"{pct(p['reserved'] and p['reserved'] / 2**30, '.2f')} | {e:+.1%} |")
+    lines += ["", "## Suites not replayed", ""]
+    lines += [f"- [{d}](../{d}/): {why}" for d, why in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def plots(scs, pts, folder: Path) -> None:
+    """``steps.png``: simulated against measured step time per scenario, before and now;
+    ``memory.png``: simulated against measured (allocated) peak per family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 5
+    rows = -(-len(scs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, sc in zip(axes.flat, scs):
+        pts_sc = rs.distinct_measured(sc["plans"])
+        ys = [p["measured_s"] * 1e3 for p in pts_sc]
+        for k, style in (("before", dict(marker="o", facecolors="none", edgecolors="0.5")),
+                         ("now", dict(marker=".", color="C0"))):
+            xs = [p[f"sim_{k}_s"] * 1e3 if p[f"sim_{k}_s"] else float("nan") for p in pts_sc]
+            ax.scatter(ys, xs, label=k, s=30 if k == "before" else 40, **style)
+        lo, hi = min(ys) * 0.7, max(ys) * 1.3
+        ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+        ax.set(xscale="log", yscale="log", title=f"{sc['name']} x{sc['num_devices']}",
+               xlabel="measured ms", ylabel="simulated ms")
+    for ax in axes.flat[len(scs):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(folder / "steps.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    for i, fam in enumerate(FAMILIES):
+        fp = [p for p in pts if p["family"] == fam]
+        if fp:
+            ax.scatter([p["allocated"] / 2**30 for p in fp], [p["sim"] / 2**30 for p in fp],
+                       label=fam, color=f"C{i}", s=22)
+    lo, hi = 0.3, 60
+    ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9")
+    ax.set(xscale="log", yscale="log", xlabel="measured peak allocated, GiB",
+           ylabel="simulated peak, GiB", title="Peak memory per plan (max over devices)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(folder / "memory.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--before", default=None,
+                    help="an earlier replay's folder (one <suite folder>.json per suite)")
+    ap.add_argument("--out", default=None, help="output folder (default: a new run folder)")
+    ap.add_argument("--results", default=str(RESULTS), help="the run folders' root")
+    args = ap.parse_args(argv)
+    root = Path(args.results)
+    before = Path(args.before) if args.before else None
+    paths, skipped = suites(root)
+    scs = replay_suites(paths, before)
+    levers = replay_levers(root)
+    pts = memory_points(scs, levers)
+    env = json.loads((before / "env.json").read_text()) if before and \
+        (before / "env.json").exists() else {}
+    folder = output_folder(args.out, "sim-replay", before_commit=env.get("commit"))
+    for path in paths:
+        (folder / f"{path.parent.name}.json").write_text(json.dumps(
+            [sc for sc in scs if sc["suite"] == path.parent.name], indent=1))
+    (folder / "replay.json").write_text(json.dumps({"scenarios": scs, "levers": levers,
+                                                    "memory": pts}, indent=1))
+    text = markdown(scs, pts, skipped, levers, before and before.name)
+    (folder / "replay.md").write_text(text)
+    plots(scs, pts, folder)
+    within = sum(abs(p["sim"] / p["allocated"] - 1) <= WITHIN for p in pts)
+    errs = [abs(p["sim_now_s"] - p["measured_s"]) / p["measured_s"] for sc in scs
+            for p in rs.distinct_measured(sc["plans"])]
+    write_run(folder, tag="sim-replay", scenarios=["sim:replay"], kind="experiment",
+              script="scripts/bench/replay_report.py",
+              summary=f"The simulator replayed on {len(paths)} stored suites ({len(errs)} measured"
+              f" plans, median step error {statistics.median(errs):.1%}) and {len(levers)} one-GPU "
+              f"recipe runs; peak memory within 10% of allocated on {within} of "
+              f"{len(pts)} plans.")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
