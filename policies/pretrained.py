@@ -14,7 +14,8 @@ weights place a graph differently under a memory cap.
 
 * :func:`place_pretrained`: zero-shot. The greedy plan, the greedy placement under every
   valid hybrid split and a few sampled plans are scored on the simulator; the fastest
-  that fits is returned (no gradient step on the graph).
+  that fits is returned (no gradient step on the graph). The env's action space has no
+  shard mode, so the best data-parallel plans are also tried with ZeRO-2 and FSDP.
 * :func:`finetune_pretrained`: the same policy trained further on the graph
   (REINFORCE from the pre-trained weights; warm start keeps the best heuristic plan the env
   can reach as a floor), never returning a plan slower than the zero-shot one.
@@ -39,7 +40,7 @@ from autoplace.cluster import resolve
 from autoplace.envs import PlacementEnv
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
-from autoplace.plan import Plan
+from autoplace.plan import SHARD_MODES, Plan
 from autoplace.sim import simulate
 
 from .base import batch_obs
@@ -60,6 +61,8 @@ MAX_GROUPS = 32
 SPLIT_SAMPLES = 2
 #: most updates of the fine-tune :func:`pretrained_candidates` runs
 AUTO_FINETUNE_UPDATES = 40
+#: data-parallel plans among the best this many also tried with ZeRO-2 and FSDP sharding
+SHARD_TOP = 4
 #: features :class:`MemoryPressure` appends to the env's group features
 EXTRA_FEATURES = ("log2_one_device_memory_ratio", "fits_one_device")
 
@@ -185,18 +188,40 @@ def _zero_shot(env: MemoryPressure, policy: GNNPolicy, samples: int, seed: int,
             forced = splits.repeat(SPLIT_SAMPLES, 1)
             actions.append(policy(batch_obs([obs] * len(forced)), generator=generator,
                                   hybrid=forced).action)
-    best, scored = None, 0
+    outcomes: list[tuple] = []
     for row in torch.cat(actions).numpy():
-        if scored and time.perf_counter() - t0 > time_limit_s:
+        if outcomes and time.perf_counter() - t0 > time_limit_s:
             break
         env.reset(seed=seed)
         _, reward, _, _, info = env.step(row)
-        outcome = _outcome(info, reward)
-        scored += 1
-        if best is None or outcome[0] < best[0]:
-            best = outcome
-    rank, step, plan, _ = best
-    return rank, step, plan, scored
+        outcomes.append(_outcome(info, reward))
+    rank, step, plan, _ = _best_sharded(env, outcomes)
+    return rank, step, plan, len(outcomes)
+
+
+def _best_sharded(env: MemoryPressure, outcomes: list[tuple]) -> tuple:
+    """The best of ``outcomes`` (``_outcome`` tuples) and, for the :data:`SHARD_TOP` best
+    data-parallel ones, the same plan with ZeRO-2 or FSDP sharding: the env's action space
+    has no shard mode, so it is chosen here on the simulator."""
+    e = env.unwrapped
+    ranked = sorted(outcomes, key=lambda o: o[0])
+    best = ranked[0]
+    for rank, _, plan, _ in ranked[:SHARD_TOP]:
+        if rank[0] or plan is None:
+            continue
+        base = plan if isinstance(plan, Plan) else Plan.from_json(plan)
+        if base.parallel.data < 2 or base.parallel.shard != "none":
+            continue
+        for shard in SHARD_MODES:
+            try:
+                variant = base.with_parallel(shard=shard)
+                res = simulate(e.graph, variant, e.cluster)
+            except AutoplaceError:  # a split the shard mode does not combine with
+                continue
+            if not res.oom and (False, res.step_time_s) < tuple(best[0][:2]):
+                best = ((False, float(res.step_time_s), 0.0), float(res.step_time_s),
+                        variant, False)
+    return best
 
 
 def _as_plan(plan: Any, step: float, planner: dict[str, Any]) -> Plan:
@@ -318,6 +343,11 @@ def finetune_pretrained(
         planner["source"] = {"warm-start": "warm-start"}.get(trainer, "finetune")
         if trainer == "warm-start":
             planner["heuristic"] = plan["planner"].get("source")
+        _, sharded_step, sharded, _ = _best_sharded(first, [
+            (tuple(tuned["rank"]), step, plan, False)])
+        if sharded_step < step:
+            step, plan = sharded_step, sharded
+            planner["source"] += f" + {sharded.parallel.shard}"
     else:
         step, plan = step0, plan0
         planner["source"] = "zero-shot"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from autoplace import workloads
+from autoplace import planners, workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import resolve
 from autoplace.errors import AutoplaceError
@@ -90,8 +90,21 @@ def test_finetune_is_never_slower_than_zero_shot(graph):
     res = finetune_pretrained(graph, "h100x4", budget="3", seed=0, batch_size=4)
     assert res.step_time_s <= res.zero_shot_step_time_s
     assert res.plan.planner["name"] == "pretrained+finetune"
-    assert res.plan.planner["source"] in ("zero-shot", "warm-start", "finetune")
+    assert res.plan.planner["source"].split(" + ")[0] in ("zero-shot", "warm-start", "finetune")
     assert len(res.history["best_step_time_s"]) == 3 and res.warm_start["done"]
+
+
+def test_zero_shot_tries_sharding_a_data_parallel_plan():
+    """gpt-small on two CPUs: the best plan is data parallel with ZeRO-2 (the hybrid DP's);
+    the env cannot express a shard mode, so the zero-shot search adds it."""
+    graph = capture_workload(workloads.get("gpt-small", device="meta"))
+    cluster = resolve("cpu-x2")
+    plan = place_pretrained(graph, cluster)
+    hybrid = simulate(graph, planners.get("hybrid-dp")(graph, cluster), cluster)
+    assert hybrid.step_time_s < simulate(graph, planners.get("ddp")(graph, cluster),
+                                         cluster).step_time_s
+    assert plan.parallel.shard != "none"
+    assert plan.predicted["step_time_s"] <= hybrid.step_time_s * 1.0001
 
 
 def test_cli_planner_pretrained(tmp_path):
