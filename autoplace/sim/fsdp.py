@@ -8,7 +8,9 @@ under ``fsdp``, not ``zero2``, backward too) all-gathers every unit once, on a g
 microbatches a gathered unit stays until its last microbatch. A unit's gradients are
 reduce-scattered on the collective stream once its last backward op ends. Both are priced
 over the replica group's ranks by :mod:`autoplace.costs.collectives` (NCCL's ring inside
-a node; across nodes too, at the bus bandwidth of the ranks' NICs).
+a node; across nodes too, at the bus bandwidth of the ranks' NICs); under HSDP over the
+shard group, each reduce-scatter followed by an all-reduce of the shard across the replica
+groups (:func:`autoplace.sim.model.grad_reduction`).
 
 FSDP2's own work per parameter tensor and collective (copies in and out of the flat
 buffers, hooks: ``Device.shard_param_host_s``) runs on the thread that issues the
@@ -27,6 +29,7 @@ from autoplace.sim.model import (
     coll_resource,
     collective_time,
     fsdp_units,
+    grad_reduction,
     replica_group,
 )
 
@@ -55,8 +58,7 @@ class FsdpStreams:
         self.unit_dev = unit_dev
         self.ag = [affine_collective(cluster, "allgather", replica_group(plan, j))
                    for j in range(lp.k)]
-        self.rs = [affine_collective(cluster, "reducescatter", replica_group(plan, j))
-                   for j in range(lp.k)]
+        self.rs = [grad_reduction(cluster, plan, j) for j in range(lp.k)]  # HSDP: + all-reduce
         self.gather_free = [0.0] * lp.k
         self.coll_free = [0.0] * lp.k
         self.ptr = {"f": [0] * lp.k, "b": [0] * lp.k}

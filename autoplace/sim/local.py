@@ -41,6 +41,7 @@ from autoplace.sim.model import (
     coll_resource,
     collective_time,
     fsdp_units,
+    grad_reduction,
     graphed_grad_bytes,
     graphed_host,
     host_times,
@@ -50,6 +51,7 @@ from autoplace.sim.model import (
     replica_group,
     replicas_identical,
     scaled,
+    shard_degree,
     state_memory,
     update_time,
 )
@@ -412,7 +414,8 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
     if d > 1 and not own_rs:
         kind = "allreduce" if shard == "none" else "reducescatter"
         for j in range(k):
-            c = affine_collective(cluster, kind, replica_group(plan, j))
+            c = affine_collective(cluster, kind, replica_group(plan, j)) if shard == "none" \
+                else grad_reduction(cluster, plan, j)
             for b, nbytes, ready in buckets_of(ga, lp.dev, j, last_bwd):
                 s0 = max(coll_end[j], ready)
                 coll_end[j] = s0 + collective_time(c, nbytes)
@@ -427,7 +430,8 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
         run = runs[r if r in runs else reps[0]]
         for j in range(k):
             c = r * k + j
-            t_up = update_time(pbytes[j], tables.mem_bandwidth[c], d, shard) if pbytes[j] else 0.0
+            t_up = update_time(pbytes[j], tables.mem_bandwidth[c], shard_degree(plan), shard) \
+                if pbytes[j] else 0.0
             s0 = max(run.dev_free[j], coll_end[j])
             end = s0 + t_up if t_up else run.dev_free[j]
             upd_end[j] = max(upd_end[j], end)
@@ -500,7 +504,8 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     out = []
     for j in range(k):
         on = dev == j
-        mem = state_memory(ga.param_bytes[on].sum(), d, lp.shard, max_unit[j], ga.gather_scale,
+        mem = state_memory(ga.param_bytes[on].sum(), shard_degree(plan), lp.shard, max_unit[j],
+                           ga.gather_scale,
                            replica_devices=k, root_bytes=root[j])
         mem.params += cast[j]
         if plan.parallel.graphs:

@@ -256,9 +256,33 @@ def collective_time(c: tuple[float, float], nbytes: float) -> float:
 
 
 def replica_group(plan: Plan, local: int) -> list[int]:
-    """Cluster devices holding local device ``local`` in every replica."""
+    """Cluster devices holding local device ``local`` in every replica: the group its
+    gradients are reduced over and, sharded, its parameters gathered from. Under HSDP
+    (``parallel.replicate > 1``) replica 0's shard group only (replicas ``0 .. S-1``, ``S``
+    = :func:`shard_degree`, as the executor's ``(dp_replicate, dp_shard)`` mesh lays them
+    out); :func:`grad_reduction` adds the all-reduce across the groups."""
     k = plan.devices_per_replica
-    return [r * k + local for r in range(plan.parallel.data)]
+    return [r * k + local for r in range(shard_degree(plan))]
+
+
+def shard_degree(plan: Plan) -> int:
+    """Ranks a sharded plan's state is split over: ``data``, or ``data / replicate``
+    under HSDP (each replica group holds a whole copy)."""
+    return plan.parallel.data // plan.parallel.replicate
+
+
+def grad_reduction(cluster: Cluster, plan: Plan, local: int) -> tuple[float, float]:
+    """:func:`affine_collective` of a sharded plan's gradient reduction on local device
+    ``local``: a reduce-scatter over its shard group, and under HSDP an all-reduce of the
+    ``1 / S`` shard across the replica groups (replicas ``0, S, 2S, ...``: across nodes
+    where a group fills one), run one after the other."""
+    rs = affine_collective(cluster, "reducescatter", replica_group(plan, local))
+    par = plan.parallel
+    if par.replicate <= 1:
+        return rs
+    s, k = shard_degree(plan), plan.devices_per_replica
+    ar = affine_collective(cluster, "allreduce", [r * s * k + local for r in range(par.replicate)])
+    return rs[0] + ar[0], rs[1] + ar[1] / s
 
 
 def replicas_identical(cluster: Cluster, plan: Plan) -> bool:

@@ -11,7 +11,7 @@ from autoplace import workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.sim import simulate, simulate_batch
-from autoplace.sim.tensor import tensor_view
+from autoplace.sim.tensor import tensor_collective_s, tensor_view
 from tests.helpers.plans import single
 
 
@@ -52,3 +52,30 @@ def test_slow_links_make_tensor_parallel_pay_its_all_reduces(wide):
     assert view_fast["head"].fwd_time_s[kind] == wide["head"].fwd_time_s[kind]  # not split
     assert simulate(wide, single(wide, tensor=2), slow).step_time_s > \
             simulate(wide, single(wide), slow).step_time_s
+
+
+def test_sequence_parallel_shards_the_stream_and_swaps_its_collectives(wide):
+    c = preset("h200x4")
+    plain, sp = single(wide, tensor=2), single(wide, tensor=2, sequence_parallel=True)
+    view, _, _ = tensor_view(wide, plain, c)
+    view_sp, _, _ = tensor_view(wide, sp, c)
+    kind = c.devices[0].kind
+    norm, row, col = "blocks_0_ln1", "blocks_0_mlp_proj", "blocks_0_mlp_fc"
+    # the norm runs on half the sequence, its parameters whole on every rank
+    assert view_sp[norm].fwd_time_s[kind] == pytest.approx(wide[norm].fwd_time_s[kind] / 2)
+    assert view_sp[norm].activation_bytes == wide[norm].activation_bytes // 2
+    assert view_sp[norm].param_bytes == wide[norm].param_bytes == view[norm].param_bytes
+    # a row reduce-scatters in forward and all-gathers its gradient in backward; the
+    # unit's column all-gathers its input in forward (no forward collective without SP)
+    out = wide[row].output_bytes
+    rs = tensor_collective_s(c, sp, out, "reducescatter")
+    ag = tensor_collective_s(c, sp, out, "allgather")
+    assert 0 < rs < tensor_collective_s(c, sp, out, "allreduce")
+    assert view_sp[row].fwd_time_s[kind] == pytest.approx(wide[row].fwd_time_s[kind] / 2 + rs)
+    assert view_sp[row].bwd_time_s[kind] == pytest.approx(wide[row].bwd_time_s[kind] / 2 + ag)
+    assert view_sp[row].output_bytes == out // 2 and view[row].output_bytes == out
+    assert view_sp[col].fwd_time_s[kind] > view[col].fwd_time_s[kind]
+    one, two = simulate(wide, plain, c), simulate(wide, sp, c)
+    assert two.memory_breakdown[0]["activations"] < one.memory_breakdown[0]["activations"]
+    assert two.peak_memory_bytes[0] < one.peak_memory_bytes[0]
+    assert two.peak_memory_bytes[0] == two.peak_memory_bytes[1]
