@@ -61,6 +61,7 @@ from autoplace.sim.model import (
     graph_arrays,
     lower_bound_from,
 )
+from autoplace.sim.offload import simulate_offload
 from autoplace.sim.pipeline import simulate_pipeline
 from autoplace.sim.tensor import simulate_tensor
 
@@ -153,7 +154,9 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     if plan.parallel.compile:  # compiled pieces fuse their cheap ops (sim/compiled.py)
         tables = compiled_tables(tables, ga)
         ga = compiled_arrays(graph, ga, plan)
-    if plan.parallel.pipeline > 1:
+    if plan.parallel.offload:  # shards on the host, the update on the CPU (sim/offload.py)
+        out = simulate_offload(ga, plan, cluster, tables, timeline)
+    elif plan.parallel.pipeline > 1:
         out = simulate_pipeline(ga, plan, cluster, tables, timeline)
     else:
         out = simulate_local(ga, plan, cluster, tables, timeline)
@@ -188,23 +191,28 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
     ensure_costs(graph, cluster)
     tables = cost_tables(graph, cluster)
     plans = list(plans)
-    # tensor-parallel plans (sim/tensor.py) and compiled ones (their own op costs) one by one
-    if any(p.parallel.tensor > 1 or p.parallel.compile for p in plans):
-        flat = [i for i, p in enumerate(plans) if p.parallel.tensor == 1
-                and not p.parallel.compile]
+    # tensor-parallel plans (sim/tensor.py), compiled ones (their own op costs) and
+    # offloaded ones (sim/offload.py) one by one
+    if any(_one_by_one(p) for p in plans):
+        flat = [i for i, p in enumerate(plans) if not _one_by_one(p)]
         step = np.zeros(len(plans))
         peak = np.zeros((len(plans), cluster.num_devices))
         if flat:
             step[flat], peak[flat] = run_batch(graph, [plans[i] for i in flat], cluster, tables)
             step[flat] += [sharded_host_s(graph, plans[i], cluster) for i in flat]
         for i, p in enumerate(plans):
-            if p.parallel.tensor > 1 or p.parallel.compile:
+            if _one_by_one(p):
                 res = simulate(graph, p, cluster)
                 step[i], peak[i] = res.step_time_s, res.peak_memory_bytes
         return _batch_result(graph, cluster, tables, step, peak)
     step, peak = run_batch(graph, plans, cluster, tables)
     step = step + np.array([sharded_host_s(graph, p, cluster) for p in plans])
     return _batch_result(graph, cluster, tables, step, peak)
+
+
+def _one_by_one(plan: Plan) -> bool:
+    par = plan.parallel
+    return par.tensor > 1 or par.compile or par.offload
 
 
 def _batch_result(graph: OpGraph, cluster: Cluster, tables, step: np.ndarray,
