@@ -305,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     write_run(folder, tag="sim-replay", scenarios=["sim:replay"], kind="experiment",
               script="scripts/bench/replay_report.py",
               summary=f"The simulator replayed on {len(paths)} stored suites ({len(errs)} measured"
-              f" plans, median step error {statistics.median(errs):.1%}) and {len(levers)} one-GPU "
-              f"recipe runs; peak memory within 10% of allocated on {within} of "
+              f" plans, median step error {statistics.median(errs):.1%}) and {len(levers)} measured "
+              f"options of one-GPU levers runs; peak memory within 10% of allocated on {within} of "
               f"{len(pts)} plans.")
     print(text)
     return 0
