@@ -5,7 +5,8 @@ halves); DDP; FSDP2; an even ``torch.distributed.pipelining`` split with GPipe a
 and the per-block levers a strong user adds to the one-device and data-parallel options
 (:func:`lever_plans`): ``torch.compile`` on each block, ``torch.utils.checkpoint`` on each
 block (whole or selective), both; DDP + compile; FSDP2 + per-block checkpointing + compile
-(torchtitan's recipe).
+(torchtitan's recipe); FSDP2 with the parameters, gradients and optimizer state offloaded to
+the host, with and without per-block checkpointing (what trains when nothing else fits).
 The splits are balanced by the graph's *analytic* costs (FLOPs and bytes, as
 :func:`autoplace.costs.estimate_costs` estimates them), never by a profile: a hand-made
 split does not move with a profile's noise, so the same options come out of every run
@@ -79,8 +80,11 @@ def lever_plans(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
     (:func:`autoplace.lowering.block_groups`): ``compile-blocks``, ``checkpoint-blocks``,
     ``selective-blocks``, ``checkpoint-blocks+compile``, ``selective-blocks+compile`` on one
     device, and with two or more devices ``ddp+compile`` and
-    ``fsdp+checkpoint-blocks+compile``. None when the graph has no blocks; the compiled
-    ones only on GPUs (on CPUs inductor's compile takes longer than the steps it saves)."""
+    ``fsdp+checkpoint-blocks+compile``; on GPUs ``fsdp+offload`` and
+    ``fsdp+offload+checkpoint-blocks`` (FSDP2 over every device, one included, with its
+    shards, gradients and AdamW state in host memory: ``parallel.offload``). None when the
+    graph has no blocks; the compiled and offloaded ones only on GPUs (on CPUs inductor's
+    compile takes longer than the steps it saves, and the host's memory is the device's)."""
     groups = block_groups(graph)
     blocks = block_group_ids(graph, groups)
     if not blocks:
@@ -105,6 +109,10 @@ def lever_plans(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
                                           compile=True),
         "selective-blocks+compile": plan("selective-blocks+compile", selective=blocks,
                                          compile=True),
+        "fsdp+offload": plan("fsdp+offload", data=n, shard="fsdp", offload=True),
+        "fsdp+offload+checkpoint-blocks": plan("fsdp+offload+checkpoint-blocks",
+                                               recompute=blocks, data=n, shard="fsdp",
+                                               offload=True),
     })
     if n > 1:
         out["ddp+compile"] = plan("ddp+compile", data=n, compile=True)

@@ -352,6 +352,11 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         return not r.get("oom") or max(r.get("peak_memory_bytes") or [0.0]) \
             <= TIGHT_MEMORY * usable
 
+    # offloaded plans (the host's memory, the update on the CPU) only where nothing else fits
+    if any(roughly_fits(r) for r in rows if r.get("plan") is not None
+           and not r["plan"].parallel.offload):
+        rows = [r for r in rows if r.get("plan") is None or not r["plan"].parallel.offload]
+
     cands: list[dict[str, Any]] = []
     seen: set[tuple] = set()
     for r in sorted((r for r in rows if r.get("plan") is not None and roughly_fits(r)),

@@ -12,13 +12,17 @@ __all__ = ["family", "signature"]
 def family(plan: Plan) -> str:
     """The execution family of a plan: its measured/simulated error is shared in a family
     (compiled plans apart: the simulator prices their fused ops with one factor,
-    :mod:`autoplace.sim.compiled`, whose error is their own)."""
-    return _layout(plan) + ("+compile" if plan.parallel.compile else "")
+    :mod:`autoplace.sim.compiled`, whose error is their own; offloaded plans too: their
+    host-link copies and CPU update, :mod:`autoplace.sim.offload`)."""
+    return _layout(plan) + ("+offload" if plan.parallel.offload else "") \
+        + ("+compile" if plan.parallel.compile else "")
 
 
 def _layout(plan: Plan) -> str:
     p = plan.parallel
     dp = f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "")
+    if p.offload and p.data == 1:  # FSDP2 on one rank
+        return dp
     if p.pipeline > 1:
         return "pipeline" if p.data == 1 else f"{dp}+pipeline"
     local = "placement" if plan.devices_per_replica > 1 else "single"

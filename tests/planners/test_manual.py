@@ -38,8 +38,9 @@ def test_the_options_and_their_names(graphs):
                           "pipeline-1f1b"]
     blocks = ["checkpoint-blocks", "selective-blocks", "compile-blocks",
               "checkpoint-blocks+compile", "selective-blocks+compile"]
-    assert list(hand_written(plain, cluster)) == [*opts, *blocks, "ddp+compile",
-                                                  "fsdp+checkpoint-blocks+compile"]
+    assert list(hand_written(plain, cluster)) == [
+        *opts, *blocks, "fsdp+offload", "fsdp+offload+checkpoint-blocks", "ddp+compile",
+        "fsdp+checkpoint-blocks+compile"]
     assert list(lever_plans(plain, preset("cpu-x2"))) == blocks[:2]  # no compile on CPUs
     ckpt = hand_written(plain, cluster)["fsdp+checkpoint-blocks+compile"]
     assert ckpt.parallel.compile and ckpt.parallel.shard == "fsdp" and ckpt.recompute
