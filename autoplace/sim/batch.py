@@ -19,8 +19,8 @@ from autoplace.lowering import issue_order_items, validate
 from autoplace.plan import Plan
 from autoplace.sim.batch_finish import finish_batch
 from autoplace.sim.batch_issue import batch_backward_issue
-from autoplace.sim.batch_sends import edge_tables, link_cells, plan_sends
-from autoplace.sim.batch_steps import Steps, backward_steps, forward_steps
+from autoplace.sim.batch_sends import edge_tables, plan_sends
+from autoplace.sim.batch_steps import backward_steps, forward_steps, step_tables
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     CostTables,
@@ -112,7 +112,6 @@ def _devices_ok(placement: tuple[int, ...], data: int, num_devices: int) -> bool
 def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, k_plan: np.ndarray,
                m: int, cluster: Cluster, tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
     n, num = ga.n, len(plans)
-    pidx = np.arange(num)
     ar = np.arange(n)
     dev = np.stack([np.asarray(p.placement, np.int64)[g] for p, g in zip(plans, gid)])
     dev_t = np.ascontiguousarray(dev.T)  # [n, P]: arrays are op-major from here on
@@ -120,13 +119,9 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, k_plan: np.n
     d = np.array([p.parallel.data for p in plans], np.float64)
     mdiv = m * d  # the scalar path divides by m * d
 
-    # ---- op times [n, P]
-    kind = tables.kind_of_device[dev_t]
-    oh = tables.overhead[dev_t]
+    # ---- op times [n, P]: per (device, op) for each share of the batch, then per plan
     share = 1.0 / mdiv
-    col = ar[:, None]
-    tf = scaled(tables.fwd[kind, col], tables.fwd_fixed[kind, col], oh, share)
-    tb = scaled(tables.bwd[kind, col], tables.bwd_fixed[kind, col], oh, share)
+    tf, tb = _device_op_tables(dev_t, share, kk, lambda devs, sh: _op_times(tables, devs, sh))
     rc_op = np.zeros((num, n), bool)
     for p, plan in enumerate(plans):
         if plan.recompute:
@@ -134,90 +129,69 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, k_plan: np.n
     if rc_op.any():
         tb = tb + np.where(rc_op.T, tf, 0.0)
 
-    # ---- each op's slots (its device, then the others its consumers use): link cells
-    # and seconds there and back, -inf where nothing is sent (max(queue, t) + -inf drops out)
+    # ---- each op's slots: its device, then the others its consumers use
     sends = plan_sends(ga, dev_t)
-    width = sends.width
-    links = 1
-    if width > 1:
-        sent = sends.nbytes > 0
-        src, dst = dev_t[:, None, :], sends.dev
-        bmb = sends.nbytes / mdiv
-        dur_f = np.where(sent, tables.alpha[src, dst] + bmb * tables.inv_bw[src, dst], -np.inf)
-        dur_b = np.where(sent, tables.alpha[dst, src] + bmb * tables.inv_bw[dst, src], -np.inf)
-        link_f, link_b, links = link_cells(sends, dev_t, kk, sent)
-
     # ---- issue order: sort (mb, op) by (mb + level, mb, op), as lowering.issue_order_items
     order_t = _issue_orders(ga, plans, gid, dev, dev_t, m, kk)  # [mn, P] item per step
-    steps = m * n
-    op_t = order_t % n
-    mboff_t = (order_t // n) * (n + 1)  # row offset of the item's microbatch (n + 1 rows each)
-    flat = op_t * num + pidx
-    dev_s = dev_t.take(flat)
-    per_slot = None
-    if width > 1:  # [mn, S1, P] index of a step's slots in the [n, S1, P] tables
-        per_slot = (op_t[:, None, :] * width + np.arange(width)[:, None]) * num + pidx
-        dur_f, dur_b, link_f, link_b = (x.reshape(-1).take(per_slot)
-                                        for x in (dur_f, dur_b, link_f, link_b))
-    else:
-        dur_f = dur_b = link_f = link_b = None
     host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
                    or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any())
-    host = hb_t = None
+    hf_t = hb_t = None
     copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
     if host_on:  # [n, P] host seconds per op, forward and backward
-        hf_t, hb_t = host_times(tables, dev_t, np.broadcast_to(col, dev_t.shape), share)
+        hf_t, hb_t = _device_op_tables(
+            dev_t, share, kk, lambda devs, sh: host_times(tables, devs, ar[None, :], sh))
         for p, pl in enumerate(plans):
             if pl.parallel.graphs:  # one replay per piece (sim_local)
                 hf_t[:, p] = hb_t[:, p] = graphed_host(dev_t[:, p], ga.param_count)
         ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
         if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
             hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]
-        # the forward thread's clock, added up in its order (sim_local): each op, then
-        # each copy it sends (to its slots' devices in order; adding 0.0 changes nothing)
-        inc = np.zeros((steps, width, num))
-        inc[:, 0] = hf_t.take(flat)
-        if width > 1:
-            inc[:, 1:] = np.where(dur_f[:, 1:] > -np.inf, copy_h[dev_s][:, None, :], 0.0)
-        host = np.cumsum(inc.reshape(-1, num), 0).reshape(steps, width, num)
-    et = edge_tables(ga)
-    fan = et.pred.shape[1]
-    # cell (producer item, plan, slot of this op's device) of each input: read forward,
-    # written back
-    pslot = sends.pred_slot.reshape(-1).take(
-        (op_t[:, None, :] * fan + np.arange(fan)[:, None]) * num + pidx)  # [mn, F, P]
-    in_cell = ((mboff_t[:, None, :] + et.pred[op_t].transpose(0, 2, 1)) * num + pidx) * width
-    in_cell += pslot
-    # cells of the inputs past the dense table's width, per (forward step, plan)
-    extra_at: dict[tuple[int, int], np.ndarray] = {}
-    has_extra = None
-    if et.extra:
-        has_extra = np.isin(op_t, list(et.extra))
-        s_hit, p_hit = np.nonzero(has_extra)
-        for s, p in zip(s_hit.tolist(), p_hit.tolist()):
-            more, edges = et.extra[int(op_t[s, p])]
-            extra_at[(s, p)] = ((mboff_t[s, p] + more) * num + p) * width \
-                + sends.edge_slot[edges, p]
-    st = Steps(item=order_t, dev_row=pidx * kk + dev_s, item_row=(mboff_t + op_t) * num + pidx,
-               in_cell=in_cell, t_fwd=tf.take(flat), t_bwd=tb.take(flat), link_f=link_f,
-               link_b=link_b, dur_f=dur_f, dur_b=dur_b, host=host, extra=extra_at,
-               has_extra=has_extra)
-    del flat, per_slot
-    rows = m * (n + 1) * num
-    _, dev_free, link_free = forward_steps(st, num, kk, width, rows, links)
+    st = step_tables(ga, sends, order_t, dev_t, kk, tf, tb, mdiv, tables, hf_t, copy_h)
+    dev_free, link_free = forward_steps(st, num, kk)
     # backward: each plan's issue order and host times (batch_issue); with no host
     # costs the reversed forward order
+    steps = m * n
     bpos = np.broadcast_to(np.arange(steps - 1, -1, -1)[:, None], (steps, num))
     issued = copied = None
     if host_on:
         copy_on = np.logical_or.accumulate(copy_h != 0)[k_plan - 1]
         bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb_t, copy_h,
-                                                    copy_on, host[-1, -1], kk, sends)
-    bfin = backward_steps(st, dev_free, link_free, num, width, rows, bpos, issued, copied)
+                                                    copy_on, st.host[-1, -1], kk, sends)
+    bfin = backward_steps(st, dev_free, link_free, num, bpos, issued, copied)
     dev_free = dev_free.reshape(num, kk)
     last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
     return finish_batch(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
                         cluster, tables)
+
+
+def _op_times(tables: CostTables, devs: np.ndarray, share: float
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds ``[len(devs), n]`` of every op on each device."""
+    devs = devs.reshape(-1)
+    kind = tables.kind_of_device[devs]
+    oh = tables.overhead[devs][:, None]
+    return (scaled(tables.fwd[kind], tables.fwd_fixed[kind], oh, share),
+            scaled(tables.bwd[kind], tables.bwd_fixed[kind], oh, share))
+
+
+def _device_op_tables(dev_t: np.ndarray, share: np.ndarray, kk: int, fn
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``fn(devices [K, 1], share) -> (a, b)``, tables ``[K, n]`` per device and op,
+    evaluated once per distinct share of the batch and read at every plan's ``[n, P]``
+    devices: the same numbers as evaluating it per plan."""
+    n, num = dev_t.shape
+    devs = np.arange(kk)[:, None]
+    cell = dev_t * n + np.arange(n)[:, None]
+    values = np.unique(share)
+    if len(values) == 1:
+        return tuple(np.asarray(t, np.float64).reshape(-1).take(cell)
+                     for t in fn(devs, float(values[0])))
+    out = (np.empty((n, num)), np.empty((n, num)))
+    for v in values.tolist():
+        cols = np.flatnonzero(share == v)
+        for o, t in zip(out, fn(devs, v)):
+            o[:, cols] = np.asarray(t, np.float64).reshape(-1).take(cell[:, cols])
+    return out
 
 
 def _issue_orders(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndarray,

@@ -45,11 +45,11 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
         sends: the plans' slots (``batch_sends.plan_sends``), built here when None.
 
     Returns:
-        ``(bpos, issued, copied)``, each row ``s`` the ``s``-th backward item a plan issues:
-        ``bpos [m n, P]`` its forward step, ``issued [m n, P]`` when its issue ends, and
-        ``copied [m n, S1, P]`` when its gradient's copy from each slot's device is issued
-        (0 where none, and in slot 0; None when no copy has a host cost), as
-        ``local.backward_issue``.
+        ``(bpos, issued, copied)``: row ``s`` of ``bpos [m n, P]`` is the forward step of
+        the ``s``-th backward item a plan issues and of ``issued [m n, P]`` when its issue
+        ends; ``copied [m n, S1, P]``, by forward step, when an item's gradient's copy from
+        each slot's device is issued (0 where none, and in slot 0; None when no copy has a
+        host cost), as ``local.backward_issue``.
     """
     num, n = dev.shape
     mn = m * n
@@ -58,26 +58,27 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
         sends = plan_sends(ga, np.ascontiguousarray(dev.T))
     et = edge_tables(ga)
     ns = sends.width - 1  # copy slots per op
-    pos = np.empty((num, mn), np.int64)  # forward step of every item
-    pos[pidx[:, None], order_t.T] = np.arange(mn)[None, :]
+    pos_t = np.empty((mn, num), np.int64)  # forward step of every item
+    pos_t.reshape(-1)[order_t * num + pidx] = np.arange(mn)[:, None]
     with_copies = ns > 0 and bool(copy_on.any())
 
     # ---- copy tasks: (plan, op, slot) with consumers of the op on that slot's device
     es, ed = et.dist_src, et.dist_dst
     slot = sends.edge_slot[et.dist_edge].T  # [P, E]
     cross = (slot > 0) & copy_on[:, None]
-    cidx = ((pidx[:, None] * n + es[None, :]) * max(ns, 1) + slot - 1)[cross]
     ncell = num * n * max(ns, 1)
+    cidx = ((pidx[:, None] * n + es) * max(ns, 1) + slot - 1)[cross]
     ccount = np.bincount(cidx, minlength=ncell)  # consumers there
-    # the first consumer there in issue order (the same op in every microbatch)
-    first = np.full(ncell, mn, np.int64)
-    np.minimum.at(first, cidx, pos[:, ed][cross])
-    has = ccount > 0
-    per_mb = np.count_nonzero(has.reshape(num, -1), 1)  # copies per microbatch of each plan
+    flat_has = np.flatnonzero(ccount)  # by plan, op, slot: a microbatch's copies in order
+    p_c, rest = np.divmod(flat_has, n * max(ns, 1))
+    u_c, j_c = np.divmod(rest, max(ns, 1))
+    per_mb = np.bincount(p_c, minlength=num)  # copies per microbatch of each plan
     cmax = int(per_mb.max()) if with_copies else 0
     width = mn + m * cmax + 2  # items, copies, then an empty slot and a sink for padding
     empty, sink = width - 2, width - 1
-    rank = np.cumsum(has.reshape(num, -1), 1, dtype=np.int64).reshape(-1) - 1  # index in mb
+    rank_c = np.arange(len(flat_has)) - (np.cumsum(per_mb) - per_mb)[p_c]  # index in mb
+    rank = np.zeros(ncell, np.int64)
+    rank[flat_has] = rank_c
 
     # ---- per task (``[task, plan]``, flat ``task * P + plan`` so that the plans' tasks of
     # one step lie close): thread's clock cell, host cost, key, dependencies, targets
@@ -86,106 +87,99 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     thr = np.full((width, num), num * kk, np.int64)  # clock cell num*kk: nobody's
     cost = np.zeros((width, num))
     kq = np.full((width, num), -1, np.int64)  # priority: latest created first
-    deps = np.zeros((width, num), np.int64)
-    tgt = np.full((fan, width, num), sink, np.int64)  # task ids, made flat below
-    items = np.arange(mn)
-    op_of = items % n
-    mb_of = items // n
-    dev_it = dev.T[op_of]  # [mn, P]
-    thr[:mn] = pidx * kk + dev_it
-    cost[:mn] = hb_t[op_of]
-    kq[:mn] = 2 * mn - 2 * pos.T
-    succ_n = np.bincount(es, minlength=n)
-    cc = ccount.reshape(num, n, -1)
-    deps[:mn] = (succ_n[:, None] - cc.sum(2).T + has.reshape(num, n, -1).sum(2).T)[op_of]
+    deps = np.full((width, num), 1 << 40, np.int64)  # never released unless set
+    thr[:mn] = _per_item(dev.T + pidx * kk, m)
+    cost[:mn] = _per_item(hb_t, m)
+    kq[:mn] = 2 * mn - 2 * pos_t
+    # an item waits for its consumers on its device and for its copies to other devices
+    same = np.bincount((es * num + pidx[:, None])[~cross], minlength=n * num)
+    copies = np.bincount(u_c * num + p_c, minlength=n * num)
+    deps[:mn] = _per_item((same + copies).reshape(n, num), m)
     # an item's producers: the producer's item on the same device, else its copy to here
-    pu = et.pred[op_of]  # [mn, F]
-    pad = pu == n
-    pslot = sends.pred_slot[op_of]  # [mn, F, P]
+    tgt = np.empty((fan, width, num), np.int64)
+    tgt[:, mn:] = sink * num + pidx
+    mb_of = np.arange(mn)[:, None] // n
     for f in range(fan):
-        via_copy = (pslot[:, f] > 0) & copy_on
-        cell = (pidx * n + pu[:, f, None]) * max(ns, 1) + pslot[:, f] - 1
-        tgt[f, :mn] = np.where(pad[:, f, None], sink,
-                               np.where(via_copy, mn + mb_of[:, None] * cmax
-                                        + rank.take(cell, mode="clip"),
-                                        (mb_of * n + pu[:, f])[:, None]))
+        pu = np.tile(et.pred[:, f], m)[:, None]  # [mn, 1]
+        pslot = _per_item(sends.pred_slot[:, f], m)  # [mn, P]
+        cell = (pidx * n + pu) * max(ns, 1) + pslot - 1
+        row = np.where(pu == n, sink,
+                       np.where((pslot > 0) & copy_on, mn + mb_of * cmax
+                                + rank.take(cell, mode="clip"), mb_of * n + pu))
+        row *= num
+        row += pidx
+        tgt[f, :mn] = row
     if with_copies:
-        flat_has = np.flatnonzero(has)
-        p_c, rest = np.divmod(flat_has, n * ns)
-        u_c, j_c = np.divmod(rest, ns)
         e_c = sends.dev[u_c, j_c + 1, p_c]
-        at = rank[flat_has] * num + p_c  # cell of each copy in a [cmax, P] block
-        blocks = {}
-        for name, val, fill in (("thr", p_c * kk + e_c, num * kk), ("cost", copy_h[e_c], 0.0),
-                                ("deps", ccount[flat_has], 1 << 40), ("u", u_c, 0),
-                                ("w", order_t[first[flat_has], p_c] % n, 0)):
-            blk = np.full(cmax * num, fill, np.asarray(val).dtype)
-            blk[at] = val  # unused copy slots are never released
-            blocks[name] = blk.reshape(cmax, num)
-        pos_f = pos.T.reshape(-1)
+        # the first consumer there in issue order (the same op in every microbatch)
+        first = np.full(ncell, mn, np.int64)
+        np.minimum.at(first, cidx, pos_t[ed].T[cross])
+        w_c = order_t[first[flat_has], p_c] % n
+        at0 = (mn + rank_c) * num + p_c  # flat cell of each copy task of microbatch 0
         for mb in range(m):
-            rows = slice(mn + mb * cmax, mn + (mb + 1) * cmax)
-            thr[rows] = blocks["thr"]
-            cost[rows] = blocks["cost"]
-            deps[rows] = blocks["deps"]
-            tgt[0, rows] = mb * n + blocks["u"]
+            at = at0 + mb * cmax * num
+            thr.reshape(-1)[at] = p_c * kk + e_c
+            cost.reshape(-1)[at] = copy_h[e_c]
+            deps.reshape(-1)[at] = ccount[flat_has]
+            tgt[0].reshape(-1)[at] = (mb * n + u_c) * num + p_c
             # just after its first consumer (w); equal keys (one consumer, several
             # producers) go in task order, producer order, as the scalar path's
-            kq[rows] = 2 * mn + 1 - 2 * pos_f.take((mb * n + blocks["w"]) * num + pidx)
-    deps[empty:] = 1 << 40  # the empty slot and the sink are never released
+            kq.reshape(-1)[at] = 2 * mn + 1 - 2 * pos_t.reshape(-1)[(mb * n + w_c) * num + p_c]
 
     shift = max(1, int(nw - 1).bit_length())
-    flat_ids = np.arange(nw, dtype=np.int64).reshape(width, num)
-    key = (kq << shift) | flat_ids  # the task is read back from its key's low bits
+    key = kq << shift
+    key |= np.arange(nw, dtype=np.int64).reshape(width, num)  # the task in the low bits
     key[kq < 0] = _NONE
-    tgt_f = (tgt * num + pidx).reshape(fan, nw)
     rt_f = np.tile(host_f, width)  # release time of every task; inf once taken
     rt_f[empty * num + pidx] = np.inf
     clock = np.append(np.repeat(host_f, kk), np.inf)  # per thread, and one for nobody
     extra_f = _extra_targets(et.extra, sends, dev, rank, copy_on, n, m, ns, cmax)
     steps = mn + m * int(per_mb.max()) if with_copies else mn
     fewest = mn + m * int(per_mb.min()) if with_copies else mn
-    tend, tstep = _take_tasks(deps.reshape(-1), rt_f, clock, thr.reshape(-1), cost.reshape(-1),
-                              key.reshape(-1), (1 << shift) - 1, tgt_f, extra_f,
-                              empty * num + pidx, steps, fewest)
-    tend, tstep = tend.reshape(width, num), tstep.reshape(width, num)
-    # ---- per plan, items in the order taken
-    by_step = np.argsort(tstep[:mn], axis=0, kind="stable")  # [mn, P] items in issue order
-    bpos = np.take_along_axis(pos.T, by_step, 0)
-    issued = np.take_along_axis(tend[:mn], by_step, 0)
+    tend, taken = _take_tasks(deps.reshape(-1), rt_f, clock, thr.reshape(-1),
+                              cost.reshape(-1), key.reshape(-1), (1 << shift) - 1,
+                              tgt.reshape(fan, nw), extra_f, empty * num + pidx, steps, fewest)
+    # ---- per plan, items in the order taken (each plan takes each of its mn items once)
+    seq = taken.T  # [P, steps] flat task ids
+    item_ids = seq[seq < mn * num].reshape(num, mn).T  # [mn, P]
+    bpos = pos_t.reshape(-1).take(item_ids)
+    issued = tend.take(item_ids)
     copied = None
-    if with_copies:
+    if with_copies:  # by forward step, as the link tables: [m n, S1, P]
         copied = np.zeros((mn, ns + 1, num))
-        u_of = by_step % n
-        mb_s = by_step // n
-        tend_f = tend.reshape(-1)
-        for j in range(ns):
-            c_cell = (pidx * n + u_of) * ns + j
-            ok = has.take(c_cell)
-            t_id = (mn + mb_s * cmax + rank.take(c_cell)) * num + pidx
-            copied[:, j + 1] = np.where(ok, tend_f.take(t_id, mode="clip"), 0.0)
+        for mb in range(m):
+            at = (mn + mb * cmax + rank_c) * num + p_c
+            step_of = pos_t.reshape(-1)[(mb * n + u_c) * num + p_c]
+            copied.reshape(-1)[(step_of * (ns + 1) + j_c + 1) * num + p_c] = tend[at]
     return bpos, issued, copied
+
+
+def _per_item(x: np.ndarray, m: int) -> np.ndarray:
+    """``[n, ...]`` per op to ``[m n, ...]`` per item (item ``mb * n + op``)."""
+    return x if m == 1 else np.tile(x, (m,) + (1,) * (x.ndim - 1))
 
 
 #: the key of no task (empty slots), above every task's
 _NONE = np.int64(1) << 62
+#: free rows (x fan-in) the released-task table keeps after each compaction
+_ROOM = 8
 
 
 def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f, empty,
                 steps, fewest) -> tuple[np.ndarray, np.ndarray]:
     """The lockstep loop: each step every plan takes its next task. Returns when each
-    task's issue ends and at which step it was taken (flat task ids)."""
+    task's issue ends (flat task ids) and the task each plan took at each step."""
     nw = len(rt_f)
     fan = tgt_f.shape[0]
     tend = np.zeros(nw)
-    tstep = np.full(nw, 1 << 40, np.int64)
+    taken = np.empty((steps, len(empty)), np.int64)
     # released tasks, a row per slot and a column per plan: task, clock cell, key
     start = np.flatnonzero(deps_f == 0)
     num = len(empty)
     plan_of = start % num
     cnt0 = np.bincount(plan_of, minlength=num)
     order = np.argsort(plan_of, kind="stable")
-    cap = int(cnt0.max()) + 16 * fan
+    cap = int(cnt0.max()) + _ROOM * fan
     b_task = np.empty((cap, num), np.int64)
     b_task[:] = empty
     b_task[np.arange(len(start)) - np.repeat(np.cumsum(cnt0) - cnt0, cnt0),
@@ -211,7 +205,7 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
         rt_f[task] = inf
         clock[thr_f.take(task)] = end
         tend[task] = end
-        tstep[task] = s
+        taken[s] = task
         tg = tgt_f.take(task, axis=1)  # [F, P]
         left = deps_f.take(tg) - 1
         deps_f[tg] = left
@@ -230,15 +224,15 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
             b_thr[used:used + len(rows)] = thr_f.take(rows)
             b_key[used:used + len(rows)] = key_f.take(rows)
             used += len(rows)
-    return tend, tstep
+    return tend, taken
 
 
 def _compact(b_task, b_thr, b_key, used, rt_f, empty, room, nobody):
-    """Released tasks moved to the first rows, keeping at least ``16 room`` free rows
+    """Released tasks moved to the first rows, keeping at least ``_ROOM x room`` free rows
     (``nobody``: the clock cell of no thread). Returns ``(b_task, b_thr, b_key, used)``."""
     live = rt_f.take(b_task[:used]) < np.inf
     keep = int(live.sum(0).max())
-    cap = max(b_task.shape[0], keep + 16 * room)
+    cap = max(b_task.shape[0], keep + _ROOM * room)
     rows, cols = np.nonzero(live)
     dest = (np.cumsum(live, 0) - 1)[rows, cols]
     out = []

@@ -163,16 +163,14 @@ def plan_sends(ga: GraphArrays, dev_t: np.ndarray) -> Sends:
                  pred_slot=edge_slot[et.pred_edge])
 
 
-def link_cells(sends: Sends, dev_t: np.ndarray, kk: int, sent: np.ndarray
+def link_cells(src: np.ndarray, dst: np.ndarray, sent: np.ndarray, kk: int
                ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Link cells of every slot: ``(forward [n, S1, P] (own device -> slot's),
-    backward [n, S1, P] (the reverse), number of cells)``; slots that send nothing get a
-    cell no real link has (written with its own value)."""
-    n, width, num = sends.dev.shape
-    src = np.broadcast_to(dev_t[:, None, :], sends.dev.shape)
-    dst = sends.dev
+    """Link cells of slots (arrays ``[..., P]``, the plan last): ``(forward (src -> dst),
+    backward (dst -> src), number of cells)``. A slot that sends nothing gets a cell no
+    real link has (written with its own value)."""
+    num = src.shape[-1]
     plan = np.arange(num)
-    if num * kk * kk <= DIRECT_LINK_CELLS:  # the own device's self link is never used
+    if num * kk * kk <= DIRECT_LINK_CELLS:  # a device's self link is never used
         fwd = (plan * kk + src) * kk + dst
         bwd = (plan * kk + dst) * kk + src
         return fwd, bwd, num * kk * kk
@@ -198,8 +196,8 @@ def link_cells(sends: Sends, dev_t: np.ndarray, kk: int, sent: np.ndarray
         scratch[keys] = where
         ids[where] = scratch[keys]
     dummy = 2 * len(sel)
-    fwd = np.full(n * width * num, dummy, np.int64)
-    bwd = np.full(n * width * num, dummy, np.int64)
-    fwd[sel] = ids[: len(sel)]
-    bwd[sel] = ids[len(sel):]
-    return fwd.reshape(n, width, num), bwd.reshape(n, width, num), dummy + 1
+    fwd = np.full(sent.shape, dummy, np.int64)
+    bwd = np.full(sent.shape, dummy, np.int64)
+    fwd.reshape(-1)[sel] = ids[: len(sel)]
+    bwd.reshape(-1)[sel] = ids[len(sel):]
+    return fwd, bwd, dummy + 1

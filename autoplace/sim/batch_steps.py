@@ -6,8 +6,9 @@ Step ``s`` of the forward processes the ``s``-th item of every plan's issue orde
 ``[slots, plans]`` arrays (:mod:`autoplace.sim.batch_sends`: the op's own device and the
 few others its consumers use), whatever the number of devices: a reduction over slots
 runs along the first axis (numpy reduces a short last axis one row at a time, ten times
-slower). Cells are flat: an item's row is ``(microbatch * (n + 1) + op) * P + plan`` (op
-``n`` of every microbatch is padding that stays 0 / -inf), its value on a slot's device
+slower). Everything a step reads is laid out per step beforehand, so a step slices rows.
+Cells are flat: an item's row is ``(microbatch * (n + 1) + op) * P + plan`` (op ``n`` of
+every microbatch is padding that stays 0 / -inf), its value on a slot's device
 ``row * S1 + slot``, a device's ``plan * K + device``, a link's as ``batch_sends.link_cells``.
 """
 
@@ -17,7 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Steps", "backward_steps", "forward_steps"]
+from autoplace.sim.batch_sends import Sends, edge_tables, link_cells
+from autoplace.sim.model import CostTables, GraphArrays
+
+__all__ = ["Steps", "backward_steps", "forward_steps", "step_tables"]
 
 
 @dataclass
@@ -26,8 +30,8 @@ class Steps:
 
     item: np.ndarray  # item (mb * n + op) at step s
     dev_row: np.ndarray  # device cell of its op
-    item_row: np.ndarray  # item row of it
-    in_cell: np.ndarray  # [m n, F, P] (item row of each producer) * S1 + slot of this device
+    out_cell: np.ndarray  # [m n, S1, P] its output's cell on each slot's device
+    in_cell: np.ndarray  # [m n, F, P] each producer's output cell on this op's device
     t_fwd: np.ndarray  # forward seconds
     t_bwd: np.ndarray  # backward seconds
     link_f: np.ndarray | None  # [m n, S1, P] link cell to each slot's device
@@ -37,17 +41,94 @@ class Steps:
     host: np.ndarray | None  # [m n, S1, P] forward host clock: after the op, after each copy
     extra: dict[tuple[int, int], np.ndarray]  # (step, plan) -> cells past the F inputs
     has_extra: np.ndarray | None  # [m n, P] bool: the step's op has inputs past F
+    links: int  # link cells
+    rows: int  # item rows (m (n + 1) P)
 
 
-def forward_steps(st: Steps, num: int, kk: int, width: int, rows: int, links: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Forward of every plan. Returns ``(arrive, dev_free, link_free)``: ``arrive[row *
-    S1 + slot]`` when an item's output is on a slot's device, the devices' and links'
-    clocks."""
-    arrive = np.zeros(rows * width)
+def step_tables(ga: GraphArrays, sends: Sends, order_t: np.ndarray, dev_t: np.ndarray,
+                kk: int, tf: np.ndarray, tb: np.ndarray, mdiv: np.ndarray,
+                tables: CostTables, hf_t: np.ndarray | None, copy_h: np.ndarray) -> Steps:
+    """The tables the loops read, per forward step: ``order_t [m n, P]`` items in issue
+    order, ``dev_t``, ``tf``, ``tb``, ``hf_t`` (host seconds, None: no host costs)
+    ``[n, P]`` per op, ``mdiv [P]`` the batch split (microbatches x replicas)."""
+    n, num = dev_t.shape
+    mn = len(order_t)
+    m = mn // n
+    width = sends.width
+    pidx = np.arange(num)
+    op_t = order_t % n
+    mboff_t = (order_t // n) * (n + 1)  # row offset of the item's microbatch (n + 1 rows each)
+    flat = op_t * num + pidx
+    dev_s = dev_t.take(flat)
+    row_t = (mboff_t + op_t) * num + pidx
+    out_cell = row_t[:, None, :] * width + np.arange(width)[:, None]
+    link_f = link_b = dur_f = dur_b = None
+    links = 1
+    sent = None
+    if width > 1:  # each step's slots: link cells and seconds there and back (-inf: none)
+        per_slot = (op_t[:, None, :] * width + np.arange(width)[:, None]) * num + pidx
+        nbytes = sends.nbytes.reshape(-1).take(per_slot)
+        dst = sends.dev.reshape(-1).take(per_slot)
+        del per_slot
+        sent = nbytes > 0
+        src = np.broadcast_to(dev_s[:, None, :], dst.shape)
+        link_f, link_b, links = link_cells(src, dst, sent, kk)
+        sel = np.flatnonzero(sent)
+        s_sel, d_sel = src.reshape(-1)[sel], dst.reshape(-1)[sel]
+        bmb = nbytes.reshape(-1)[sel] / mdiv[sel % num]
+        ncl = tables.alpha.shape[0]
+        alpha, inv = tables.alpha.reshape(-1), tables.inv_bw.reshape(-1)
+        dur_f = np.full(dst.shape, -np.inf)
+        dur_b = np.full(dst.shape, -np.inf)
+        fwd, bwd = s_sel * ncl + d_sel, d_sel * ncl + s_sel
+        dur_f.reshape(-1)[sel] = alpha.take(fwd) + bmb * inv.take(fwd)
+        dur_b.reshape(-1)[sel] = alpha.take(bwd) + bmb * inv.take(bwd)
+    host = None
+    if hf_t is not None:
+        # the forward thread's clock, added up in its order (sim_local): each op, then
+        # each copy it sends (to its slots' devices in order; adding 0.0 changes nothing)
+        host = np.zeros((mn, width, num))
+        host[:, 0] = hf_t.take(flat)
+        if width > 1:
+            host[:, 1:] = np.where(sent[:, 1:], copy_h[dev_s][:, None, :], 0.0)
+        flat2 = host.reshape(-1, num)
+        np.cumsum(flat2, 0, out=flat2)
+    et = edge_tables(ga)
+    fan = et.pred.shape[1]
+    # each input: (producer item row, slot of this op's device) -- read forward, written back
+    opf = op_t[:, None, :] * fan + np.arange(fan)[:, None]  # [mn, F, P]
+    in_cell = et.pred.reshape(-1).take(opf)
+    pslot = sends.pred_slot.reshape(-1).take(opf * num + pidx)
+    del opf
+    if m > 1:
+        in_cell += mboff_t[:, None, :]
+    in_cell *= num
+    in_cell += pidx
+    in_cell *= width
+    in_cell += pslot
+    # cells of the inputs past the dense table's width, per (forward step, plan)
+    extra_at: dict[tuple[int, int], np.ndarray] = {}
+    has_extra = None
+    if et.extra:
+        has_extra = np.isin(op_t, list(et.extra))
+        s_hit, p_hit = np.nonzero(has_extra)
+        for s, p in zip(s_hit.tolist(), p_hit.tolist()):
+            more, edges = et.extra[int(op_t[s, p])]
+            extra_at[(s, p)] = ((mboff_t[s, p] + more) * num + p) * width \
+                + sends.edge_slot[edges, p]
+    return Steps(item=order_t, dev_row=pidx * kk + dev_s, out_cell=out_cell, in_cell=in_cell,
+                 t_fwd=tf.take(flat), t_bwd=tb.take(flat), link_f=link_f, link_b=link_b,
+                 dur_f=dur_f, dur_b=dur_b, host=host, extra=extra_at, has_extra=has_extra,
+                 links=links, rows=m * (n + 1) * num)
+
+
+def forward_steps(st: Steps, num: int, kk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Forward of every plan. Returns ``(dev_free, link_free)``, the devices' and links'
+    clocks at its end."""
+    width = st.out_cell.shape[1]
+    arrive = np.zeros(st.rows * width)  # when an item's output is on a slot's device
     dev_free = np.zeros(num * kk)
-    link_free = np.zeros(links)
-    ej = np.arange(width)[:, None]
+    link_free = np.zeros(st.links)
     extra = st.extra
     host = st.host
     for s in range(len(st.item)):
@@ -69,59 +150,65 @@ def forward_steps(st: Steps, num: int, kk: int, width: int, rows: int, links: in
                 np.maximum(s0, host[s], out=s0)
             arr = s0 + st.dur_f[s]
             link_free[lrow] = np.maximum(lf, arr)
-            arrive[st.item_row[s] * width + ej] = np.maximum(arr, fin)
+            arrive[st.out_cell[s]] = np.maximum(arr, fin)
         else:
-            arrive[st.item_row[s]] = fin
-    return arrive, dev_free, link_free
+            arrive[st.out_cell[s, 0]] = fin
+    return dev_free, link_free
 
 
 def backward_steps(st: Steps, dev_free: np.ndarray, link_free: np.ndarray, num: int,
-                   width: int, rows: int, bpos: np.ndarray, issued: np.ndarray | None,
+                   bpos: np.ndarray, issued: np.ndarray | None,
                    copied: np.ndarray | None) -> np.ndarray:
     """Backward of every plan, its items in ``bpos`` order (``[m n, P]`` forward steps),
-    not started before ``issued`` (``[m n, P]``) nor a gradient's copy before ``copied``
-    (``[m n, S1, P]``). Updates ``dev_free``; returns each item's finish ``[m n, P]``."""
+    not started before ``issued`` (``[m n, P]``, in that order) nor a gradient's copy
+    before ``copied`` (``[m n, S1, P]`` by forward step, as the link tables). Updates
+    ``dev_free``; returns each item's finish ``[m n, P]``."""
     mn = len(st.item)
+    width = st.out_cell.shape[1]
     pidx = np.arange(num)
-    grad = np.full(rows * width, -np.inf)  # per item and slot: max over its consumers there
-    bfin = np.zeros((mn, num))
-    bfin_f = bfin.reshape(-1)
-    ej = np.arange(width)[:, None]
-    jcol = ej * num + pidx  # [S1, P] offsets in a step's [S1, P] block
-    item_f, dev_row_f, item_row_f = st.item.reshape(-1), st.dev_row.reshape(-1), \
-        st.item_row.reshape(-1)
-    t_bwd_f = st.t_bwd.reshape(-1)
-    in_cell = np.ascontiguousarray(st.in_cell.transpose(0, 2, 1)).reshape(mn * num, -1)
-    link_b = st.link_b.reshape(-1) if width > 1 else None
-    dur_b = st.dur_b.reshape(-1) if width > 1 else None
+    grad = np.full(st.rows * width, -np.inf)  # per item and slot: max over its consumers there
+    # the tables in backward order: step s reads row s
+    fl = bpos * num + pidx  # [mn, P] cell of each backward step in the [mn, P] tables
+    row_b = st.dev_row.reshape(-1).take(fl)
+    t_b = st.t_bwd.reshape(-1).take(fl)
+    blk = (bpos * (width * num))[:, None, :] + (np.arange(width)[:, None] * num + pidx)
+    out_b = st.out_cell.reshape(-1).take(blk)
+    in_b = st.in_cell.reshape(-1).take((bpos * (st.in_cell.shape[1] * num))[:, None, :]
+                                       + (np.arange(st.in_cell.shape[1])[:, None] * num + pidx))
+    if width > 1:
+        link_b = st.link_b.reshape(-1).take(blk)
+        dur_b = st.dur_b.reshape(-1).take(blk)
+        copied_b = copied.reshape(-1).take(blk) if copied is not None else None
+    del blk
+    fins = np.empty((mn, num))
     extra = st.extra
-    has_extra = st.has_extra.reshape(-1) if extra else None
+    has_extra = st.has_extra.reshape(-1).take(fl) if extra else None
     for s in range(mn):
-        fl = bpos[s] * num + pidx
-        row = dev_row_f.take(fl)
-        r = grad.take(item_row_f.take(fl) * width + ej)  # [S1, P] gradient done per slot
+        r = grad.take(out_b[s])  # [S1, P] gradient done per slot
         if width > 1:
-            blk = bpos[s] * (width * num) + jcol
-            lcell = link_b.take(blk)  # link from each slot's device to this one
+            lcell = link_b[s]  # link from each slot's device to this one
             lfb = link_free.take(lcell)
             s0 = np.maximum(lfb, r)
-            if copied is not None:  # the copy back is issued by the consumer's thread
-                np.maximum(s0, copied[s], out=s0)
-            arr = s0 + dur_b.take(blk)
+            if copied_b is not None:  # the copy back is issued by the consumer's thread
+                np.maximum(s0, copied_b[s], out=s0)
+            arr = s0 + dur_b[s]
             link_free[lcell] = np.maximum(lfb, arr)
             ready = np.maximum.reduce(np.maximum(arr, r), 0)
         else:
             ready = r[0]
+        row = row_b[s]
         start = np.maximum(dev_free.take(row), ready)
         if issued is not None:
             np.maximum(start, issued[s], out=start)
-        fin = start + t_bwd_f.take(fl)
+        fin = start + t_b[s]
         dev_free[row] = fin
-        bfin_f[item_f.take(fl) * num + pidx] = fin
-        cells = in_cell.take(fl, axis=0).T  # [F, P]
+        fins[s] = fin
+        cells = in_b[s]  # [F, P]
         grad[cells] = np.maximum(grad.take(cells), fin)
-        if extra and has_extra.take(fl).any():
-            for p in np.flatnonzero(has_extra.take(fl)).tolist():
+        if extra and has_extra[s].any():
+            for p in np.flatnonzero(has_extra[s]).tolist():
                 more = extra[(int(bpos[s, p]), p)]
                 grad[more] = np.maximum(grad[more], fin[p])
+    bfin = np.empty((mn, num))
+    bfin.reshape(-1)[st.item.reshape(-1).take(fl) * num + pidx] = fins
     return bfin
