@@ -7,11 +7,18 @@ processes: ``torch.distributed.checkpoint`` into ``step-N.tmp``, renamed to
 naming it) is replaced atomically; older steps are removed. A run killed mid-save
 leaves the previous checkpoint intact. No RNG state is needed: every step's data
 is drawn from ``torch.manual_seed(seed + step)``.
+
+Tensor-parallel parameters are DTensors: ``torch.distributed.checkpoint`` writes each
+rank's shard. A fused column whose rows the plan regrouped by rank
+(:func:`autoplace.executor.tensor_parallel.regroup_columns`) is stored in that order, so
+the checkpoint records the layout (``tensor_layout.json`` beside the shards) and a run
+resuming it under another layout is refused.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import tempfile
@@ -24,7 +31,11 @@ from torch import nn
 
 from autoplace.errors import AutoplaceError
 
-__all__ = ["checkpoint_step", "load_checkpoint", "require_resumable", "save_checkpoint"]
+__all__ = ["checkpoint_step", "load_checkpoint", "require_resumable", "save_checkpoint",
+           "tensor_layout"]
+
+#: the file in a step folder naming the regrouped tensor-parallel columns
+LAYOUT_FILE = "tensor_layout.json"
 
 
 def _distributed() -> bool:
@@ -54,6 +65,24 @@ def _options(model: nn.Module) -> Any:
     return StateDictOptions(strict=any(True for _ in (*model.parameters(), *model.buffers())))
 
 
+def tensor_layout(model: nn.Module) -> dict[str, list[int]]:
+    """Modules of ``model`` whose rows a tensor-parallel plan stores regrouped by rank:
+    ``{module path: [degree, outer, mid, inner]}`` (empty without any)."""
+    return {name: list(m.autoplace_regroup) for name, m in model.named_modules()
+            if hasattr(m, "autoplace_regroup")}
+
+
+def _check_layout(folder: Path, model: nn.Module) -> None:
+    path = folder / LAYOUT_FILE
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    now = tensor_layout(model)
+    if saved != now:
+        raise AutoplaceError(
+            f"{folder} was saved with tensor-parallel columns regrouped as {saved or 'none'}, "
+            f"and this plan lays them out as {now or 'none'}: resume it under the plan "
+            "(parallel.tensor) it was saved with")
+
+
 def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     step: int) -> None:
     """Save the state after ``step`` steps (``step`` = number of steps done)."""
@@ -81,6 +110,9 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     dist.barrier()
     if dist.get_rank() == 0:
+        layout = tensor_layout(model)
+        if layout:
+            _atomic_write_text(tmp / LAYOUT_FILE, json.dumps(layout, sort_keys=True))
         final = directory / f"step-{step}"
         if final.exists():
             shutil.rmtree(final)
@@ -165,6 +197,7 @@ def load_checkpoint(directory: str | Path, model: nn.Module,
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     name = latest.read_text().strip()
+    _check_layout(directory / name, model)
     msd, osd = get_state_dict(model, _optimizers(optimizer), options=_options(model))
     groups = copy.deepcopy(osd.get("param_groups"))
     state = {"model": msd, "optim": osd}

@@ -160,6 +160,7 @@ def regroup_columns(gm: fx.GraphModule, graph: Any, shards: TensorShards) -> Non
             for p in (mod.weight, mod.bias):
                 if p is not None:
                     p.data = p.data.index_select(0, perm.to(p.device)).contiguous()
+            mod.autoplace_regroup = (t, outer, mid, inner)  # checkpoints record the layout
 
 
 def apply_tensor_parallel(gm: fx.GraphModule, graph: Any, shards: TensorShards, tp_mesh: Any,
@@ -169,7 +170,7 @@ def apply_tensor_parallel(gm: fx.GraphModule, graph: Any, shards: TensorShards, 
     all among them (a pipeline stage's). With ``shards.sequence`` the rows reduce-scatter
     along the sequence instead (``output_layouts=Shard(1)``) and the stream's modules run
     under ``SequenceParallel`` (:func:`apply_sequence_parallel`). Returns the module paths
-    split."""
+    split (and those run on sequence shards)."""
     seq = shards.sequence
     styles: dict[str, Any] = {}
     for pair in shards.pairs:
@@ -188,8 +189,7 @@ def apply_tensor_parallel(gm: fx.GraphModule, graph: Any, shards: TensorShards, 
         parallelize_module(gm, tp_mesh, styles)
     if seq is not None:
         apply_sequence_parallel(gm, seq, tp_mesh)
-    return sorted(graph[o].target for p in shards.pairs for o in (*p.columns, *p.rows)
-                  if graph[o].target in styles)
+    return sorted(styles)
 
 
 def apply_sequence_parallel(gm: fx.GraphModule, seq: SequenceShards, tp_mesh: Any) -> None:

@@ -1,13 +1,17 @@
 """Tensor parallelism under torchrun on CPU/gloo: tp alone, with FSDP2 (2-D), with a
-pipeline (3-D mesh dims pp x tp), HSDP, and with recomputed groups; the loss equals the
-unpartitioned model's."""
+pipeline (3-D mesh dims pp x tp), HSDP, with recomputed groups, with sequence parallelism
+(alone and under FSDP2), on grouped-query attention, and resumed from a checkpoint; the
+loss equals the unpartitioned model's."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from autoplace import workloads
 from autoplace.cluster import preset
+from autoplace.errors import AutoplaceError
 from autoplace.executor import execute
 from autoplace.executor.runner import capture_graph
 from autoplace.lowering import block_groups
@@ -19,6 +23,8 @@ CPU2, CPU4 = preset("cpu-x2"), preset("cpu-x4")
 #: every Linear of gpt-tiny's two blocks: q/k/v fused and out projection, MLP up and down
 SPLIT = [f"blocks.{b}.{m}" for b in (0, 1)
          for m in ("attn.proj", "attn.qkv", "mlp.fc", "mlp.proj")]
+#: gpt-tiny's norms inside the blocks, run on sequence shards under sequence parallelism
+NORMS = [f"blocks.{b}.{n}" for b in (0, 1) for n in ("ln1", "ln2")]
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +83,51 @@ def test_tensor_parallel_with_ddp_and_recompute(tiny):
                             parallel=ParallelConfig(data=2, tensor=2), recompute=blocks)
     check(execute(wl, plan, cluster=CPU4, steps=3, warmup=1))
 
+
+
+def test_sequence_parallel_two_ranks(tiny):
+    wl, graph = tiny
+    r = execute(wl, single(graph, tensor=2, sequence_parallel=True), cluster=CPU2, steps=3,
+                warmup=1)
+    check(r)
+    assert r.extra["tensor_split"] == sorted(SPLIT + NORMS)
+
+
+def test_fsdp_x_tensor_with_sequence_parallel(tiny):
+    wl, graph = tiny
+    check(execute(wl, single(graph, data=2, shard="fsdp", tensor=2, sequence_parallel=True),
+                  cluster=CPU4, steps=3, warmup=1))
+
+
+def test_grouped_query_attention_splits_kv_heads():
+    """llama3-tiny: 4 query heads, 2 key/value heads repeated by expand + flatten, rotary
+    embeddings; each rank keeps 2 query and 1 key/value head (and its norms' sequence
+    shard)."""
+    wl = workloads.get("llama3-tiny")
+    graph = capture_graph(wl)
+    r = execute(wl, single(graph, tensor=2, sequence_parallel=True), cluster=CPU2, steps=3,
+                warmup=1)
+    check(r)
+    split = r.extra["tensor_split"]
+    assert {"layers.0.attention.wk", "layers.0.attention.wv", "layers.1.feed_forward.w3",
+            "layers.1.ffn_norm"} <= set(split)
+    assert len(split) == 2 * (7 + 2)  # per block: 7 Linears, 2 norms
+
+
+def test_tensor_parallel_checkpoint_resumes_exactly(tiny, tmp_path):
+    """A tp=2 run saved after 2 steps (DTensor shards through torch.distributed.checkpoint,
+    the regrouped qkv's layout recorded) continues at step 3 as the unpartitioned model."""
+    wl, graph = tiny
+    plan = single(graph, tensor=2)
+    first = execute(wl, plan, cluster=CPU2, steps=2, warmup=0, checkpoint_dir=tmp_path)
+    check(first, steps=2)
+    layout = json.loads((tmp_path / "step-2" / "tensor_layout.json").read_text())
+    assert layout == {f"program.blocks.{b}.attn.qkv": [2, 3, 2, 32] for b in (0, 1)}
+    rest = execute(wl, plan, cluster=CPU2, steps=4, warmup=0, checkpoint_dir=tmp_path,
+                   resume=True)
+    assert rest.ok, rest.error
+    assert rest.extra["start_step"] == 2
+    check(rest, steps=2)  # the reference's steps 3 and 4, trained from step 0
+    with pytest.raises(AutoplaceError, match="saved with tensor-parallel columns regrouped"):
+        execute(wl, single(graph, data=2), cluster=CPU2, steps=6, warmup=0,
+                checkpoint_dir=tmp_path, resume=True, reference=False)
