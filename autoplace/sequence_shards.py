@@ -30,7 +30,7 @@ from torch import nn
 
 from autoplace.errors import PlanError
 from autoplace.graph import OpGraph
-from autoplace.tensor_dims import block_of, op_name
+from autoplace.tensor_dims import block_of, dim_arg, op_name
 
 __all__ = ["SEQUENCE_DIM", "SequenceShards", "find_sequence_shards"]
 
@@ -40,7 +40,9 @@ SEQUENCE_DIM = 1
 #: call_function / call_method ops that act on each element alone
 _ELEMENTWISE = {"add", "sub", "mul", "truediv", "div", "neg", "iadd", "imul", "dropout",
                 "gelu", "relu", "silu", "tanh", "sigmoid", "contiguous", "to", "float",
-                "half", "bfloat16", "type_as", "clone"}
+                "half", "bfloat16", "type_as", "clone", "pow", "rsqrt", "sqrt", "exp"}
+#: reductions that are token-wise over a feature dimension (a norm written out)
+_REDUCTIONS = {"mean", "sum", "amax", "var"}
 #: modules that act on each token alone
 _TOKENWISE = (nn.LayerNorm, nn.RMSNorm, nn.Dropout, nn.Identity, nn.Linear, nn.GELU,
               nn.ReLU, nn.SiLU, nn.Tanh)
@@ -116,7 +118,7 @@ def find_sequence_shards(graph: OpGraph, gm: fx.GraphModule, columns: set[str],
         if len(shapes) != 1 or len(shapes[0]) < 2 or shapes[0][SEQUENCE_DIM] != seq:
             raise refuse(f"{x.name} on the residual stream has output shapes {list(shapes)}, "
                          f"not one [batch, {seq}, ...]")
-        _check_tokenwise(gm, x, refuse)
+        _check_tokenwise(graph, gm, x, refuse)
         if x.op == "call_module" and any(True for _ in gm.get_submodule(x.target).parameters()):
             modules.append(x.name)
         to_cols = [u for u in x.users if u.name in columns]
@@ -164,7 +166,7 @@ def find_sequence_shards(graph: OpGraph, gm: fx.GraphModule, columns: set[str],
         modules=tuple(modules), gathers=tuple(gathers))
 
 
-def _check_tokenwise(gm: fx.GraphModule, x: fx.Node, refuse) -> None:
+def _check_tokenwise(graph: OpGraph, gm: fx.GraphModule, x: fx.Node, refuse) -> None:
     if x.op == "call_module":
         mod = gm.get_submodule(x.target)
         if not isinstance(mod, _TOKENWISE):
@@ -172,5 +174,10 @@ def _check_tokenwise(gm: fx.GraphModule, x: fx.Node, refuse) -> None:
                          "module known to act on each token alone")
         return
     name = op_name(x)
+    if name in _REDUCTIONS and x.args and isinstance(x.args[0], fx.Node) \
+            and x.args[0].name in graph:
+        dim, ndim = dim_arg(x, 1), len(graph[x.args[0].name].output_shapes[0])
+        if dim is not None and dim % ndim > SEQUENCE_DIM:
+            return
     if name not in _ELEMENTWISE:
         raise refuse(f"{x.name} ({name}) on the residual stream is not an elementwise op")
