@@ -235,3 +235,12 @@ def test_sequence_parallel_refusals(gpt):
     assert ParallelConfig.from_json(par.to_json()) == par
     assert "sequence_parallel" not in ParallelConfig(tensor=2).to_json()
     assert par.describe() == "tp=2/sp"
+
+
+def test_exported_graph_is_refused_with_the_reason():
+    hf_models = pytest.importorskip("tests.helpers.hf_models")
+    graph = capture_graph(hf_models.gpt2(layers=1))
+    assert graph.capture_method == "export"
+    with pytest.raises(PlanError, match="captured by torch.export, whose program calls no "
+                                        "modules"):
+        validate(graph, single(graph, tensor=2))
