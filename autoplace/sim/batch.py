@@ -20,7 +20,13 @@ from autoplace.plan import Plan
 from autoplace.sim.batch_finish import finish_batch
 from autoplace.sim.batch_issue import batch_backward_issue
 from autoplace.sim.batch_sends import edge_tables, plan_sends
-from autoplace.sim.batch_steps import backward_steps, forward_steps, step_tables
+from autoplace.sim.batch_steps import (
+    backward_steps,
+    forward_steps,
+    host_clock,
+    step_slots,
+    step_tables,
+)
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     CostTables,
@@ -146,17 +152,20 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, k_plan: np.n
         ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
         if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
             hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]
-    st = step_tables(ga, sends, order_t, dev_t, kk, tf, tb, mdiv, tables, hf_t, copy_h)
-    dev_free, link_free = forward_steps(st, num, kk)
-    # backward: each plan's issue order and host times (batch_issue); with no host
-    # costs the reversed forward order
+    # ---- the backward's issue (batch_issue) first: its tables and the loops' are not
+    # held at once; with no host costs it is the reversed forward order
+    ss = step_slots(sends, order_t, dev_t)
     steps = m * n
     bpos = np.broadcast_to(np.arange(steps - 1, -1, -1)[:, None], (steps, num))
-    issued = copied = None
+    host = issued = copied = None
     if host_on:
+        host = host_clock(ss, hf_t, copy_h)
         copy_on = np.logical_or.accumulate(copy_h != 0)[k_plan - 1]
         bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb_t, copy_h,
-                                                    copy_on, st.host[-1, -1], kk, sends)
+                                                    copy_on, host[-1, -1], kk, sends)
+    st = step_tables(ga, sends, ss, order_t, kk, tf, tb, mdiv, tables, host)
+    del ss, host
+    dev_free, link_free = forward_steps(st, num, kk)
     bfin = backward_steps(st, dev_free, link_free, num, bpos, issued, copied)
     dev_free = dev_free.reshape(num, kk)
     last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]

@@ -17,9 +17,11 @@ steps is the largest task count (items plus gradient copies) of the batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from autoplace.sim.batch_sends import Sends, edge_tables, plan_sends
+from autoplace.sim.batch_sends import EdgeTables, Sends, edge_tables, plan_sends
 from autoplace.sim.model import GraphArrays
 
 __all__ = ["batch_backward_issue"]
@@ -45,11 +47,11 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
         sends: the plans' slots (``batch_sends.plan_sends``), built here when None.
 
     Returns:
-        ``(bpos, issued, copied)``: row ``s`` of ``bpos [m n, P]`` is the forward step of
-        the ``s``-th backward item a plan issues and of ``issued [m n, P]`` when its issue
-        ends; ``copied [m n, S1, P]``, by forward step, when an item's gradient's copy from
-        each slot's device is issued (0 where none, and in slot 0; None when no copy has a
-        host cost), as ``local.backward_issue``.
+        ``(bpos, issued, copied)``, each row ``s`` the ``s``-th backward item a plan issues:
+        ``bpos [m n, P]`` its forward step, ``issued [m n, P]`` when its issue ends, and
+        ``copied [m n, S1, P]`` when its gradient's copy from each slot's device is issued
+        (0 where none, and in slot 0; None when no copy has a host cost), as
+        ``local.backward_issue``.
     """
     num, n = dev.shape
     mn = m * n
@@ -61,40 +63,26 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     pos_t = np.empty((mn, num), np.int64)  # forward step of every item
     pos_t.reshape(-1)[order_t * num + pidx] = np.arange(mn)[:, None]
     with_copies = ns > 0 and bool(copy_on.any())
-
-    # ---- copy tasks: (plan, op, slot) with consumers of the op on that slot's device
-    es, ed = et.dist_src, et.dist_dst
-    slot = sends.edge_slot[et.dist_edge].T  # [P, E]
-    cross = (slot > 0) & copy_on[:, None]
-    ncell = num * n * max(ns, 1)
-    cidx = ((pidx[:, None] * n + es) * max(ns, 1) + slot - 1)[cross]
-    ccount = np.bincount(cidx, minlength=ncell)  # consumers there
-    flat_has = np.flatnonzero(ccount)  # by plan, op, slot: a microbatch's copies in order
-    p_c, rest = np.divmod(flat_has, n * max(ns, 1))
-    u_c, j_c = np.divmod(rest, max(ns, 1))
-    per_mb = np.bincount(p_c, minlength=num)  # copies per microbatch of each plan
-    cmax = int(per_mb.max()) if with_copies else 0
+    cp = _copy_tasks(et, sends, copy_on, pos_t, order_t, n, with_copies)
+    cmax = int(cp.per_mb.max()) if with_copies else 0
     width = mn + m * cmax + 2  # items, copies, then an empty slot and a sink for padding
     empty, sink = width - 2, width - 1
-    rank_c = np.arange(len(flat_has)) - (np.cumsum(per_mb) - per_mb)[p_c]  # index in mb
-    rank = np.zeros(ncell, np.int64)
-    rank[flat_has] = rank_c
 
     # ---- per task (``[task, plan]``, flat ``task * P + plan`` so that the plans' tasks of
     # one step lie close): thread's clock cell, host cost, key, dependencies, targets
     fan = et.pred.shape[1]
     nw = num * width
+    shift = max(1, int(nw - 1).bit_length())
     thr = np.full((width, num), num * kk, np.int64)  # clock cell num*kk: nobody's
     cost = np.zeros((width, num))
-    kq = np.full((width, num), -1, np.int64)  # priority: latest created first
+    key = np.full((width, num), _NONE)  # latest created first; the task in the low bits
     deps = np.full((width, num), 1 << 40, np.int64)  # never released unless set
     thr[:mn] = _per_item(dev.T + pidx * kk, m)
     cost[:mn] = _per_item(hb_t, m)
-    kq[:mn] = 2 * mn - 2 * pos_t
+    np.left_shift(2 * mn - 2 * pos_t, shift, out=key[:mn])
+    key[:mn] |= np.arange(mn * num).reshape(mn, num)
     # an item waits for its consumers on its device and for its copies to other devices
-    same = np.bincount((es * num + pidx[:, None])[~cross], minlength=n * num)
-    copies = np.bincount(u_c * num + p_c, minlength=n * num)
-    deps[:mn] = _per_item((same + copies).reshape(n, num), m)
+    deps[:mn] = _per_item(cp.waits.reshape(n, num), m)
     # an item's producers: the producer's item on the same device, else its copy to here
     tgt = np.empty((fan, width, num), np.int64)
     tgt[:, mn:] = sink * num + pidx
@@ -105,53 +93,101 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
         cell = (pidx * n + pu) * max(ns, 1) + pslot - 1
         row = np.where(pu == n, sink,
                        np.where((pslot > 0) & copy_on, mn + mb_of * cmax
-                                + rank.take(cell, mode="clip"), mb_of * n + pu))
+                                + cp.rank.take(cell, mode="clip"), mb_of * n + pu))
         row *= num
         row += pidx
         tgt[f, :mn] = row
+    del pslot, cell, row
     if with_copies:
-        e_c = sends.dev[u_c, j_c + 1, p_c]
-        # the first consumer there in issue order (the same op in every microbatch)
-        first = np.full(ncell, mn, np.int64)
-        np.minimum.at(first, cidx, pos_t[ed].T[cross])
-        w_c = order_t[first[flat_has], p_c] % n
-        at0 = (mn + rank_c) * num + p_c  # flat cell of each copy task of microbatch 0
+        e_c = sends.dev[cp.u, cp.j + 1, cp.p]
+        at0 = (mn + cp.r) * num + cp.p  # flat cell of each copy task of microbatch 0
         for mb in range(m):
             at = at0 + mb * cmax * num
-            thr.reshape(-1)[at] = p_c * kk + e_c
+            thr.reshape(-1)[at] = cp.p * kk + e_c
             cost.reshape(-1)[at] = copy_h[e_c]
-            deps.reshape(-1)[at] = ccount[flat_has]
-            tgt[0].reshape(-1)[at] = (mb * n + u_c) * num + p_c
+            deps.reshape(-1)[at] = cp.consumers
+            tgt[0].reshape(-1)[at] = (mb * n + cp.u) * num + cp.p
             # just after its first consumer (w); equal keys (one consumer, several
             # producers) go in task order, producer order, as the scalar path's
-            kq.reshape(-1)[at] = 2 * mn + 1 - 2 * pos_t.reshape(-1)[(mb * n + w_c) * num + p_c]
-
-    shift = max(1, int(nw - 1).bit_length())
-    key = kq << shift
-    key |= np.arange(nw, dtype=np.int64).reshape(width, num)  # the task in the low bits
-    key[kq < 0] = _NONE
+            kq = 2 * mn + 1 - 2 * pos_t.reshape(-1).take((mb * n + cp.w) * num + cp.p)
+            kq <<= shift
+            kq |= at
+            key.reshape(-1)[at] = kq
+        del e_c, at0, at, kq
     rt_f = np.tile(host_f, width)  # release time of every task; inf once taken
     rt_f[empty * num + pidx] = np.inf
     clock = np.append(np.repeat(host_f, kk), np.inf)  # per thread, and one for nobody
-    extra_f = _extra_targets(et.extra, sends, dev, rank, copy_on, n, m, ns, cmax)
-    steps = mn + m * int(per_mb.max()) if with_copies else mn
-    fewest = mn + m * int(per_mb.min()) if with_copies else mn
-    tend, taken = _take_tasks(deps.reshape(-1), rt_f, clock, thr.reshape(-1),
-                              cost.reshape(-1), key.reshape(-1), (1 << shift) - 1,
+    extra_f = _extra_targets(et.extra, sends, dev, cp.rank, copy_on, n, m, ns, cmax)
+    steps = mn + m * int(cp.per_mb.max()) if with_copies else mn
+    fewest = mn + m * int(cp.per_mb.min()) if with_copies else mn
+    thr, cost, key, deps, tgt = (x.reshape(-1) for x in (thr, cost, key, deps, tgt))
+    tend, taken = _take_tasks(deps, rt_f, clock, thr, cost, key, (1 << shift) - 1,
                               tgt.reshape(fan, nw), extra_f, empty * num + pidx, steps, fewest)
+    del thr, cost, key, deps, tgt, rt_f
     # ---- per plan, items in the order taken (each plan takes each of its mn items once)
     seq = taken.T  # [P, steps] flat task ids
     item_ids = seq[seq < mn * num].reshape(num, mn).T  # [mn, P]
+    del seq, taken
     bpos = pos_t.reshape(-1).take(item_ids)
     issued = tend.take(item_ids)
     copied = None
-    if with_copies:  # by forward step, as the link tables: [m n, S1, P]
+    if with_copies:  # a copy's item's backward step
+        bstep = pos_t.reshape(-1)  # reused: positions are no longer needed
+        bstep[item_ids] = np.arange(mn)[:, None]
         copied = np.zeros((mn, ns + 1, num))
         for mb in range(m):
-            at = (mn + mb * cmax + rank_c) * num + p_c
-            step_of = pos_t.reshape(-1)[(mb * n + u_c) * num + p_c]
-            copied.reshape(-1)[(step_of * (ns + 1) + j_c + 1) * num + p_c] = tend[at]
+            at = (mn + mb * cmax + cp.r) * num + cp.p
+            step_of = bstep.take((mb * n + cp.u) * num + cp.p)
+            copied.reshape(-1)[(step_of * (ns + 1) + cp.j + 1) * num + cp.p] = tend.take(at)
     return bpos, issued, copied
+
+
+@dataclass
+class _Copies:
+    """The gradient copies of a microbatch, per copy (plan, op, slot, index in the plan's
+    microbatch, consumers there, first consumer in issue order), and per cell."""
+
+    p: np.ndarray
+    u: np.ndarray
+    j: np.ndarray
+    r: np.ndarray
+    consumers: np.ndarray
+    w: np.ndarray | None
+    per_mb: np.ndarray  # [P] copies per microbatch
+    rank: np.ndarray  # [P n S] index of the copy of (plan, op, slot)
+    waits: np.ndarray  # [n P] consumers on the op's device plus its copies
+
+
+def _copy_tasks(et: EdgeTables, sends: Sends, copy_on: np.ndarray, pos_t: np.ndarray,
+                order_t: np.ndarray, n: int, with_copies: bool) -> _Copies:
+    """Copy tasks: (plan, op, slot) with consumers of the op on that slot's device."""
+    num = len(copy_on)
+    pidx = np.arange(num)
+    ns = max(sends.width - 1, 1)
+    es, ed = et.dist_src, et.dist_dst
+    slot = sends.edge_slot[et.dist_edge].T  # [P, E]
+    cross = (slot > 0) & copy_on[:, None]
+    ncell = num * n * ns
+    cidx = ((pidx[:, None] * n + es) * ns + slot - 1)[cross]
+    del slot
+    ccount = np.bincount(cidx, minlength=ncell)  # consumers there
+    flat_has = np.flatnonzero(ccount)  # by plan, op, slot: a microbatch's copies in order
+    p_c, rest = np.divmod(flat_has, n * ns)
+    u_c, j_c = np.divmod(rest, ns)
+    del rest
+    per_mb = np.bincount(p_c, minlength=num)
+    rank_c = np.arange(len(flat_has)) - (np.cumsum(per_mb) - per_mb)[p_c]
+    rank = np.zeros(ncell, np.int64)
+    rank[flat_has] = rank_c
+    waits = np.bincount((es * num + pidx[:, None])[~cross], minlength=n * num)
+    waits += np.bincount(u_c * num + p_c, minlength=n * num)
+    w_c = None
+    if with_copies:  # the first consumer there in issue order (the same in every microbatch)
+        first = np.full(ncell, len(pos_t), np.int64)
+        np.minimum.at(first, cidx, pos_t[ed].T[cross])
+        w_c = order_t[first[flat_has], p_c] % n
+    return _Copies(p=p_c, u=u_c, j=j_c, r=rank_c, consumers=ccount[flat_has], w=w_c,
+                   per_mb=per_mb, rank=rank, waits=waits)
 
 
 def _per_item(x: np.ndarray, m: int) -> np.ndarray:
@@ -170,7 +206,7 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
     """The lockstep loop: each step every plan takes its next task. Returns when each
     task's issue ends (flat task ids) and the task each plan took at each step."""
     nw = len(rt_f)
-    fan = tgt_f.shape[0]
+    fan = len(tgt_f)
     tend = np.zeros(nw)
     taken = np.empty((steps, len(empty)), np.int64)
     # released tasks, a row per slot and a column per plan: task, clock cell, key
@@ -191,6 +227,8 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
     has_extra[list(extra_f)] = True
     inf = np.inf
     nobody = len(clock) - 1
+    f_off = (np.arange(fan) * nw)[:, None]  # row f of the [F, nw] targets, flat
+    tgt_f = tgt_f.reshape(-1)
     for s in range(steps):
         if used + fan > cap:
             b_task, b_thr, b_key, used = _compact(b_task, b_thr, b_key, used, rt_f, empty, fan,
@@ -206,7 +244,7 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
         clock[thr_f.take(task)] = end
         tend[task] = end
         taken[s] = task
-        tg = tgt_f.take(task, axis=1)  # [F, P]
+        tg = tgt_f.take(task + f_off)  # [F, P]
         left = deps_f.take(tg) - 1
         deps_f[tg] = left
         rt_f[tg] = np.maximum(rt_f.take(tg), end)
@@ -228,11 +266,11 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
 
 
 def _compact(b_task, b_thr, b_key, used, rt_f, empty, room, nobody):
-    """Released tasks moved to the first rows, keeping at least ``_ROOM x room`` free rows
+    """Released tasks moved to the first rows of new tables with ``_ROOM x room`` free rows
     (``nobody``: the clock cell of no thread). Returns ``(b_task, b_thr, b_key, used)``."""
     live = rt_f.take(b_task[:used]) < np.inf
     keep = int(live.sum(0).max())
-    cap = max(b_task.shape[0], keep + _ROOM * room)
+    cap = keep + _ROOM * room
     rows, cols = np.nonzero(live)
     dest = (np.cumsum(live, 0) - 1)[rows, cols]
     out = []

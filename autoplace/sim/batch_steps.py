@@ -21,7 +21,8 @@ import numpy as np
 from autoplace.sim.batch_sends import Sends, edge_tables, link_cells
 from autoplace.sim.model import CostTables, GraphArrays
 
-__all__ = ["Steps", "backward_steps", "forward_steps", "step_tables"]
+__all__ = ["StepSlots", "Steps", "backward_steps", "forward_steps", "host_clock", "step_slots",
+           "step_tables"]
 
 
 @dataclass
@@ -30,8 +31,8 @@ class Steps:
 
     item: np.ndarray  # item (mb * n + op) at step s
     dev_row: np.ndarray  # device cell of its op
-    out_cell: np.ndarray  # [m n, S1, P] its output's cell on each slot's device
-    in_cell: np.ndarray  # [m n, F, P] each producer's output cell on this op's device
+    item_row: np.ndarray  # item row of it: its output on slot j is at item_row * S1 + j
+    in_cell: np.ndarray | None  # [m n, F, P] each producer's output cell on this op's device
     t_fwd: np.ndarray  # forward seconds
     t_bwd: np.ndarray  # backward seconds
     link_f: np.ndarray | None  # [m n, S1, P] link cell to each slot's device
@@ -41,64 +42,92 @@ class Steps:
     host: np.ndarray | None  # [m n, S1, P] forward host clock: after the op, after each copy
     extra: dict[tuple[int, int], np.ndarray]  # (step, plan) -> cells past the F inputs
     has_extra: np.ndarray | None  # [m n, P] bool: the step's op has inputs past F
+    width: int  # S1, slots per op
     links: int  # link cells
     rows: int  # item rows (m (n + 1) P)
 
 
-def step_tables(ga: GraphArrays, sends: Sends, order_t: np.ndarray, dev_t: np.ndarray,
-                kk: int, tf: np.ndarray, tb: np.ndarray, mdiv: np.ndarray,
-                tables: CostTables, hf_t: np.ndarray | None, copy_h: np.ndarray) -> Steps:
-    """The tables the loops read, per forward step: ``order_t [m n, P]`` items in issue
-    order, ``dev_t``, ``tf``, ``tb``, ``hf_t`` (host seconds, None: no host costs)
-    ``[n, P]`` per op, ``mdiv [P]`` the batch split (microbatches x replicas)."""
+@dataclass
+class StepSlots:
+    """What each forward step's op sends, per slot (``[m n, S1, P]``; None with one slot)."""
+
+    op: np.ndarray  # [m n, P] the op of each step
+    dev: np.ndarray  # [m n, P] its device
+    dst: np.ndarray | None  # the slot's device
+    nbytes: np.ndarray | None  # bytes sent there (0: nothing)
+
+
+def step_slots(sends: Sends, order_t: np.ndarray, dev_t: np.ndarray) -> StepSlots:
+    """Each step's op, device and slots, for items ``order_t [m n, P]`` in issue order."""
     n, num = dev_t.shape
-    mn = len(order_t)
+    pidx = np.arange(num)
+    op_t = order_t % n
+    dev_s = dev_t.take(op_t * num + pidx)
+    if sends.width == 1:
+        return StepSlots(op=op_t, dev=dev_s, dst=None, nbytes=None)
+    per_slot = (op_t[:, None, :] * sends.width + np.arange(sends.width)[:, None]) * num + pidx
+    return StepSlots(op=op_t, dev=dev_s, dst=sends.dev.reshape(-1).take(per_slot),
+                     nbytes=sends.nbytes.reshape(-1).take(per_slot))
+
+
+def host_clock(ss: StepSlots, hf_t: np.ndarray, copy_h: np.ndarray) -> np.ndarray:
+    """The forward thread's clock ``[m n, S1, P]``, added up in its order (``sim_local``):
+    each op (``hf_t [n, P]`` host seconds), then each copy it sends (``copy_h`` per
+    device), to its slots' devices in order; adding 0.0 where none changes nothing."""
+    mn, num = ss.op.shape
+    width = 1 if ss.nbytes is None else ss.nbytes.shape[1]
+    host = np.zeros((mn, width, num))
+    host[:, 0] = hf_t.take(ss.op * num + np.arange(num))
+    if width > 1:
+        host[:, 1:] = np.where(ss.nbytes[:, 1:] > 0, copy_h[ss.dev][:, None, :], 0.0)
+    rows = host.reshape(-1, num)  # a running sum down the rows (cumsum along axis 0
+    for i in range(1, len(rows)):  # walks each column with a stride: 6x slower)
+        np.add(rows[i - 1], rows[i], out=rows[i])
+    return host
+
+
+def step_tables(ga: GraphArrays, sends: Sends, ss: StepSlots, order_t: np.ndarray, kk: int,
+                tf: np.ndarray, tb: np.ndarray, mdiv: np.ndarray, tables: CostTables,
+                host: np.ndarray | None) -> Steps:
+    """The tables the loops read, per forward step: ``order_t [m n, P]`` items in issue
+    order, ``ss`` their slots, ``tf``, ``tb`` ``[n, P]`` seconds per op, ``mdiv [P]`` the
+    batch split (microbatches x replicas), ``host`` the forward host clock (None: no host
+    costs)."""
+    n = ga.n
+    mn, num = order_t.shape
     m = mn // n
     width = sends.width
     pidx = np.arange(num)
-    op_t = order_t % n
+    op_t = ss.op
     mboff_t = (order_t // n) * (n + 1)  # row offset of the item's microbatch (n + 1 rows each)
     flat = op_t * num + pidx
-    dev_s = dev_t.take(flat)
-    row_t = (mboff_t + op_t) * num + pidx
-    out_cell = row_t[:, None, :] * width + np.arange(width)[:, None]
     link_f = link_b = dur_f = dur_b = None
     links = 1
-    sent = None
     if width > 1:  # each step's slots: link cells and seconds there and back (-inf: none)
-        per_slot = (op_t[:, None, :] * width + np.arange(width)[:, None]) * num + pidx
-        nbytes = sends.nbytes.reshape(-1).take(per_slot)
-        dst = sends.dev.reshape(-1).take(per_slot)
-        del per_slot
-        sent = nbytes > 0
-        src = np.broadcast_to(dev_s[:, None, :], dst.shape)
-        link_f, link_b, links = link_cells(src, dst, sent, kk)
+        sent = ss.nbytes > 0
+        src = np.broadcast_to(ss.dev[:, None, :], ss.dst.shape)
+        link_f, link_b, links = link_cells(src, ss.dst, sent, kk)
         sel = np.flatnonzero(sent)
-        s_sel, d_sel = src.reshape(-1)[sel], dst.reshape(-1)[sel]
-        bmb = nbytes.reshape(-1)[sel] / mdiv[sel % num]
+        del sent
+        s_sel = ss.dev.reshape(-1).take(sel // (width * num) * num + sel % num)
+        d_sel = ss.dst.reshape(-1).take(sel)
+        bmb = ss.nbytes.reshape(-1).take(sel) / mdiv.take(sel % num)
         ncl = tables.alpha.shape[0]
         alpha, inv = tables.alpha.reshape(-1), tables.inv_bw.reshape(-1)
-        dur_f = np.full(dst.shape, -np.inf)
-        dur_b = np.full(dst.shape, -np.inf)
-        fwd, bwd = s_sel * ncl + d_sel, d_sel * ncl + s_sel
-        dur_f.reshape(-1)[sel] = alpha.take(fwd) + bmb * inv.take(fwd)
-        dur_b.reshape(-1)[sel] = alpha.take(bwd) + bmb * inv.take(bwd)
-    host = None
-    if hf_t is not None:
-        # the forward thread's clock, added up in its order (sim_local): each op, then
-        # each copy it sends (to its slots' devices in order; adding 0.0 changes nothing)
-        host = np.zeros((mn, width, num))
-        host[:, 0] = hf_t.take(flat)
-        if width > 1:
-            host[:, 1:] = np.where(sent[:, 1:], copy_h[dev_s][:, None, :], 0.0)
-        flat2 = host.reshape(-1, num)
-        np.cumsum(flat2, 0, out=flat2)
+        dur_f = np.full(ss.dst.shape, -np.inf)
+        dur_b = np.full(ss.dst.shape, -np.inf)
+        li = s_sel * ncl + d_sel
+        dur_f.reshape(-1)[sel] = alpha.take(li) + bmb * inv.take(li)
+        li = d_sel * ncl + s_sel
+        dur_b.reshape(-1)[sel] = alpha.take(li) + bmb * inv.take(li)
     et = edge_tables(ga)
     fan = et.pred.shape[1]
     # each input: (producer item row, slot of this op's device) -- read forward, written back
     opf = op_t[:, None, :] * fan + np.arange(fan)[:, None]  # [mn, F, P]
     in_cell = et.pred.reshape(-1).take(opf)
-    pslot = sends.pred_slot.reshape(-1).take(opf * num + pidx)
+    opf *= num
+    opf += pidx
+    pslot = sends.pred_slot.reshape(-1).take(opf)
     del opf
     if m > 1:
         in_cell += mboff_t[:, None, :]
@@ -106,6 +135,7 @@ def step_tables(ga: GraphArrays, sends: Sends, order_t: np.ndarray, dev_t: np.nd
     in_cell += pidx
     in_cell *= width
     in_cell += pslot
+    del pslot
     # cells of the inputs past the dense table's width, per (forward step, plan)
     extra_at: dict[tuple[int, int], np.ndarray] = {}
     has_extra = None
@@ -116,17 +146,19 @@ def step_tables(ga: GraphArrays, sends: Sends, order_t: np.ndarray, dev_t: np.nd
             more, edges = et.extra[int(op_t[s, p])]
             extra_at[(s, p)] = ((mboff_t[s, p] + more) * num + p) * width \
                 + sends.edge_slot[edges, p]
-    return Steps(item=order_t, dev_row=pidx * kk + dev_s, out_cell=out_cell, in_cell=in_cell,
-                 t_fwd=tf.take(flat), t_bwd=tb.take(flat), link_f=link_f, link_b=link_b,
-                 dur_f=dur_f, dur_b=dur_b, host=host, extra=extra_at, has_extra=has_extra,
-                 links=links, rows=m * (n + 1) * num)
+    return Steps(item=order_t, dev_row=pidx * kk + ss.dev, item_row=(mboff_t + op_t) * num + pidx,
+                 in_cell=in_cell, t_fwd=tf.take(flat), t_bwd=tb.take(flat), link_f=link_f,
+                 link_b=link_b, dur_f=dur_f, dur_b=dur_b, host=host, extra=extra_at,
+                 has_extra=has_extra, width=width, links=links, rows=m * (n + 1) * num)
 
 
 def forward_steps(st: Steps, num: int, kk: int) -> tuple[np.ndarray, np.ndarray]:
     """Forward of every plan. Returns ``(dev_free, link_free)``, the devices' and links'
-    clocks at its end."""
-    width = st.out_cell.shape[1]
+    clocks at its end, and drops the tables only the forward reads from ``st`` (its
+    peak memory is what a step of the batch costs: pages the process maps afresh)."""
+    width = st.width
     arrive = np.zeros(st.rows * width)  # when an item's output is on a slot's device
+    ej = np.arange(width)[:, None]
     dev_free = np.zeros(num * kk)
     link_free = np.zeros(st.links)
     extra = st.extra
@@ -150,9 +182,10 @@ def forward_steps(st: Steps, num: int, kk: int) -> tuple[np.ndarray, np.ndarray]
                 np.maximum(s0, host[s], out=s0)
             arr = s0 + st.dur_f[s]
             link_free[lrow] = np.maximum(lf, arr)
-            arrive[st.out_cell[s]] = np.maximum(arr, fin)
+            arrive[st.item_row[s] * width + ej] = np.maximum(arr, fin)
         else:
-            arrive[st.out_cell[s, 0]] = fin
+            arrive[st.item_row[s]] = fin
+    st.link_f = st.dur_f = st.host = None
     return dev_free, link_free
 
 
@@ -160,37 +193,39 @@ def backward_steps(st: Steps, dev_free: np.ndarray, link_free: np.ndarray, num: 
                    bpos: np.ndarray, issued: np.ndarray | None,
                    copied: np.ndarray | None) -> np.ndarray:
     """Backward of every plan, its items in ``bpos`` order (``[m n, P]`` forward steps),
-    not started before ``issued`` (``[m n, P]``, in that order) nor a gradient's copy
-    before ``copied`` (``[m n, S1, P]`` by forward step, as the link tables). Updates
-    ``dev_free``; returns each item's finish ``[m n, P]``."""
+    not started before ``issued`` (``[m n, P]``) nor a gradient's copy from a slot's
+    device before ``copied`` (``[m n, S1, P]``), both in that order. Updates
+    ``dev_free`` and drops the tables of ``st`` it has read; returns each item's finish
+    ``[m n, P]``."""
     mn = len(st.item)
-    width = st.out_cell.shape[1]
+    width = st.width
     pidx = np.arange(num)
+    ej = np.arange(width)[:, None]
     grad = np.full(st.rows * width, -np.inf)  # per item and slot: max over its consumers there
     # the tables in backward order: step s reads row s
     fl = bpos * num + pidx  # [mn, P] cell of each backward step in the [mn, P] tables
     row_b = st.dev_row.reshape(-1).take(fl)
     t_b = st.t_bwd.reshape(-1).take(fl)
+    item_b = st.item_row.reshape(-1).take(fl) * width
     blk = (bpos * (width * num))[:, None, :] + (np.arange(width)[:, None] * num + pidx)
-    out_b = st.out_cell.reshape(-1).take(blk)
     in_b = st.in_cell.reshape(-1).take((bpos * (st.in_cell.shape[1] * num))[:, None, :]
                                        + (np.arange(st.in_cell.shape[1])[:, None] * num + pidx))
     if width > 1:
         link_b = st.link_b.reshape(-1).take(blk)
         dur_b = st.dur_b.reshape(-1).take(blk)
-        copied_b = copied.reshape(-1).take(blk) if copied is not None else None
     del blk
+    st.in_cell = st.link_b = st.dur_b = None
     fins = np.empty((mn, num))
     extra = st.extra
     has_extra = st.has_extra.reshape(-1).take(fl) if extra else None
     for s in range(mn):
-        r = grad.take(out_b[s])  # [S1, P] gradient done per slot
+        r = grad.take(item_b[s] + ej)  # [S1, P] gradient done per slot
         if width > 1:
             lcell = link_b[s]  # link from each slot's device to this one
             lfb = link_free.take(lcell)
             s0 = np.maximum(lfb, r)
-            if copied_b is not None:  # the copy back is issued by the consumer's thread
-                np.maximum(s0, copied_b[s], out=s0)
+            if copied is not None:  # the copy back is issued by the consumer's thread
+                np.maximum(s0, copied[s], out=s0)
             arr = s0 + dur_b[s]
             link_free[lcell] = np.maximum(lfb, arr)
             ready = np.maximum.reduce(np.maximum(arr, r), 0)

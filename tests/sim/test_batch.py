@@ -105,10 +105,9 @@ def test_batch_issue_equals_backward_issue(n, m):
         if cop is not None:  # copied is per slot: back on devices, zero elsewhere
             by_dev = np.zeros((len(items), kk))
             ops = np.asarray(items) % n
-            rows = bpos[:, p]  # copied is by forward step
             for j in range(1, sends.width):
                 on = sends.used[ops, j, p]
-                by_dev[np.flatnonzero(on), sends.dev[ops[on], j, p]] = copied[rows[on], j, p]
+                by_dev[np.flatnonzero(on), sends.dev[ops[on], j, p]] = copied[on, j, p]
             assert by_dev.tolist() == np.asarray(cop).reshape(-1, kk)[items].tolist()
 
 
