@@ -15,13 +15,13 @@ in its piece (an input from a heavy op, from outside its group, or a parameter) 
 every normalization (its input is needed whole: recomputing it would recompute the
 chain before it). Checked on two models, nothing fitted: kept memory falls by 0 GiB on
 gpt-1b (measured 0.5) and by 21.8 GiB on a GPT-2-medium-size Hugging Face model
-(measured 18.0; 1x H200, ``bench/results/2026-11-29-h200x1-levers-*-pieces``).
+(measured 18.0; 1x H200: docs/simulator.md, compiled pieces).
 
 The factor comes from kernel traces on one NVIDIA H200 (torch 2.11, bf16 autocast):
 gpt-1b with each block compiled by hand spent 18 ms a step in kernels other than
 matmuls, attention and the optimizer's against 34 ms eagerly (the loss and embedding,
 never compiled, taken out of both). It is checked on models it was not fitted on in the
-levers benchmark (``docs/simulator.md``).
+levers benchmark (docs/simulator.md, compiled pieces).
 """
 
 from __future__ import annotations
