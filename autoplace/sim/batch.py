@@ -50,10 +50,9 @@ def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostT
     num = len(plans)
     step = np.zeros(num)
     peak = np.zeros((num, cluster.num_devices))
-    gids = _validate_and_group_ids(ga, graph, plans, cluster)
+    gids, place, k_all = _validate_and_group_ids(ga, graph, plans, cluster)
     by_m: dict[int, list[int]] = {}
     alike: dict[tuple[int, int], bool] = {}  # (replicas, devices each): replicas alike
-    k_all = np.array([plan.devices_per_replica for plan in plans], np.int64)
     for p, plan in enumerate(plans):
         par = plan.parallel
         key = (par.data, int(k_all[p]))
@@ -74,22 +73,27 @@ def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostT
         size = max(1, _CHUNK_CELLS // (m * ga.n * slots))
         for c in range(0, len(idx), size):
             sel = idx[c:c + size]
+            dev = np.stack([place[p][gids[p]] for p in sel])  # [P, n] local device of each op
             s, pk = _run_chunk(ga, [plans[p] for p in sel], np.stack([gids[p] for p in sel]),
-                               k_all[sel], m, cluster, tables)
+                               dev, k_all[sel], m, cluster, tables)
             step[sel] = s
             peak[sel] = pk
     return step, peak
 
 
 def _validate_and_group_ids(ga: GraphArrays, graph: OpGraph, plans: list[Plan],
-                            cluster: Cluster) -> list[np.ndarray]:
-    """Validate every plan (the full check once per distinct grouping) and return
-    each plan's group id per op."""
+                            cluster: Cluster) -> tuple[list[np.ndarray], list[np.ndarray],
+                                                       np.ndarray]:
+    """Validate every plan (the full check once per distinct grouping). Returns each
+    plan's group id per op, its placement as an array, and its devices per replica."""
+    place = _placements(plans)
+    k_all = np.array([int(x.max()) + 1 if len(x) else 1 for x in place], np.int64)
+    low_ok = [len(x) == 0 or int(x.min()) >= 0 for x in place]
     out: list[np.ndarray] = []
     last_groups: dict | None = None
     last_ids = np.zeros(0, np.int64)
     max_gid = -1
-    for plan in plans:
+    for p, plan in enumerate(plans):
         same = last_groups is not None and (plan.groups is last_groups or plan.groups == last_groups)
         fp = plan.model.get("fingerprint")
         par = plan.parallel
@@ -97,7 +101,7 @@ def _validate_and_group_ids(ga: GraphArrays, graph: OpGraph, plans: list[Plan],
             same and (fp is None or fp == graph.fingerprint) and par.pipeline == 1
             and max_gid < len(plan.placement)
             and all(0 <= g < len(plan.placement) for g in plan.recompute)
-            and _devices_ok(plan.placement, par.data, cluster.num_devices)
+            and low_ok[p] and int(k_all[p]) * par.data <= cluster.num_devices
             and not (par.shard != "none" and par.data == 1)
         )
         if not light_ok:
@@ -107,19 +111,22 @@ def _validate_and_group_ids(ga: GraphArrays, graph: OpGraph, plans: list[Plan],
                 last_ids = np.array([plan.groups[name] for name in ga.names], dtype=np.int64)
                 max_gid = int(last_ids.max())
         out.append(last_ids)
-    return out
+    return out, place, k_all
 
 
-def _devices_ok(placement: tuple[int, ...], data: int, num_devices: int) -> bool:
-    arr = np.asarray(placement)
-    return bool(arr.min() >= 0 and (arr.max() + 1) * data <= num_devices)
+def _placements(plans: list[Plan]) -> list[np.ndarray]:
+    """Every plan's placement as integers (one conversion for the batch when every plan
+    has as many groups)."""
+    if len({len(p.placement) for p in plans}) == 1:
+        return list(np.array([p.placement for p in plans], np.int64))
+    return [np.asarray(p.placement, np.int64) for p in plans]
 
 
-def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, k_plan: np.ndarray,
-               m: int, cluster: Cluster, tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndarray,
+               k_plan: np.ndarray, m: int, cluster: Cluster, tables: CostTables
+               ) -> tuple[np.ndarray, np.ndarray]:
     n, num = ga.n, len(plans)
     ar = np.arange(n)
-    dev = np.stack([np.asarray(p.placement, np.int64)[g] for p, g in zip(plans, gid)])
     dev_t = np.ascontiguousarray(dev.T)  # [n, P]: arrays are op-major from here on
     kk = int(k_plan.max())
     d = np.array([p.parallel.data for p in plans], np.float64)
@@ -127,7 +134,10 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, k_plan: np.n
 
     # ---- op times [n, P]: per (device, op) for each share of the batch, then per plan
     share = 1.0 / mdiv
-    tf, tb = _device_op_tables(dev_t, share, kk, lambda devs, sh: _op_times(tables, devs, sh))
+    ids = np.arange(kk)
+    kind = tables.kind_of_device[ids].astype(np.float64)
+    tf, tb = _device_op_tables(dev_t, share, np.stack([kind, tables.overhead[ids]], 1),
+                               lambda devs, sh: _op_times(tables, devs, sh))
     rc_op = np.zeros((num, n), bool)
     for p, plan in enumerate(plans):
         if plan.recompute:
@@ -145,7 +155,8 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, k_plan: np.n
     copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
     if host_on:  # [n, P] host seconds per op, forward and backward
         hf_t, hb_t = _device_op_tables(
-            dev_t, share, kk, lambda devs, sh: host_times(tables, devs, ar[None, :], sh))
+            dev_t, share, np.stack([kind, tables.host[ids]], 1),
+            lambda devs, sh: host_times(tables, devs, ar[None, :], sh))
         for p, pl in enumerate(plans):
             if pl.parallel.graphs:  # one replay per piece (sim_local)
                 hf_t[:, p] = hb_t[:, p] = graphed_host(dev_t[:, p], ga.param_count)
@@ -183,14 +194,16 @@ def _op_times(tables: CostTables, devs: np.ndarray, share: float
             scaled(tables.bwd[kind], tables.bwd_fixed[kind], oh, share))
 
 
-def _device_op_tables(dev_t: np.ndarray, share: np.ndarray, kk: int, fn
+def _device_op_tables(dev_t: np.ndarray, share: np.ndarray, sig: np.ndarray, fn
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """``fn(devices [K, 1], share) -> (a, b)``, tables ``[K, n]`` per device and op,
-    evaluated once per distinct share of the batch and read at every plan's ``[n, P]``
-    devices: the same numbers as evaluating it per plan."""
+    """``fn(devices [U, 1], share) -> (a, b)``, tables ``[U, n]`` per device and op,
+    evaluated once per distinct share of the batch and per distinct device (``sig [K,
+    c]``: what ``fn`` reads of a device) and read at every plan's ``[n, P]`` devices: the
+    same numbers as evaluating it per plan."""
     n, num = dev_t.shape
-    devs = np.arange(kk)[:, None]
-    cell = dev_t * n + np.arange(n)[:, None]
+    _, first, inverse = np.unique(sig, axis=0, return_index=True, return_inverse=True)
+    devs = first[:, None]
+    cell = inverse.reshape(-1)[dev_t] * n + np.arange(n)[:, None]
     values = np.unique(share)
     if len(values) == 1:
         return tuple(np.asarray(t, np.float64).reshape(-1).take(cell)
