@@ -155,10 +155,14 @@ def plan_sends(ga: GraphArrays, dev_t: np.ndarray) -> Sends:
     nbytes = np.zeros((n, width, num))
     used = np.zeros((n, width, num), bool)
     if width > 1:
-        cell = ((es[:, None] * width + edge_slot) * num + cols)[cross]
-        sdev.reshape(-1)[cell] = dv[cross]
-        used.reshape(-1)[cell] = True
-        np.maximum.at(nbytes.reshape(-1), cell, np.broadcast_to(eb[:, None], cross.shape)[cross])
+        cell = (es[:, None] * width + edge_slot) * num + cols
+        one = cell[first]  # one edge per (op, slot, plan)
+        sdev.reshape(-1)[one] = dv[first]
+        used.reshape(-1)[one] = True
+        nbytes.reshape(-1)[one] = np.broadcast_to(eb[:, None], first.shape)[first]
+        more = cross & ~first  # further consumers there: the largest tensor is sent
+        np.maximum.at(nbytes.reshape(-1), cell[more],
+                      np.broadcast_to(eb[:, None], more.shape)[more])
     return Sends(width=width, dev=sdev, nbytes=nbytes, used=used, edge_slot=edge_slot,
                  pred_slot=edge_slot[et.pred_edge])
 

@@ -1,5 +1,6 @@
-"""The batched simulator equals the one-plan path on every placement family at 8 devices,
-and its backward issue equals ``local.backward_issue`` task for task."""
+"""The batched simulator equals the one-plan path on every placement family at 8 and 512
+devices, its backward issue equals ``local.backward_issue`` task for task, and its slots
+are each op's consumers' devices."""
 
 from __future__ import annotations
 
@@ -135,3 +136,84 @@ def test_backward_issue_takes_no_task_before_its_consumers_are_issued():
                     copy_start = copied[it * kk + dev[w]] - copy_h[dev[w]]
                     assert copy_start >= issued[off + w] - 1e-15
                     assert start >= copied[it * kk + dev[w]] - 1e-15
+
+
+def test_batch_equals_scalar_at_512_devices_in_one_chunk(monkeypatch):
+    """At 512 devices every plan of a batch shares one chunk (its arrays span each op's
+    slots, not the devices) and links get compact cells; the results are the scalar's."""
+    from autoplace.sim import batch
+
+    cluster = preset("h200x8-n64")
+    graph = random_dag(60, seed=3)
+    rng = random.Random(7)
+    plans = []
+    for name in ("critical-path", "round-robin", "hash"):
+        base = planners.get(name)(graph, cluster)
+        perm = list(range(cluster.num_devices))
+        rng.shuffle(perm)
+        plans.append(Plan.from_groups(graph, base.groups, [perm[x] for x in base.placement]))
+    plans += [planners.get("random")(graph, cluster, seed=s) for s in range(6)]
+    g = len(plans[-1].placement)
+    plans.append(Plan.from_groups(graph, plans[-1].groups,
+                                  [x % 256 for x in plans[-1].placement],
+                                  parallel=ParallelConfig(data=2, microbatches=2)))
+    plans.append(Plan.from_groups(graph, plans[-2].groups, plans[-2].placement,
+                                  parallel=ParallelConfig(microbatches=3),
+                                  recompute={x for x in range(g) if x % 3 == 0}))
+    chunks = []
+    run_chunk = batch._run_chunk
+    monkeypatch.setattr(batch, "_run_chunk", lambda *a: chunks.append(len(a[1])) or run_chunk(*a))
+    result = simulate_batch(graph, plans, cluster)
+    assert chunks == [9, 1, 1]  # one chunk per microbatch count
+    assert max(p.devices_per_replica for p in plans) > 400
+    scalar = [simulate(graph, p, cluster) for p in plans]
+    np.testing.assert_allclose(result.step_time_s, [r.step_time_s for r in scalar],
+                               rtol=1e-9, atol=0)
+    np.testing.assert_array_equal(result.peak_memory_bytes,
+                                  [r.peak_memory_bytes for r in scalar])
+
+
+@pytest.mark.parametrize("cluster_name", ["h200x8", "cpu-x4"])
+def test_compact_link_cells_equal_direct_ones(monkeypatch, cluster_name):
+    """Links numbered by first use (as past ``DIRECT_LINK_CELLS``) give the same steps
+    (``cpu-x4``: no host costs and slow links, so links queue)."""
+    from autoplace.sim import batch_sends
+
+    cluster = preset(cluster_name)
+    graph = random_dag(120, seed=2)
+    plans = family_plans(graph, cluster, random.Random(5))
+    direct = simulate_batch(graph, plans, cluster).step_time_s
+    monkeypatch.setattr(batch_sends, "DIRECT_LINK_CELLS", 1)
+    np.testing.assert_array_equal(simulate_batch(graph, plans, cluster).step_time_s, direct)
+
+
+def fan_out(n: int) -> OpGraph:
+    """One op read by ``n`` others, each edge of another size."""
+    nodes = [OpNode(name=f"op{i}", kind="Linear", output_bytes=2**12, fwd_time_s={"cuda": 1e-5},
+                    bwd_time_s={"cuda": 2e-5}) for i in range(n + 1)]
+    return OpGraph(f"fan{n}", nodes, [("op0", f"op{i}", 2**(30 - i)) for i in range(1, n + 1)])
+
+
+@pytest.mark.parametrize("graph", [random_dag(80, seed=3), fan_out(20)], ids=["dag", "fan"])
+def test_plan_sends_slots_are_the_consumers_devices_in_order(graph):
+    """Slot ``j > 0`` of an op is the ``j``-th other device its consumers run on, in
+    device order, with the largest tensor sent there (``local_plan``'s sends)."""
+    ga = graph_arrays(graph)
+    rng = random.Random(11)
+    plans = [planners.get("random")(graph, preset("h200x8"), seed=s) for s in range(5)]
+    dev_t = np.array([[p.device_of(name) for p in plans] for name in ga.names])
+    dev_t[::7] = rng.randrange(8)  # some ops with all consumers on their device
+    sends = plan_sends(ga, dev_t)
+    for p in range(len(plans)):
+        dev = dev_t[:, p].tolist()
+        for u in range(ga.n):
+            other = {}
+            for v, b in zip(ga.succs[u], ga.succ_bytes[u]):
+                if dev[v] != dev[u]:
+                    other[dev[v]] = max(other.get(dev[v], 0.0), b)
+            used = sends.used[u, :, p]
+            assert sends.dev[u, used, p].tolist() == sorted(other)
+            assert sends.nbytes[u, used, p].tolist() == [other[e] for e in sorted(other)]
+            assert not used[0] and sends.dev[u, 0, p] == dev[u]
+        for e, (u, v) in enumerate(zip(ga.edge_src.tolist(), ga.edge_dst.tolist())):
+            assert sends.dev[u, sends.edge_slot[e, p], p] == dev[v]
