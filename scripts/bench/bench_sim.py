@@ -1,7 +1,7 @@
 """Simulator throughput: plans per CPU-second, batched vs one at a time, per placement family.
 
     python scripts/bench/bench_sim.py --graph residual-mlp --ops 1003 --devices 4 8 512 \
-        --plans 256 --save
+        --plans 256 --repeats 3 --baseline <rev> --save
 
 For each cluster size (``h200xN`` presets up to 8 devices, ``h200x8-nK`` nodes of 8
 beyond) and each placement family — ``critical-path``, ``round-robin``, ``hash`` (each
@@ -10,9 +10,15 @@ cross-device edges as the family makes) and ``random`` (seeded random placements
 RL policy samples early) — a batch of plans is simulated with
 :func:`autoplace.sim.simulate_batch`, and a subset with :func:`autoplace.sim.simulate`;
 both must agree (step time to 1e-9 relative, memory exactly). The process is pinned to one
-CPU and numpy to one thread; rates are per CPU second of this process. With ``--save``
-writes ``sim-throughput.json`` and ``sim-throughput.png`` (plans/s against devices, per
-family) to a new run folder ``bench/results/<date>-cpux1-sim-throughput/`` (or ``--out``).
+CPU and numpy to one thread; rates are per CPU second of this process, the best of
+``--repeats`` timings, and every timing is kept (the spread: the machine may be shared).
+
+With ``--baseline REV`` the package as it was at git revision ``REV`` (its ``autoplace/``
+tree) times the same plans in a worker process pinned to the same CPU, each of its timings
+taken right after one of this package's (before and after in one run, interleaved), and
+its step times are compared with this batch's. With ``--save`` writes
+``sim-throughput.json`` and ``sim-throughput.png`` (plans/s against devices, per family) to
+a new run folder ``bench/results/<date>-cpux1-sim-throughput/`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -24,10 +30,16 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tarfile  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from results import write_run  # noqa: E402
@@ -52,11 +64,15 @@ parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAM
 parser.add_argument("--plans", type=int, default=256, help="plans per batch")
 parser.add_argument("--microbatches", type=int, default=1, help="microbatches per plan")
 parser.add_argument("--scalar-plans", type=int, default=8, help="plans timed on the scalar path")
-parser.add_argument("--repeats", type=int, default=2, help="batch timings (the best is kept)")
+parser.add_argument("--repeats", type=int, default=2,
+                    help="batch timings (the best is the rate; all are kept)")
 parser.add_argument("--seed", type=int, default=0, help="seed of the graph and the plans")
 parser.add_argument("--save", action="store_true",
                     help="write the results to a new run folder under bench/results")
 parser.add_argument("--out", default=None, help="write the results to this folder")
+parser.add_argument("--baseline", default=None, metavar="REV",
+                    help="also time the package at this git revision, interleaved (see above)")
+parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 args = parser.parse_args()
 
 if hasattr(os, "sched_setaffinity"):  # one core, as the rates claim
@@ -118,10 +134,71 @@ def family_plans(graph: OpGraph, cluster: Cluster, family: str, num: int,
     return out
 
 
+def timed_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster):
+    """``(result, CPU seconds, wall seconds)`` of one :func:`simulate_batch` call."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = simulate_batch(graph, plans, cluster)
+    return result, time.process_time() - c0, time.perf_counter() - t0
+
+
+def serve_baseline(graph: OpGraph) -> None:
+    """Worker mode: for each JSON line on stdin (a plans file and a cluster size), warm
+    once per file, time one batch and answer a JSON line (CPU seconds, step times)."""
+    warm: set[str] = set()
+    for line in sys.stdin:
+        req = json.loads(line)
+        plans = [Plan.from_json(d) for d in json.loads(Path(req["plans"]).read_text())]
+        cluster = cluster_of(req["devices"])
+        if req["plans"] not in warm:
+            simulate_batch(graph, plans[:2], cluster)
+            warm.add(req["plans"])
+        result, cpu_s, wall_s = timed_batch(graph, plans, cluster)
+        print(json.dumps({"cpu_s": cpu_s, "wall_s": wall_s,
+                          "step_time_s": result.step_time_s.tolist()}), flush=True)
+
+
+class Baseline:
+    """The package at a git revision, timing plans in a worker process (this script in
+    ``--worker`` mode with that revision's ``autoplace/`` first on its path)."""
+
+    def __init__(self, rev: str, folder: Path):
+        root = Path(__file__).resolve().parents[2]
+        self.commit = subprocess.run(["git", "-C", str(root), "rev-parse", rev], check=True,
+                                     capture_output=True, text=True).stdout.strip()
+        tree = subprocess.run(["git", "-C", str(root), "archive", self.commit, "autoplace"],
+                              check=True, capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(tree)) as tar:
+            tar.extractall(folder / "src", filter="data")
+        self.folder = folder
+        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--graph",
+                args.graph, "--ops", str(args.ops), "--seed", str(args.seed)]
+        env = {**os.environ, "PYTHONPATH": str(folder / "src")}
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def time(self, plans_file: Path, devices: int) -> dict:
+        self.proc.stdin.write(json.dumps({"plans": str(plans_file), "devices": devices}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the baseline worker ({self.commit[:10]}) stopped; see its "
+                               "error above")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 random.seed(args.seed)
 np.random.seed(args.seed)
 graph = random_dag(args.ops, seed=args.seed, device_kind="h200") if args.graph == "random-dag" \
     else residual_mlp(args.ops)
+if args.worker:
+    serve_baseline(graph)
+    sys.exit(0)
+scratch = tempfile.TemporaryDirectory(prefix="bench-sim-")
+baseline = Baseline(args.baseline, Path(scratch.name)) if args.baseline else None
 rows = []
 for devices in args.devices:
     cluster = cluster_of(devices)
@@ -131,12 +208,18 @@ for devices in args.devices:
         cross = np.mean([sum(p.device_of(u) != p.device_of(v) for u, v, _ in graph.edges)
                          for p in plans[:8]])
         simulate_batch(graph, plans[:2], cluster)  # warm the graph's caches
-        cpu, wall = [], []
-        for _ in range(args.repeats):
-            t0, c0 = time.perf_counter(), time.process_time()
-            result = simulate_batch(graph, plans, cluster)
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
+        plans_file = Path(scratch.name) / f"plans-{devices}-{family}.json"
+        if baseline:
+            plans_file.write_text(json.dumps([p.to_json() for p in plans]))
+        cpu, wall, base_cpu, base_steps = [], [], [], None
+        for _ in range(args.repeats):  # this package, then the baseline: interleaved
+            result, cpu_s, wall_s = timed_batch(graph, plans, cluster)
+            cpu.append(cpu_s)
+            wall.append(wall_s)
+            if baseline:
+                answer = baseline.time(plans_file, devices)
+                base_cpu.append(answer["cpu_s"])
+                base_steps = np.asarray(answer["step_time_s"])
         subset = plans[: args.scalar_plans]
         c0 = time.process_time()
         scalar = [simulate(graph, p, cluster) for p in subset]
@@ -150,16 +233,31 @@ for devices in args.devices:
             "plans": args.plans, "devices_used": max(p.devices_per_replica for p in plans),
             "cross_device_edges": float(cross),
             "batch_plans_per_s": args.plans / min(cpu),
+            "batch_plans_per_s_runs": [args.plans / c for c in cpu],
             "batch_plans_per_wall_s": args.plans / min(wall),
             "scalar_plans_per_s": len(subset) / scalar_s,
             "batch_vs_scalar_max_rel_diff": rel, "memory_equal": same_memory,
             "median_step_time_s": float(np.median(result.step_time_s)),
         }
+        spread = ""
+        if baseline:
+            base_rel = float(np.max(np.abs(base_steps - result.step_time_s) / result.step_time_s))
+            row.update({"baseline_plans_per_s": args.plans / min(base_cpu),
+                        "baseline_plans_per_s_runs": [args.plans / c for c in base_cpu],
+                        "baseline_vs_batch_max_rel_diff": base_rel})
+            spread = (f"   baseline {row['baseline_plans_per_s']:6.0f} plans/s CPU (x"
+                      f"{row['batch_plans_per_s'] / row['baseline_plans_per_s']:.1f}; "
+                      f"runs {', '.join(f'{r:.0f}' for r in row['baseline_plans_per_s_runs'])}"
+                      f"; rel diff {base_rel:.1e})")
         rows.append(row)
         print(f"{devices:4d} dev {family:14s} batch: {row['batch_plans_per_s']:7.0f} plans/s CPU "
-              f"({row['devices_used']} devices used, {cross:.0f} cross-device edges)   scalar: "
+              f"(runs {', '.join(f'{r:.0f}' for r in row['batch_plans_per_s_runs'])}; "
+              f"{row['devices_used']} devices used, {cross:.0f} cross-device edges)   scalar: "
               f"{row['scalar_plans_per_s']:6.1f} plans/s   (max rel diff to batch {rel:.1e}, "
-              f"memory {'equal' if same_memory else 'DIFFERENT'})")
+              f"memory {'equal' if same_memory else 'DIFFERENT'}){spread}", flush=True)
+if baseline:
+    baseline.close()
+scratch.cleanup()
 
 worst = max(r["batch_vs_scalar_max_rel_diff"] for r in rows)
 print(f"all: max rel diff to batch {worst:.1e}")
@@ -167,6 +265,8 @@ summary_row = {
     "benchmark": "sim_throughput", "graph": args.graph, "ops": len(graph),
     "plans": args.plans, "microbatches": args.microbatches,
     "batch_plans_per_s": min(r["batch_plans_per_s"] for r in rows),
+    "repeats": args.repeats,
+    "baseline_commit": baseline.commit if baseline else None,
     "rows": rows,
     "cpu": platform.processor() or platform.machine(), "cores_used": 1,
     "threads": os.environ.get("OMP_NUM_THREADS"), "numpy": np.__version__,
@@ -185,10 +285,14 @@ if args.save or args.out:
         plt = None
     if plt is not None and len(args.devices) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for family in args.families:
+        for i, family in enumerate(args.families):
             fam = [r for r in rows if r["family"] == family]
             ax.plot([r["devices"] for r in fam], [r["batch_plans_per_s"] for r in fam], "o-",
-                    label=family)
+                    color=f"C{i}", label=family)
+            if baseline:
+                ax.plot([r["devices"] for r in fam], [r["baseline_plans_per_s"] for r in fam],
+                        "o--", color=f"C{i}", alpha=0.5,
+                        label=f"{family}, {summary_row['baseline_commit'][:7]}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.axhline(1000, color="grey", lw=0.8, ls="--")
@@ -198,13 +302,17 @@ if args.save or args.out:
         ax.legend()
         fig.tight_layout()
         fig.savefig(folder / "sim-throughput.png", dpi=120)
-    by_dev = {d: min(r["batch_plans_per_s"] for r in rows if r["devices"] == d)
-              for d in args.devices}
+    def slowest(key: str, d: int) -> float:
+        return min(r[key] for r in rows if r["devices"] == d)
+
     write_run(folder, tag="sim-throughput",
               scenarios=[f"sim:{len(graph)}ops-{d}dev" for d in args.devices],
               kind="experiment", script="scripts/bench/bench_sim.py",
               summary=f"Simulator speed, {len(graph)}-op graph, {args.plans} plans a batch, "
                       "slowest placement family: " + ", ".join(
-                          f"{v:,.0f} plans per CPU-second at {d} devices"
-                          for d, v in by_dev.items()) + ".")
+                          f"{slowest('batch_plans_per_s', d):,.0f} plans per CPU-second at "
+                          f"{d} devices" + (f" ({slowest('baseline_plans_per_s', d):,.0f} at "
+                                            f"{summary_row['baseline_commit'][:7]})"
+                                            if baseline else "")
+                          for d in args.devices) + ".")
     print(f"wrote {path}")
