@@ -5,7 +5,13 @@
   subprocess (:mod:`autoplace.envs.real_worker`) that keeps the model between
   episodes and reports the median of ``steps - warmup`` timed steps. An
   out-of-memory error is a result; a crashed worker is restarted and the
-  measurement retried once; a hung run is killed after ``timeout_s``.
+  measurement retried once; a hung run is killed after ``timeout_s``. Measuring takes
+  seconds, so two options save runs: ``cache_size`` remembers measured plans (a plan
+  sampled again reuses its result, marked ``extra["cached"]``), and ``oom_margin``
+  reports a plan out of memory without running it when the simulator puts its peak
+  above ``oom_margin`` times a device's usable memory (``extra["skipped"]``). A plan whose
+  split does not divide the workload's batch size (when its options name one) fails
+  without running too.
 """
 
 from __future__ import annotations
@@ -16,11 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autoplace.cluster import Cluster
-from autoplace.errors import AutoplaceError
+from autoplace.errors import AutoplaceError, PlanError
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 
-__all__ = ["Measurement", "Backend", "SimBackend", "RealBackend", "BACKENDS", "make_backend"]
+__all__ = ["Measurement", "Backend", "SimBackend", "RealBackend", "BACKENDS", "make_backend",
+           "plan_key"]
 
 
 @dataclass(kw_only=True)
@@ -65,6 +72,12 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def plan_key(plan: Plan) -> tuple:
+    """What identifies a plan among those of one env (they share its grouping): placement,
+    split and levers. The backends' caches key on it unless the caller gives a key."""
+    return (plan.placement, plan.parallel, plan.priority, plan.recompute, plan.selective)
+
+
 class SimBackend:
     """Step times from the simulator, cached by plan (it is deterministic).
 
@@ -88,7 +101,7 @@ class SimBackend:
         # plans of one env share its grouping, so placement, split and levers identify them
         # unless the caller says otherwise
         if key is None:
-            key = (plan.placement, plan.parallel, plan.priority, plan.recompute, plan.selective)
+            key = plan_key(plan)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -131,6 +144,11 @@ class RealBackend:
         warmup: steps not timed.
         timeout_s: seconds one measurement may take before the worker is killed.
         threads: CPU threads of the worker (``OMP_NUM_THREADS``; None: torch's default).
+        graph: the graph plans are made for (needed by ``oom_margin``).
+        cache_size: measured plans remembered, by :func:`plan_key` or the caller's key
+            (0: every call measures).
+        oom_margin: a plan whose simulated peak exceeds ``oom_margin`` times a device's
+            usable memory is reported out of memory without running (None: every plan runs).
     """
 
     name = "real"
@@ -144,20 +162,92 @@ class RealBackend:
         warmup: int = 2,
         timeout_s: float = 300.0,
         threads: int | None = None,
+        graph: OpGraph | None = None,
+        cache_size: int = 0,
+        oom_margin: float | None = None,
     ) -> None:
         from autoplace.envs.real_worker import MeasuringWorker
 
         if steps <= warmup:
             raise AutoplaceError(f"real backend: steps ({steps}) must exceed warmup ({warmup})")
+        if oom_margin is not None:
+            if not (isinstance(oom_margin, (int, float)) and math.isfinite(oom_margin)
+                    and oom_margin >= 1.0):
+                raise AutoplaceError(f"real backend: oom_margin must be a number >= 1 or None, "
+                                     f"got {oom_margin!r}")
+            if graph is None:
+                raise AutoplaceError("real backend: oom_margin needs the graph to simulate")
         self.workload, self.cluster = workload, cluster
         self.steps, self.warmup, self.timeout_s = steps, warmup, timeout_s
+        self.cache_size, self.oom_margin = cache_size, oom_margin
+        self._sim = SimBackend(graph, cluster) if oom_margin is not None else None
+        self._cache: OrderedDict[tuple, Measurement] = OrderedDict()
         self.worker = MeasuringWorker(
             env={"OMP_NUM_THREADS": str(threads)} if threads is not None else None)
         #: the next request's ``inject`` (test hook: "oom", "hang", "crash"); used once.
         self.inject: str | None = None
+        #: plans run on the devices, answered from the cache, and failed without running
+        #: (out of memory by the simulator's peak, or a batch that does not split)
+        self.counts = {"measured": 0, "cached": 0, "skipped": 0}
 
     def evaluate(self, plan: Plan, *, uncapped: bool = False, key: Any = None) -> Measurement:
-        del key  # measurements are not cached
+        key = (plan_key(plan) if key is None else key, uncapped)
+        hit = self._cache.get(key) if self.inject is None else None
+        if hit is not None:
+            self._cache.move_to_end(key)
+            self.counts["cached"] += 1
+            m = _copy(hit)
+            m.extra["cached"] = True
+            return m
+        m = self._unsplittable(plan)
+        if m is None and not uncapped:
+            m = self._predicted_oom(plan)
+        if m is None:
+            m = self._measure(plan, uncapped)
+            self.counts["measured"] += 1
+        else:
+            self.counts["skipped"] += 1
+        if self.cache_size > 0 and not m.extra.get("timed_out"):
+            self._cache[key] = m
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return _copy(m)
+
+    def _unsplittable(self, plan: Plan) -> Measurement | None:
+        """A failure without running when the workload's batch size is known and does not
+        split into the plan's replicas x microbatches (the run would raise it)."""
+        batch = (self.workload.get("options") or {}).get("batch_size")
+        if not isinstance(batch, int):
+            return None
+        try:
+            plan.parallel.micro_batch_size(batch)
+        except PlanError as e:
+            m = Measurement.failure(f"invalid plan (not run): {e}", self.cluster.num_devices)
+            m.extra = {"skipped": True}
+            return m
+        return None
+
+    def _predicted_oom(self, plan: Plan) -> Measurement | None:
+        """A failure without running when the simulator's peak is past the margin."""
+        if self._sim is None:
+            return None
+        sim = self._sim.evaluate(plan)
+        usable = [d.usable_memory_bytes for d in self.cluster.devices]
+        over = [(i, peak) for i, peak in enumerate(sim.peak_memory_bytes)
+                if i < len(usable) and peak > self.oom_margin * usable[i]]
+        if not over:
+            return None
+        i, peak = max(over, key=lambda x: x[1] / usable[x[0]])
+        m = Measurement.failure(
+            f"out of memory (not run): the simulator puts device {i}'s peak at "
+            f"{peak / 2**20:.0f} MiB, {peak / usable[i]:.2f}x its usable "
+            f"{usable[i] / 2**20:.0f} MiB (oom_margin {self.oom_margin:g})",
+            self.cluster.num_devices, oom=True)
+        m.peak_memory_bytes = list(sim.peak_memory_bytes)
+        m.extra = {"skipped": True}
+        return m
+
+    def _measure(self, plan: Plan, uncapped: bool) -> Measurement:
         from autoplace.envs.real_worker import WorkerDied, WorkerTimeout
 
         cluster = self.cluster.with_memory_cap(None) if uncapped else self.cluster
@@ -172,7 +262,9 @@ class RealBackend:
                 reply = self.worker.request(request, self.timeout_s)
                 break
             except WorkerTimeout as e:
-                return Measurement.failure(str(e), n)
+                m = Measurement.failure(str(e), n)
+                m.extra = {"timed_out": True}  # never cached: a later try may finish
+                return m
             except WorkerDied as e:
                 if attempt == 1:
                     return Measurement.failure(f"{e} twice while running this plan", n)
@@ -207,6 +299,9 @@ class RealBackend:
 
     def close(self) -> None:
         self.worker.close()
+        self._cache.clear()
+        if self._sim is not None:
+            self._sim.close()
 
 
 BACKENDS = ("sim", "real")
@@ -219,5 +314,7 @@ def make_backend(name: str, **kwargs: Any) -> Backend:
     if name == "real":
         return RealBackend(kwargs["workload"], kwargs["cluster"], steps=kwargs.get("steps", 5),
                            warmup=kwargs.get("warmup", 2), timeout_s=kwargs.get("timeout_s", 300.0),
-                           threads=kwargs.get("threads"))
+                           threads=kwargs.get("threads"), graph=kwargs.get("graph"),
+                           cache_size=kwargs.get("real_cache_size", 0),
+                           oom_margin=kwargs.get("oom_margin"))
     raise AutoplaceError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")

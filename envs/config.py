@@ -46,6 +46,8 @@ class EnvConfig:
     warmup: int = 2  #: real backend: steps not timed
     timeout_s: float = 300.0  #: real backend: seconds before a hung run is killed
     worker_threads: int | None = None  #: real backend: CPU threads of the worker (None: default)
+    real_cache_size: int = 0  #: real backend: measured plans remembered and reused (0: none)
+    oom_margin: float | None = None  #: real backend: OOM without running past this x simulated peak/usable
     cache_size: int = 4096  #: sim backend: plans whose results are remembered
 
 

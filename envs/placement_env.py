@@ -181,7 +181,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.backend: Backend = make_backend(
             cfg.backend, graph=self.graph, cluster=self.cluster, workload=workload_spec,
             cache_size=cfg.cache_size, steps=cfg.steps, warmup=cfg.warmup,
-            timeout_s=cfg.timeout_s, threads=cfg.worker_threads)
+            timeout_s=cfg.timeout_s, threads=cfg.worker_threads,
+            real_cache_size=cfg.real_cache_size, oom_margin=cfg.oom_margin)
         self._sim = self.backend if cfg.backend == "sim" else None
         self._single_time_s: float | None = None
         self._placement = np.zeros(g, dtype=np.int64)

@@ -4,7 +4,9 @@
 ``train`` builds ``PlacementEnv`` instances (the simulator backend gets one env per
 episode of an update, all sharing one captured graph), a policy from the registry,
 and runs :func:`~autoplace.policies.reinforce.reinforce`. It writes
-``DIR/checkpoint.pt``, ``DIR/tb/``, ``DIR/best_plan.json`` and ``DIR/curve.png``.
+``DIR/checkpoint.pt``, ``DIR/tb/``, ``DIR/best_plan.json`` and ``DIR/curve.png``. With
+``backend="sim,real"`` the simulator trains first and the same policy continues on
+measured step times (:mod:`autoplace.policies.stages`, :mod:`autoplace.policies.finetune`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import torch
 from autoplace import workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import resolve
-from autoplace.envs import PlacementEnv
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 from autoplace.grouping import auto_group_count
@@ -29,10 +30,11 @@ from autoplace.plan import Plan
 
 from . import checkpoint as ckpt
 from .base import batch_obs
-from .registry import make
-from .reinforce import ReinforceConfig, _outcome, reinforce
+from .finetune import check_init
+from .reinforce import ReinforceConfig, _outcome
+from .stages import TrainingRun, make_envs
 
-__all__ = ["TrainResult", "train", "place", "default_env_options"]
+__all__ = ["TrainResult", "train", "place", "default_env_options", "BACKENDS"]
 
 
 @dataclass
@@ -48,6 +50,12 @@ class TrainResult:
         elapsed_s: training wall time.
         warm_start: what the warm start did (``done``, ``steps``, ``matched``, and per
             graph the ``source`` planner and ``step_time_s`` of the plan imitated).
+        stages: a run that went from the simulator to the devices (``sim,real``, or
+            ``real`` from a simulator checkpoint): ``switch`` (the plans measured there,
+            the measured/simulated ratios per split, the baseline factors), ``sim`` (the
+            simulator stage's best plan, simulated and measured), ``real`` (the best plan
+            sampled on the devices, measured), ``best`` (``best_plan``, the faster of
+            them), ``faster`` (``"sim"`` or ``"real"``) and ``why``; else empty.
     """
 
     best_plan: Any
@@ -57,6 +65,7 @@ class TrainResult:
     best_plans: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
     warm_start: dict[str, Any] = field(default_factory=dict)
+    stages: dict[str, Any] = field(default_factory=dict)
 
 
 def default_env_options(num_devices: int) -> dict[str, Any]:
@@ -68,21 +77,6 @@ def default_env_options(num_devices: int) -> dict[str, Any]:
             "microbatch_options": (1, 2, 4, 8)}
 
 
-def _make_envs(specs: list[Any], cluster: Any, backend: str, copies: int,
-               options: dict[str, Any]) -> list[Any]:
-    envs = []
-    for spec in specs:
-        if isinstance(spec, OpGraph):
-            first = PlacementEnv(graph=spec, cluster=cluster, backend=backend, **options)
-        else:
-            first = PlacementEnv(workload=spec, cluster=cluster, backend=backend, **options)
-        envs.append(first)
-        if backend == "sim":  # cheap copies sharing the captured graph
-            envs += [PlacementEnv(graph=first.graph, cluster=first.cluster, backend=backend,
-                                  **options) for _ in range(copies - 1)]
-    return envs
-
-
 def _auto_groups(spec: Any) -> int:
     """:func:`autoplace.grouping.auto_group_count` of a spec's captured graph."""
     if isinstance(spec, OpGraph):
@@ -91,12 +85,9 @@ def _auto_groups(spec: Any) -> int:
     return auto_group_count(capture_workload(wl))
 
 
-def _describe_spec(spec: Any) -> str:
-    return spec if isinstance(spec, str) else getattr(spec, "name", type(spec).__name__)
-
-
 #: what a training run writes in its ``out_dir``
-RUN_FILES = ("checkpoint.pt", "best_plan.json", "best_plans.json", "tb", "curve.png")
+RUN_FILES = ("checkpoint.pt", "best_plan.json", "best_plans.json", "tb", "curve.png", "sim",
+             "finetune.json")
 
 
 def check_run_folder(out_dir: str | Path, *, resume: bool, force: bool) -> None:
@@ -116,10 +107,14 @@ def check_run_folder(out_dir: str | Path, *, resume: bool, force: bool) -> None:
         raise AutoplaceError(f"nothing to resume: no checkpoint.pt in {out}")
 
 
+#: reward backends of :func:`train`: one stage, or the simulator then the devices
+BACKENDS = ("sim", "real", "sim,real")
+
+
 def train(
     model_spec: Any,
     cluster: Any,
-    policy: str = "seq2seq",
+    policy: str | None = None,
     backend: str = "sim",
     budget: str | int = "2000ep",
     out_dir: str | Path | None = None,
@@ -134,6 +129,11 @@ def train(
     policy_options: dict[str, Any] | None = None,
     env_options: dict[str, Any] | None = None,
     warm_start: bool = True,
+    init: str | Path | None = None,
+    real_share: float = 0.3,
+    real_batch_size: int = 4,
+    real_top_plans: int = 3,
+    oom_margin: float | None = 1.25,
     **reinforce_options: Any,
 ) -> TrainResult:
     """Train a placement policy with REINFORCE and return the best plan it found.
@@ -142,15 +142,23 @@ def train(
         model_spec: zoo name, ``module:factory``, a Workload, an OpGraph, or a list of
             them (one policy trained on all: a family of graphs for zero-shot placement).
         cluster: preset name, JSON path, ``"detect"`` or a Cluster.
-        policy: ``seq2seq``, ``hierarchical`` or ``gnn``.
-        backend: ``sim`` (simulated step time) or ``real`` (measured).
-        budget: updates (``"200"``), episodes (``"2000ep"``) or wall time (``"5m"``).
-        out_dir: where checkpoint.pt, tb/, best_plan.json and curve.png go.
+        policy: ``seq2seq`` (default), ``hierarchical`` or ``gnn``; with ``init``, the
+            checkpoint's (naming another is refused).
+        backend: ``sim`` (simulated step time), ``real`` (measured), or ``sim,real``: the
+            simulator for ``1 - real_share`` of the budget, then the same policy (weights,
+            optimizer state, baselines) on measured step times, the baselines and the best
+            so far corrected at the switch (:mod:`autoplace.policies.finetune`).
+        budget: updates (``"200"``), episodes (``"2000ep"``) or wall time (``"5m"``); with
+            ``sim,real`` the whole run's, shared between the stages in its unit.
+        out_dir: where checkpoint.pt, tb/, best_plan.json and curve.png go; ``sim,real``
+            puts the simulator stage's in ``sim/`` and writes ``finetune.json``.
         seed: seeds the policy's weights, its sampling and the env resets.
         max_groups: groups each graph is coarsened to, or ``"auto"``: the largest
             :func:`autoplace.grouping.auto_group_count` of the graphs (16 for a chain, more
-            for graphs of many parallel-branch blocks, 8 for a small fork-join graph).
-        resume: continue from ``out_dir/checkpoint.pt``.
+            for graphs of many parallel-branch blocks, 8 for a small fork-join graph); with
+            ``init``, the checkpoint's.
+        resume: continue from ``out_dir/checkpoint.pt`` (``sim,real``: from the stage it
+            stopped in).
         progress: show a progress bar.
         force: start over in an ``out_dir`` of an earlier run (its checkpoint, plans and
             TensorBoard events removed). Without ``resume`` or ``force`` such a folder is
@@ -159,54 +167,75 @@ def train(
         memory_cap: cap every device's memory (``"16GB"``).
         policy_options: the policy's own options (``hidden``, ``conv``...).
         env_options: PlacementEnv options (default hybrid choices:
-            :func:`default_env_options`); ``levers`` (``priority``, ``recompute``,
-            ``compile``) gives the policy a head for each.
+            :func:`default_env_options`; with ``init``, the checkpoint's); ``levers``
+            (``priority``, ``recompute``, ``compile``) gives the policy a head for each.
         warm_start: first imitate the best plan of the heuristics and the hybrid DP
             (:mod:`autoplace.policies.warm_start`), which also starts the best plan so
-            far, so the result is never slower than it (oneshot mode).
+            far, so the result is never slower than it (oneshot mode; not with ``init``).
+        init: a ``checkpoint.pt`` of an earlier run to start from (its weights, optimizer
+            state and baselines), trained on the same graph, cluster and levers. A
+            simulator-trained one continued on ``real`` goes through the same switch as
+            ``sim,real``.
+        real_share: ``sim,real``: the share of the budget the measured stage gets.
+        real_batch_size: plans sampled per update on measured step times (each costs a run).
+        real_top_plans: plans of the simulator stage measured at the switch, its best first.
+        oom_margin: measured stages never run a plan the simulator puts above this many
+            times a device's usable memory: it is reported out of memory (None: all run).
         **reinforce_options: fields of :class:`ReinforceConfig` (``batch_size``, ``lr``...).
     """
+    if backend not in BACKENDS:
+        raise AutoplaceError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "sim,real" and not 0 < real_share < 1:
+        raise AutoplaceError(f"real_share must be between 0 and 1 (exclusive), got {real_share!r}")
     if out_dir is not None:
         check_run_folder(out_dir, resume=resume, force=force)
         if force:  # start over: the earlier run's files go, before any work
-            shutil.rmtree(Path(out_dir) / "tb", ignore_errors=True)
+            for name in ("tb", "sim"):
+                shutil.rmtree(Path(out_dir) / name, ignore_errors=True)
             for name in RUN_FILES:
-                (Path(out_dir) / name).unlink(missing_ok=True)
+                if not (Path(out_dir) / name).is_dir():
+                    (Path(out_dir) / name).unlink(missing_ok=True)
     cl = resolve(cluster, memory_cap)
     specs = list(model_spec) if isinstance(model_spec, (list, tuple)) else [model_spec]
+    data = ckpt.load(init) if init is not None else None
+    if data is not None:
+        check_init(data, init, policy=policy, cluster=cl)
+    if data is not None and policy_options:
+        raise AutoplaceError("policy_options do not apply with init: the checkpoint's policy "
+                             "is continued as it was built")
+    saved = {k: tuple(v) if isinstance(v, list) else v for k, v in
+             (data or {}).get("extra", {}).get("env_options", {}).items()}
     if max_groups == "auto":
-        max_groups = max(_auto_groups(s) for s in specs)
+        max_groups = saved.get("max_groups") or max(_auto_groups(s) for s in specs)
     elif not isinstance(max_groups, int) or max_groups < 1:
         raise AutoplaceError(f"max_groups must be a positive number or 'auto', got {max_groups!r}")
+    env_opts = {**default_env_options(cl.num_devices), "max_groups": max_groups, "mode": mode,
+                **saved, **(env_options or {})}
+    if data is None or max_groups != saved.get("max_groups"):
+        env_opts["max_groups"] = max_groups
     cfg = ReinforceConfig(budget=budget, seed=seed, resume=resume, progress=progress,
                           out_dir=str(out_dir) if out_dir is not None else None,
-                          warm_start=warm_start, **reinforce_options)
-    env_opts = {**default_env_options(cl.num_devices), "max_groups": max_groups, "mode": mode,
-                **(env_options or {})}
-    copies = max(1, math.ceil(cfg.batch_size / len(specs)))
-    envs = _make_envs(specs, cl, backend, copies, env_opts)
-    torch.manual_seed(seed)
-    layout = getattr(envs[0], "action_layout", None)
-    lever_sizes = layout.policy_sizes() if layout is not None and mode == "oneshot" else {}
-    pol = make(policy, envs[0].observation_space, envs[0].action_space,
-               **{**lever_sizes, **(policy_options or {})})
-    extra = {"env_options": {k: list(v) if isinstance(v, tuple) else v
-                             for k, v in env_opts.items()},
-             "cluster": cl.to_json(), "models": [_describe_spec(s) for s in specs],
-             "backend": backend}
-    try:
-        result = reinforce(envs, pol, cfg, extra=extra)
-    finally:
-        for env in envs:
-            env.close()
+                          warm_start=warm_start and data is None, **reinforce_options)
+    run = TrainingRun(specs, cl, env_opts, cfg, policy, policy_options, data, init)
+    if backend == "sim":
+        result = run.stage("sim", cfg, start=data)
+        stages: dict[str, Any] = {}
+    elif backend == "real" and (data is None or data.get("extra", {}).get("backend") == "real"):
+        result = run.stage("real", run.real_config(cfg, budget, real_batch_size),
+                           start=data, oom_margin=oom_margin)
+        stages = {}
+    else:
+        result, stages = run.sim_then_real(backend, real_share, real_batch_size,
+                                           real_top_plans, oom_margin)
+    history = run.history(result)
     if out_dir is not None:
-        _plot(result.history, Path(out_dir) / "curve.png", f"{policy} on "
-              f"{', '.join(extra['models'][:3])} ({cl.name})")
+        _plot(history, Path(out_dir) / "curve.png", f"{run.policy.name} on "
+              f"{', '.join(run.names[:3])} ({cl.name}, {backend})")
     plans = {k: Plan.loads(v["plan"]) for k, v in result.best.items() if v.get("plan")}
     return TrainResult(best_plan=result.best_plan, best_step_time_s=result.best_step_time_s,
-                       history=result.history, checkpoint_path=result.checkpoint_path,
-                       best_plans=plans, elapsed_s=result.elapsed_s,
-                       warm_start=result.warm_start)
+                       history=history, checkpoint_path=result.checkpoint_path,
+                       best_plans=plans, elapsed_s=run.elapsed_s + result.elapsed_s,
+                       warm_start=run.warm or result.warm_start, stages=stages)
 
 
 def _plot(history: dict[str, list[float]], path: Path, title: str) -> None:
@@ -223,8 +252,14 @@ def _plot(history: dict[str, list[float]], path: Path, title: str) -> None:
     ax1.legend()
     best = [v * 1e3 if math.isfinite(v) else float("nan") for v in history["best_step_time_s"]]
     ax2.plot(x, best, color="C2")
+    if "stage" in history and 1.0 in history["stage"]:  # the switch to measured step times
+        switch = history["stage"].index(1.0) + 0.5
+        for ax in (ax1, ax2):
+            ax.axvline(switch, color="grey", linestyle="--", linewidth=1)
+        ax2.set_ylabel("best step time (ms): simulated | measured")
     ax2.set_xlabel("update")
-    ax2.set_ylabel("best step time (ms)")
+    if "stage" not in history:
+        ax2.set_ylabel("best step time (ms)")
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +301,7 @@ def place(
             for k, v in data.get("extra", {}).get("env_options", {}).items()}
     if max_groups is not None:
         opts["max_groups"] = max_groups
-    env = _make_envs([graph_or_workload], cl, "sim", 1, opts)[0]
+    env = make_envs([graph_or_workload], cl, "sim", 1, opts)[0]
     try:
         f, d = env.observation_space["node_features"].shape[1], env.num_devices
         if (f, d) != (policy.num_features, policy.num_devices):

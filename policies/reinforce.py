@@ -109,6 +109,11 @@ class ReinforceResult:
     checkpoint_path: Path | None = None
     config: dict[str, Any] = field(default_factory=dict)
     warm_start: dict[str, Any] = field(default_factory=dict)
+    sampled_best: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """per graph, the best plan sampled in this run (``best`` may hold a plan carried from
+    ``start`` or the warm start instead)"""
+    state: dict[str, Any] = field(default_factory=dict)
+    """the trainer state at the end, as the checkpoint holds it (what ``start`` takes)"""
 
 
 def parse_budget(budget: str | int) -> tuple[str, float]:
@@ -247,6 +252,7 @@ def reinforce(
     config: ReinforceConfig | None = None,
     *,
     extra: dict[str, Any] | None = None,
+    start: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> ReinforceResult:
     """Train ``policy`` with REINFORCE on ``envs`` (env instances or zero-argument factories).
@@ -258,6 +264,12 @@ def reinforce(
         policy: a policy from :mod:`autoplace.policies` sized for the envs' spaces.
         config: options (see :class:`ReinforceConfig`); ``overrides`` replace fields.
         extra: plain data saved in the checkpoint beside the trainer state.
+        start: trainer state to continue from instead of a fresh one: a checkpoint payload
+            (``policy_state``, ``optimizer``, ``baselines``, ``best``), e.g. a simulator
+            stage's with its baselines and best plan corrected for measured step times
+            (:mod:`autoplace.policies.finetune`). The weights, Adam's moments, the baselines
+            and the best so far carry over; counters, history and budget start at zero,
+            and there is no warm start. A resumed run ignores it.
     """
     cfg = replace(config or ReinforceConfig(), **overrides)
     if cfg.out_dir is not None:
@@ -286,6 +298,7 @@ def reinforce(
     update, episodes_done, elapsed_before = 0, 0, 0.0
     baselines: dict[str, list[float]] = {}
     best: dict[str, dict[str, Any]] = {}
+    sampled: dict[str, dict[str, Any]] = {}
     history: dict[str, list[float]] = {k: [] for k in (
         "reward_mean", "reward_max", "best_step_time_s", "best_reward", "entropy", "loss", "lr",
         "episodes", "elapsed_s")}
@@ -303,8 +316,15 @@ def reinforce(
         update, episodes_done = int(data["update"]), int(data["episodes"])
         elapsed_before = float(data["elapsed_s"])
         baselines, best, history = data["baselines"], data["best"], data["history"]
+        sampled = data.get("sampled", {})
         # a resumed run never redoes the warm start (nor adds one to a run without it)
         warm = data.get("warm_start") or {"done": False, "why": "resumed a run without it"}
+    elif start is not None:
+        policy.load_state_dict(start["policy_state"])
+        optimizer.load_state_dict(start["optimizer"])
+        baselines = {k: [float(x) for x in v] for k, v in start.get("baselines", {}).items()}
+        best = {k: dict(v) for k, v in start.get("best", {}).items()}
+        warm = {"done": False, "why": "continued from an earlier stage's state"}
 
     def elapsed_s() -> float:
         return elapsed_before + time.perf_counter() - t0
@@ -313,17 +333,19 @@ def reinforce(
         """Amount of the budget spent, in its unit."""
         return {"updates": update, "episodes": episodes_done, "seconds": elapsed_s()}[unit]
 
-    def save_checkpoint(elapsed_s: float) -> None:
-        if ckpt_path is None:
-            return
-        ckpt.save(ckpt_path, {
+    def payload(elapsed_s: float) -> dict[str, Any]:
+        return {
             "policy": {"name": policy.name, "config": policy.config},
             "policy_state": policy.state_dict(), "optimizer": optimizer.state_dict(),
             "rng": ckpt.rng_state(generator), "update": update, "episodes": episodes_done,
             "elapsed_s": elapsed_s, "baselines": baselines, "best": best, "history": history,
             "config": {k: v for k, v in asdict(cfg).items() if k != "resume"},
-            "extra": extra or {}, "warm_start": warm,
-        })
+            "extra": extra or {}, "warm_start": warm, "sampled": sampled,
+        }
+
+    def save_checkpoint(elapsed_s: float) -> None:
+        if ckpt_path is not None:
+            ckpt.save(ckpt_path, payload(elapsed_s))
 
     t0 = time.perf_counter()
     if warm is None:
@@ -357,13 +379,14 @@ def reinforce(
         for ep in eps:
             key = keys[ep["env"]]
             rank, step, plan, measured = min(ep["outcomes"], key=lambda o: o[0])
-            old = best.get(key)
-            if old is None or list(rank) < list(old["rank"]):
-                planner = {"name": policy.name, "trainer": "reinforce", "update": update,
-                           "seed": cfg.seed}
-                best[key] = {"rank": list(rank), "step_time_s": step, "reward": -rank[2],
-                             "plan": _plan_text(plan, step, measured, planner),
-                             "update": update}
+            planner = {"name": policy.name, "trainer": "reinforce", "update": update,
+                       "seed": cfg.seed}
+            for kept in (best, sampled):
+                old = kept.get(key)
+                if old is None or list(rank) < list(old["rank"]):
+                    kept[key] = {"rank": list(rank), "step_time_s": step, "reward": -rank[2],
+                                 "plan": _plan_text(plan, step, measured, planner),
+                                 "update": update}
 
         # 2. returns-to-go, minus a moving-average baseline per (graph, step)
         returns = np.zeros(len(trans))
@@ -442,8 +465,10 @@ def reinforce(
         bar.close()
     if writer is not None:
         writer.close()
-    return _result(best, keys, history, update, episodes_done, elapsed, ckpt_path, out_dir, cfg,
-                   warm)
+    result = _result(best, keys, history, update, episodes_done, elapsed, ckpt_path, out_dir,
+                     cfg, warm)
+    result.sampled_best, result.state = sampled, payload(elapsed)
+    return result
 
 
 def _warm_start(envs, keys, policy, cfg, best) -> dict[str, Any]:
