@@ -118,6 +118,7 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     rt_f[empty * num + pidx] = np.inf
     clock = np.append(np.repeat(host_f, kk), np.inf)  # per thread, and one for nobody
     extra_f = _extra_targets(et.extra, sends, dev, cp.rank, copy_on, n, m, ns, cmax)
+    cp.rank = cp.waits = cp.consumers = cp.w = None  # only the copies' ids are read on
     steps = mn + m * int(cp.per_mb.max()) if with_copies else mn
     fewest = mn + m * int(cp.per_mb.min()) if with_copies else mn
     thr, cost, key, deps, tgt = (x.reshape(-1) for x in (thr, cost, key, deps, tgt))
@@ -151,11 +152,11 @@ class _Copies:
     u: np.ndarray
     j: np.ndarray
     r: np.ndarray
-    consumers: np.ndarray
+    consumers: np.ndarray | None
     w: np.ndarray | None
     per_mb: np.ndarray  # [P] copies per microbatch
-    rank: np.ndarray  # [P n S] index of the copy of (plan, op, slot)
-    waits: np.ndarray  # [n P] consumers on the op's device plus its copies
+    rank: np.ndarray | None  # [P n S] index of the copy of (plan, op, slot)
+    waits: np.ndarray | None  # [n P] consumers on the op's device plus its copies
 
 
 def _copy_tasks(et: EdgeTables, sends: Sends, copy_on: np.ndarray, pos_t: np.ndarray,
@@ -175,8 +176,10 @@ def _copy_tasks(et: EdgeTables, sends: Sends, copy_on: np.ndarray, pos_t: np.nda
     p_c, rest = np.divmod(flat_has, n * ns)
     u_c, j_c = np.divmod(rest, ns)
     del rest
+    # plans, ops and slots are small integers: int32 halves the pages these take
+    p_c, u_c, j_c = p_c.astype(np.int32), u_c.astype(np.int32), j_c.astype(np.int32)
     per_mb = np.bincount(p_c, minlength=num)
-    rank_c = np.arange(len(flat_has)) - (np.cumsum(per_mb) - per_mb)[p_c]
+    rank_c = (np.arange(len(flat_has)) - (np.cumsum(per_mb) - per_mb)[p_c]).astype(np.int32)
     rank = np.zeros(ncell, np.int64)
     rank[flat_has] = rank_c
     waits = np.bincount((es * num + pidx[:, None])[~cross], minlength=n * num)

@@ -39,6 +39,8 @@ class EdgeTables:
         dist_src, dist_dst: every distinct ``(src, dst)`` pair (an op may read a tensor
             twice), sorted; ``dist_edge``: an edge index of each.
         pair_a, pair_b: every pair of edges ``a < b`` with the same producer.
+        multi: the edges out of producers with several consumers (sorted); ``pair_la``,
+            ``pair_lb``: the pairs' edges as indices into it.
         max_out: the most consumers one op has.
     """
 
@@ -50,6 +52,9 @@ class EdgeTables:
     dist_edge: np.ndarray
     pair_a: np.ndarray
     pair_b: np.ndarray
+    multi: np.ndarray
+    pair_la: np.ndarray
+    pair_lb: np.ndarray
     max_out: int
 
 
@@ -88,12 +93,15 @@ def edge_tables(ga: GraphArrays) -> EdgeTables:
             a, b = np.triu_indices(hi - lo, 1)
             pa.append(a + lo)
             pb.append(b + lo)
+    pair_a = np.concatenate(pa) if pa else np.zeros(0, np.int64)
+    pair_b = np.concatenate(pb) if pb else np.zeros(0, np.int64)
+    multi = np.unique(np.r_[pair_a, pair_b]).astype(np.int64)
     out = EdgeTables(
         pred=pred, pred_edge=pred_edge, extra=extra,
         dist_src=np.ascontiguousarray(dist[:, 0]), dist_dst=np.ascontiguousarray(dist[:, 1]),
         dist_edge=np.asarray([edge_of[k] for k in keys], np.int64),
-        pair_a=np.concatenate(pa) if pa else np.zeros(0, np.int64),
-        pair_b=np.concatenate(pb) if pb else np.zeros(0, np.int64),
+        pair_a=pair_a, pair_b=pair_b, multi=multi,
+        pair_la=np.searchsorted(multi, pair_a), pair_lb=np.searchsorted(multi, pair_b),
         max_out=int((ends - starts).max(initial=0)),
     )
     ga.__dict__["_batch_edge_tables"] = out
@@ -110,7 +118,7 @@ class Sends:
         nbytes: ``[n, S1, P]`` bytes sent there (the largest over its consumers there),
             0 in slot 0, on padding, and where every consumer there reads 0 bytes.
         used: ``[n, S1, P]`` bool, a slot past 0 with a consumer (0 bytes or not).
-        edge_slot: ``[E, P]`` slot of each edge's consumer in its producer's list.
+        edge_slot: ``[E, P]`` int32, slot of each edge's consumer in its producer's list.
         pred_slot: ``[n, F, P]`` the same for each op's dense producers (0 on padding).
     """
 
@@ -126,43 +134,46 @@ def plan_sends(ga: GraphArrays, dev_t: np.ndarray) -> Sends:
     """The :class:`Sends` of plans whose ops run on ``dev_t`` (``[n, P]`` local device)."""
     et = edge_tables(ga)
     n, num = dev_t.shape
-    es, ed, eb = ga.edge_src, ga.edge_dst, ga.edge_bytes
-    ne = len(es)
-    du, dv = dev_t[es], dev_t[ed]  # [E, P]
-    cross = du != dv
+    es, eb = ga.edge_src, ga.edge_bytes
+    dv = dev_t[ga.edge_dst]  # [E, P] the consumer's device
+    cross = dv != dev_t[es]
     cols = np.arange(num)
     # an edge is the first to its device when no earlier edge of its producer goes there;
-    # its slot is 1 + the number of distinct other devices below its device
-    a, b = et.pair_a, et.pair_b
-    below = np.zeros(ne * num, np.int64)
-    if len(a):
-        dva, dvb = dv[a], dv[b]  # [Q, P]
-        same = dva == dvb
-        dup = np.bincount((b[:, None] * num + cols)[same], minlength=ne * num) > 0
-        first = cross & ~dup.reshape(ne, num)
-        fa, fb = first[a], first[b]
-        below += np.bincount((b[:, None] * num + cols)[fa & (dva < dvb)], minlength=ne * num)
-        below += np.bincount((a[:, None] * num + cols)[fb & (dvb < dva)], minlength=ne * num)
-    else:
-        first = cross
-    edge_slot = np.where(cross, below.reshape(ne, num) + 1, 0)
-    count = np.zeros(n * num, np.int64)
-    if ne:
-        count = np.bincount((es[:, None] * num + cols)[first], minlength=n * num)
-    width = 1 + int(count.max(initial=0))
-    own = np.broadcast_to(dev_t[:, None, :], (n, width, num))
-    sdev = own.copy()
+    # its slot is 1 + the number of distinct other devices below its device (only edges
+    # out of a producer with several consumers can have a slot past 1)
+    edge_slot = cross.astype(np.int32)
+    first = cross
+    if len(et.pair_a):
+        multi = et.multi
+        nm = len(multi)
+        la, lb = et.pair_la, et.pair_lb
+        dvm = dv[multi]
+        dva, dvb = dvm[la], dvm[lb]  # [Q, P]
+        dup = np.bincount((lb[:, None] * num + cols)[dva == dvb], minlength=nm * num) > 0
+        first_m = cross[multi] & ~dup.reshape(nm, num)
+        fa, fb = first_m[la], first_m[lb]
+        below = np.bincount((lb[:, None] * num + cols)[fa & (dva < dvb)], minlength=nm * num)
+        below += np.bincount((la[:, None] * num + cols)[fb & (dvb < dva)], minlength=nm * num)
+        edge_slot[multi] += (below.reshape(nm, num) * cross[multi]).astype(np.int32)
+        first = cross.copy()
+        first[multi] = first_m
+    width = 1 + int(edge_slot.max(initial=0))
+    sdev = np.empty((n, width, num), np.int64)
+    sdev[:] = dev_t[:, None, :]
     nbytes = np.zeros((n, width, num))
     used = np.zeros((n, width, num), bool)
     if width > 1:
-        cell = (es[:, None] * width + edge_slot) * num + cols
-        one = cell[first]  # one edge per (op, slot, plan)
-        sdev.reshape(-1)[one] = dv[first]
+        fi = np.flatnonzero(first)  # one edge per (op, slot, plan)
+        e_i, p_i = np.divmod(fi, num)
+        one = (es.take(e_i) * width + edge_slot.reshape(-1).take(fi)) * num + p_i
+        sdev.reshape(-1)[one] = dv.reshape(-1).take(fi)
         used.reshape(-1)[one] = True
-        nbytes.reshape(-1)[one] = np.broadcast_to(eb[:, None], first.shape)[first]
-        more = cross & ~first  # further consumers there: the largest tensor is sent
-        np.maximum.at(nbytes.reshape(-1), cell[more],
-                      np.broadcast_to(eb[:, None], more.shape)[more])
+        nbytes.reshape(-1)[one] = eb.take(e_i)
+        mi = np.flatnonzero(cross & ~first)  # further consumers there: the largest is sent
+        if len(mi):
+            e_i, p_i = np.divmod(mi, num)
+            more = (es.take(e_i) * width + edge_slot.reshape(-1).take(mi)) * num + p_i
+            np.maximum.at(nbytes.reshape(-1), more, eb.take(e_i))
     return Sends(width=width, dev=sdev, nbytes=nbytes, used=used, edge_slot=edge_slot,
                  pred_slot=edge_slot[et.pred_edge])
 

@@ -53,8 +53,7 @@ class StepSlots:
 
     op: np.ndarray  # [m n, P] the op of each step
     dev: np.ndarray  # [m n, P] its device
-    dst: np.ndarray | None  # the slot's device
-    nbytes: np.ndarray | None  # bytes sent there (0: nothing)
+    nbytes: np.ndarray | None  # bytes sent to each slot's device (0: nothing)
 
 
 def step_slots(sends: Sends, order_t: np.ndarray, dev_t: np.ndarray) -> StepSlots:
@@ -64,10 +63,15 @@ def step_slots(sends: Sends, order_t: np.ndarray, dev_t: np.ndarray) -> StepSlot
     op_t = order_t % n
     dev_s = dev_t.take(op_t * num + pidx)
     if sends.width == 1:
-        return StepSlots(op=op_t, dev=dev_s, dst=None, nbytes=None)
-    per_slot = (op_t[:, None, :] * sends.width + np.arange(sends.width)[:, None]) * num + pidx
-    return StepSlots(op=op_t, dev=dev_s, dst=sends.dev.reshape(-1).take(per_slot),
-                     nbytes=sends.nbytes.reshape(-1).take(per_slot))
+        return StepSlots(op=op_t, dev=dev_s, nbytes=None)
+    return StepSlots(op=op_t, dev=dev_s,
+                     nbytes=sends.nbytes.reshape(-1).take(_per_slot(op_t, sends.width)))
+
+
+def _per_slot(op_t: np.ndarray, width: int) -> np.ndarray:
+    """``[m n, S1, P]`` cells of each step's slots in the ``[n, S1, P]`` tables."""
+    num = op_t.shape[1]
+    return (op_t[:, None, :] * width + np.arange(width)[:, None]) * num + np.arange(num)
 
 
 def host_clock(ss: StepSlots, hf_t: np.ndarray, copy_h: np.ndarray) -> np.ndarray:
@@ -105,17 +109,19 @@ def step_tables(ga: GraphArrays, sends: Sends, ss: StepSlots, order_t: np.ndarra
     links = 1
     if width > 1:  # each step's slots: link cells and seconds there and back (-inf: none)
         sent = ss.nbytes > 0
-        src = np.broadcast_to(ss.dev[:, None, :], ss.dst.shape)
-        link_f, link_b, links = link_cells(src, ss.dst, sent, kk)
+        dst = sends.dev.reshape(-1).take(_per_slot(op_t, width))
+        src = np.broadcast_to(ss.dev[:, None, :], dst.shape)
+        link_f, link_b, links = link_cells(src, dst, sent, kk)
         sel = np.flatnonzero(sent)
         del sent
         s_sel = ss.dev.reshape(-1).take(sel // (width * num) * num + sel % num)
-        d_sel = ss.dst.reshape(-1).take(sel)
+        d_sel = dst.reshape(-1).take(sel)
+        del dst
         bmb = ss.nbytes.reshape(-1).take(sel) / mdiv.take(sel % num)
         ncl = tables.alpha.shape[0]
         alpha, inv = tables.alpha.reshape(-1), tables.inv_bw.reshape(-1)
-        dur_f = np.full(ss.dst.shape, -np.inf)
-        dur_b = np.full(ss.dst.shape, -np.inf)
+        dur_f = np.full(ss.nbytes.shape, -np.inf)
+        dur_b = np.full(ss.nbytes.shape, -np.inf)
         li = s_sel * ncl + d_sel
         dur_f.reshape(-1)[sel] = alpha.take(li) + bmb * inv.take(li)
         li = d_sel * ncl + s_sel
