@@ -173,7 +173,18 @@ class TrainingRun:
                                  f"{len(self.specs)}: {', '.join(self.names)}")
         cfg = self.config
         out = Path(cfg.out_dir) if cfg.out_dir else None
-        if backend == "sim,real":
+        path = out / "finetune.json" if out is not None else None
+        # a resumed run whose real stage has begun goes on there: the switch is not redone
+        in_real = bool(cfg.resume and path is not None and path.exists()
+                       and (out / "checkpoint.pt").exists())
+        if in_real:
+            if backend == "sim,real" and (out / "sim" / "checkpoint.pt").exists():
+                sim_data = ckpt.load(out / "sim" / "checkpoint.pt")
+                self.earlier, self.elapsed_s = sim_data["history"], float(sim_data["elapsed_s"])
+            real_budget = split_budget(cfg.budget, real_share)[1] if backend == "sim,real" \
+                else cfg.budget
+            state, sim_envs = None, []
+        elif backend == "sim,real":
             sim_budget, real_budget = split_budget(cfg.budget, real_share)
             sim_cfg = replace(cfg, budget=sim_budget,
                               out_dir=str(out / "sim") if out is not None else None)
@@ -197,10 +208,8 @@ class TrainingRun:
             raise
         real = real_envs[0]
         key = _graph_key(real, 0)
-        path = out / "finetune.json" if out is not None else None
         try:
-            if cfg.resume and path is not None and path.exists() \
-                    and (out / "checkpoint.pt").exists():
+            if in_real:
                 record, start = json.loads(path.read_text())["switch"], None
             else:
                 best = (state or {}).get("best", {}).get(key, {}).get("plan")

@@ -71,6 +71,13 @@ def test_sim_then_real_switches_corrects_and_keeps_the_measured_best(tmp_path):
     assert sim_plan.predicted["step_time_s"] == stages["sim"]["simulated_step_time_s"]
     assert stages["real"]["plans_measured"] >= 1 and stages["real"]["episodes"] == 4
 
+    # resumed with a larger budget: the real stage goes on, the switch is not measured again
+    more = train("gpt-tiny", "cpu-x2", backend="sim,real", budget="9up", real_share=0.34,
+                 out_dir=tmp_path, real_batch_size=2, env_options=REAL, resume=True, **SMALL)
+    assert more.history["stage"] == [0.0] * 4 + [1.0] * 3
+    assert more.history["reward_mean"][:6] == res.history["reward_mean"]
+    assert more.stages["switch"] == switch and more.best_step_time_s <= res.best_step_time_s
+
 
 def _env(**kw) -> PlacementEnv:
     return PlacementEnv(workload="gpt-tiny", cluster="cpu-x2", backend="sim", max_groups=4,
