@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.sim import batch_scratch as scratch
 from autoplace.sim.batch_sends import EdgeTables, Sends, edge_tables, plan_sends
 from autoplace.sim.model import GraphArrays
 
@@ -60,7 +61,7 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
         sends = plan_sends(ga, np.ascontiguousarray(dev.T))
     et = edge_tables(ga)
     ns = sends.width - 1  # copy slots per op
-    pos_t = np.empty((mn, num), np.int64)  # forward step of every item
+    pos_t = scratch.table("issue.pos", (mn, num), np.int64)  # forward step of every item
     pos_t.reshape(-1)[order_t * num + pidx] = np.arange(mn)[:, None]
     with_copies = ns > 0 and bool(copy_on.any())
     cp = _copy_tasks(et, sends, copy_on, pos_t, order_t, n, with_copies)
@@ -73,10 +74,10 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     fan = et.pred.shape[1]
     nw = num * width
     shift = max(1, int(nw - 1).bit_length())
-    thr = np.full((width, num), num * kk, np.int64)  # clock cell num*kk: nobody's
-    cost = np.zeros((width, num))
-    key = np.full((width, num), _NONE)  # latest created first; the task in the low bits
-    deps = np.full((width, num), 1 << 40, np.int64)  # never released unless set
+    thr = scratch.table("issue.thr", (width, num), np.int64, num * kk)  # num*kk: nobody's
+    cost = scratch.table("issue.cost", (width, num), np.float64, 0.0)
+    key = scratch.table("issue.key", (width, num), np.int64, _NONE)  # latest created first
+    deps = scratch.table("issue.deps", (width, num), np.int64, 1 << 40)  # 1 << 40: never
     thr[:mn] = _per_item(dev.T + pidx * kk, m)
     cost[:mn] = _per_item(hb_t, m)
     np.left_shift(2 * mn - 2 * pos_t, shift, out=key[:mn])
@@ -84,7 +85,7 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     # an item waits for its consumers on its device and for its copies to other devices
     deps[:mn] = _per_item(cp.waits.reshape(n, num), m)
     # an item's producers: the producer's item on the same device, else its copy to here
-    tgt = np.empty((fan, width, num), np.int64)
+    tgt = scratch.table("issue.tgt", (fan, width, num), np.int64)
     tgt[:, mn:] = sink * num + pidx
     mb_of = np.arange(mn)[:, None] // n
     for f in range(fan):
@@ -114,7 +115,9 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
             kq |= at
             key.reshape(-1)[at] = kq
         del e_c, at0, at, kq
-    rt_f = np.tile(host_f, width)  # release time of every task; inf once taken
+    rt_f = scratch.table("issue.rt", (width, num), np.float64)  # release time; inf: taken
+    rt_f[:] = host_f
+    rt_f = rt_f.reshape(-1)
     rt_f[empty * num + pidx] = np.inf
     clock = np.append(np.repeat(host_f, kk), np.inf)  # per thread, and one for nobody
     extra_f = _extra_targets(et.extra, sends, dev, cp.rank, copy_on, n, m, ns, cmax)
@@ -135,7 +138,7 @@ def batch_backward_issue(ga: GraphArrays, dev: np.ndarray, order_t: np.ndarray, 
     if with_copies:  # a copy's item's backward step
         bstep = pos_t.reshape(-1)  # reused: positions are no longer needed
         bstep[item_ids] = np.arange(mn)[:, None]
-        copied = np.zeros((mn, ns + 1, num))
+        copied = scratch.table("issue.copied", (mn, ns + 1, num), np.float64, 0.0)
         for mb in range(m):
             at = (mn + mb * cmax + cp.r) * num + cp.p
             step_of = bstep.take((mb * n + cp.u) * num + cp.p)
@@ -210,8 +213,8 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
     task's issue ends (flat task ids) and the task each plan took at each step."""
     nw = len(rt_f)
     fan = len(tgt_f)
-    tend = np.zeros(nw)
-    taken = np.empty((steps, len(empty)), np.int64)
+    tend = scratch.table("issue.tend", (nw,), np.float64, 0.0)
+    taken = scratch.table("issue.taken", (steps, len(empty)), np.int64)
     # released tasks, a row per slot and a column per plan: task, clock cell, key
     start = np.flatnonzero(deps_f == 0)
     num = len(empty)

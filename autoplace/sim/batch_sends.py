@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.sim import batch_scratch as scratch
 from autoplace.sim.model import GraphArrays
 
 __all__ = ["EdgeTables", "Sends", "edge_tables", "link_cells", "plan_sends"]
@@ -158,10 +159,10 @@ def plan_sends(ga: GraphArrays, dev_t: np.ndarray) -> Sends:
         first = cross.copy()
         first[multi] = first_m
     width = 1 + int(edge_slot.max(initial=0))
-    sdev = np.empty((n, width, num), np.int64)
+    sdev = scratch.table("sends.dev", (n, width, num), np.int64)
     sdev[:] = dev_t[:, None, :]
-    nbytes = np.zeros((n, width, num))
-    used = np.zeros((n, width, num), bool)
+    nbytes = scratch.table("sends.nbytes", (n, width, num), np.float64, 0.0)
+    used = scratch.table("sends.used", (n, width, num), bool, False)
     if width > 1:
         fi = np.flatnonzero(first)  # one edge per (op, slot, plan)
         e_i, p_i = np.divmod(fi, num)
@@ -186,8 +187,12 @@ def link_cells(src: np.ndarray, dst: np.ndarray, sent: np.ndarray, kk: int
     num = src.shape[-1]
     plan = np.arange(num)
     if num * kk * kk <= DIRECT_LINK_CELLS:  # a device's self link is never used
-        fwd = (plan * kk + src) * kk + dst
-        bwd = (plan * kk + dst) * kk + src
+        fwd = scratch.table("links.fwd", sent.shape, np.int64)
+        bwd = scratch.table("links.bwd", sent.shape, np.int64)
+        for out, a, b in ((fwd, src, dst), (bwd, dst, src)):
+            np.multiply(a, kk, out=out)
+            out += b
+            out += plan * (kk * kk)
         return fwd, bwd, num * kk * kk
     # compact: each (plan, src, dst) its first use's index among the sent slots
     sel = np.flatnonzero(sent.reshape(-1))
@@ -196,7 +201,7 @@ def link_cells(src: np.ndarray, dst: np.ndarray, sent: np.ndarray, kk: int
     d_of = dst.reshape(-1)[sel]
     ids = np.empty(2 * len(sel), np.int64)
     group = max(1, DIRECT_LINK_CELLS // (kk * kk))
-    scratch = np.empty(group * kk * kk, np.int64)
+    first_use = np.empty(group * kk * kk, np.int64)
     # per group of plans: forward keys then backward keys, in plan order
     order = np.argsort(p_of // group, kind="stable")
     bounds = np.searchsorted((p_of // group)[order], np.arange(0, num + group, group))
@@ -208,11 +213,11 @@ def link_cells(src: np.ndarray, dst: np.ndarray, sent: np.ndarray, kk: int
         keys = np.concatenate([(pl * kk + s_of[pos]) * kk + d_of[pos],
                                (pl * kk + d_of[pos]) * kk + s_of[pos]])
         where = np.concatenate([pos, pos + len(sel)])
-        scratch[keys] = where
-        ids[where] = scratch[keys]
+        first_use[keys] = where
+        ids[where] = first_use[keys]
     dummy = 2 * len(sel)
-    fwd = np.full(sent.shape, dummy, np.int64)
-    bwd = np.full(sent.shape, dummy, np.int64)
+    fwd = scratch.table("links.fwd", sent.shape, np.int64, dummy)
+    bwd = scratch.table("links.bwd", sent.shape, np.int64, dummy)
     fwd.reshape(-1)[sel] = ids[: len(sel)]
     bwd.reshape(-1)[sel] = ids[len(sel):]
     return fwd, bwd, dummy + 1

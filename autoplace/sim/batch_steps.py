@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.sim import batch_scratch as scratch
 from autoplace.sim.batch_sends import Sends, edge_tables, link_cells
 from autoplace.sim.model import CostTables, GraphArrays
 
@@ -64,8 +65,8 @@ def step_slots(sends: Sends, order_t: np.ndarray, dev_t: np.ndarray) -> StepSlot
     dev_s = dev_t.take(op_t * num + pidx)
     if sends.width == 1:
         return StepSlots(op=op_t, dev=dev_s, nbytes=None)
-    return StepSlots(op=op_t, dev=dev_s,
-                     nbytes=sends.nbytes.reshape(-1).take(_per_slot(op_t, sends.width)))
+    return StepSlots(op=op_t, dev=dev_s, nbytes=scratch.take("steps.nbytes", sends.nbytes,
+                                                            _per_slot(op_t, sends.width)))
 
 
 def _per_slot(op_t: np.ndarray, width: int) -> np.ndarray:
@@ -80,7 +81,7 @@ def host_clock(ss: StepSlots, hf_t: np.ndarray, copy_h: np.ndarray) -> np.ndarra
     device), to its slots' devices in order; adding 0.0 where none changes nothing."""
     mn, num = ss.op.shape
     width = 1 if ss.nbytes is None else ss.nbytes.shape[1]
-    host = np.zeros((mn, width, num))
+    host = scratch.table("steps.host", (mn, width, num), np.float64, 0.0)
     host[:, 0] = hf_t.take(ss.op * num + np.arange(num))
     if width > 1:
         host[:, 1:] = np.where(ss.nbytes[:, 1:] > 0, copy_h[ss.dev][:, None, :], 0.0)
@@ -109,7 +110,7 @@ def step_tables(ga: GraphArrays, sends: Sends, ss: StepSlots, order_t: np.ndarra
     links = 1
     if width > 1:  # each step's slots: link cells and seconds there and back (-inf: none)
         sent = ss.nbytes > 0
-        dst = sends.dev.reshape(-1).take(_per_slot(op_t, width))
+        dst = scratch.take("steps.dst", sends.dev, _per_slot(op_t, width))
         src = np.broadcast_to(ss.dev[:, None, :], dst.shape)
         link_f, link_b, links = link_cells(src, dst, sent, kk)
         sel = np.flatnonzero(sent)
@@ -120,8 +121,8 @@ def step_tables(ga: GraphArrays, sends: Sends, ss: StepSlots, order_t: np.ndarra
         bmb = ss.nbytes.reshape(-1).take(sel) / mdiv.take(sel % num)
         ncl = tables.alpha.shape[0]
         alpha, inv = tables.alpha.reshape(-1), tables.inv_bw.reshape(-1)
-        dur_f = np.full(ss.nbytes.shape, -np.inf)
-        dur_b = np.full(ss.nbytes.shape, -np.inf)
+        dur_f = scratch.table("steps.dur_f", ss.nbytes.shape, np.float64, -np.inf)
+        dur_b = scratch.table("steps.dur_b", ss.nbytes.shape, np.float64, -np.inf)
         li = s_sel * ncl + d_sel
         dur_f.reshape(-1)[sel] = alpha.take(li) + bmb * inv.take(li)
         li = d_sel * ncl + s_sel
@@ -130,10 +131,10 @@ def step_tables(ga: GraphArrays, sends: Sends, ss: StepSlots, order_t: np.ndarra
     fan = et.pred.shape[1]
     # each input: (producer item row, slot of this op's device) -- read forward, written back
     opf = op_t[:, None, :] * fan + np.arange(fan)[:, None]  # [mn, F, P]
-    in_cell = et.pred.reshape(-1).take(opf)
+    in_cell = scratch.take("steps.in_cell", et.pred, opf)
     opf *= num
     opf += pidx
-    pslot = sends.pred_slot.reshape(-1).take(opf)
+    pslot = scratch.take("steps.pslot", sends.pred_slot, opf)
     del opf
     if m > 1:
         in_cell += mboff_t[:, None, :]
@@ -163,10 +164,10 @@ def forward_steps(st: Steps, num: int, kk: int) -> tuple[np.ndarray, np.ndarray]
     clocks at its end, and drops the tables only the forward reads from ``st`` (its
     peak memory is what a step of the batch costs: pages the process maps afresh)."""
     width = st.width
-    arrive = np.zeros(st.rows * width)  # when an item's output is on a slot's device
+    arrive = scratch.table("steps.arrive", (st.rows * width,), np.float64, 0.0)
     ej = np.arange(width)[:, None]
     dev_free = np.zeros(num * kk)
-    link_free = np.zeros(st.links)
+    link_free = scratch.table("steps.link_free", (st.links,), np.float64, 0.0)
     extra = st.extra
     host = st.host
     for s in range(len(st.item)):
@@ -207,21 +208,24 @@ def backward_steps(st: Steps, dev_free: np.ndarray, link_free: np.ndarray, num: 
     width = st.width
     pidx = np.arange(num)
     ej = np.arange(width)[:, None]
-    grad = np.full(st.rows * width, -np.inf)  # per item and slot: max over its consumers there
+    # per item and slot: the latest of its consumers' gradients there
+    grad = scratch.table("steps.grad", (st.rows * width,), np.float64, -np.inf)
     # the tables in backward order: step s reads row s
     fl = bpos * num + pidx  # [mn, P] cell of each backward step in the [mn, P] tables
-    row_b = st.dev_row.reshape(-1).take(fl)
-    t_b = st.t_bwd.reshape(-1).take(fl)
-    item_b = st.item_row.reshape(-1).take(fl) * width
+    row_b = scratch.take("steps.row_b", st.dev_row, fl)
+    t_b = scratch.take("steps.t_b", st.t_bwd, fl)
+    item_b = scratch.take("steps.item_b", st.item_row, fl)
+    item_b *= width
     blk = (bpos * (width * num))[:, None, :] + (np.arange(width)[:, None] * num + pidx)
-    in_b = st.in_cell.reshape(-1).take((bpos * (st.in_cell.shape[1] * num))[:, None, :]
-                                       + (np.arange(st.in_cell.shape[1])[:, None] * num + pidx))
+    in_b = scratch.take("steps.in_b", st.in_cell,
+                        (bpos * (st.in_cell.shape[1] * num))[:, None, :]
+                        + (np.arange(st.in_cell.shape[1])[:, None] * num + pidx))
     if width > 1:
-        link_b = st.link_b.reshape(-1).take(blk)
-        dur_b = st.dur_b.reshape(-1).take(blk)
+        link_b = scratch.take("steps.link_bb", st.link_b, blk)
+        dur_b = scratch.take("steps.dur_bb", st.dur_b, blk)
     del blk
     st.in_cell = st.link_b = st.dur_b = None
-    fins = np.empty((mn, num))
+    fins = scratch.table("steps.fins", (mn, num), np.float64)
     extra = st.extra
     has_extra = st.has_extra.reshape(-1).take(fl) if extra else None
     for s in range(mn):
