@@ -183,13 +183,13 @@ def _copy_tasks(et: EdgeTables, sends: Sends, copy_on: np.ndarray, pos_t: np.nda
     p_c, u_c, j_c = p_c.astype(np.int32), u_c.astype(np.int32), j_c.astype(np.int32)
     per_mb = np.bincount(p_c, minlength=num)
     rank_c = (np.arange(len(flat_has)) - (np.cumsum(per_mb) - per_mb)[p_c]).astype(np.int32)
-    rank = np.zeros(ncell, np.int64)
+    rank = scratch.table("issue.rank", (ncell,), np.int64, 0)
     rank[flat_has] = rank_c
     waits = np.bincount((es * num + pidx[:, None])[~cross], minlength=n * num)
     waits += np.bincount(u_c * num + p_c, minlength=n * num)
     w_c = None
     if with_copies:  # the first consumer there in issue order (the same in every microbatch)
-        first = np.full(ncell, len(pos_t), np.int64)
+        first = scratch.table("issue.first", (ncell,), np.int64, len(pos_t))
         np.minimum.at(first, cidx, pos_t[ed].T[cross])
         w_c = order_t[first[flat_has], p_c] % n
     return _Copies(p=p_c, u=u_c, j=j_c, r=rank_c, consumers=ccount[flat_has], w=w_c,

@@ -130,7 +130,9 @@ def step_tables(ga: GraphArrays, sends: Sends, ss: StepSlots, order_t: np.ndarra
     et = edge_tables(ga)
     fan = et.pred.shape[1]
     # each input: (producer item row, slot of this op's device) -- read forward, written back
-    opf = op_t[:, None, :] * fan + np.arange(fan)[:, None]  # [mn, F, P]
+    opf = scratch.table("steps.opf", (mn, fan, num), np.int64)  # [mn, F, P] (op, input)
+    np.multiply(op_t[:, None, :], fan, out=opf)
+    opf += np.arange(fan)[:, None]
     in_cell = scratch.take("steps.in_cell", et.pred, opf)
     opf *= num
     opf += pidx
