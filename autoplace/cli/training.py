@@ -23,7 +23,7 @@ class TrainConfig(ModelArgs, ClusterArgs):
                                    "--init checkpoint's)")
     backend: str = opt("sim", "reward backend: sim, real, or sim,real (the simulator, then "
                               "the same policy on measured step times)")
-    real_share: float = opt(0.3, "with --backend sim,real: the share of --budget (its unit: "
+    real_share: str = opt("0.3", "with --backend sim,real: the share of --budget (its unit: "
                                  "updates, episodes or time) spent on measured step times")
     init: str | None = opt(None, "start from this checkpoint.pt of an earlier run (same model, "
                                  "cluster and levers); a simulator-trained one continued with "
@@ -53,8 +53,7 @@ class TrainConfig(ModelArgs, ClusterArgs):
 
         if self.backend not in BACKENDS:
             raise AutoplaceError(f"--backend {self.backend!r}: valid: {', '.join(BACKENDS)}")
-        if not 0 < self.real_share < 1:
-            raise AutoplaceError(f"--real-share must be between 0 and 1, got {self.real_share}")
+        real_share(self.real_share)
         if self.init is not None and not Path(self.init).is_file():
             raise AutoplaceError(f"--init {self.init}: no such file (autoplace train writes "
                                  "DIR/checkpoint.pt)")
@@ -79,6 +78,17 @@ def max_groups(text: str) -> int | str:
     return n
 
 
+def real_share(text: str) -> float:
+    """``--real-share``: a number between 0 and 1 (exclusive)."""
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 < share < 1:
+        raise AutoplaceError(f"--real-share must be a number between 0 and 1, got {text!r}")
+    return share
+
+
 def cmd_train(cfg: TrainConfig) -> int:
     from autoplace.policies import train
 
@@ -91,7 +101,7 @@ def cmd_train(cfg: TrainConfig) -> int:
     res = train(wl, cluster, policy=cfg.policy, backend=cfg.backend, budget=cfg.budget,
                 out_dir=cfg.out, seed=cfg.seed, max_groups=max_groups(cfg.max_groups),
                 resume=cfg.resume, force=cfg.force, progress=True, init=cfg.init,
-                real_share=cfg.real_share, env_options={"levers": levers} if levers else None)
+                real_share=real_share(cfg.real_share), env_options={"levers": levers} if levers else None)
     stages = res.stages
     if stages:
         switch = stages["switch"]
