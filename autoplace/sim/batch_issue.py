@@ -240,9 +240,10 @@ def _take_tasks(deps_f, rt_f, clock, thr_f, cost_f, key_f, mask, tgt_f, extra_f,
             b_task, b_thr, b_key, used = _compact(b_task, b_thr, b_key, used, rt_f, empty, fan,
                                                   nobody)
             cap = b_task.shape[0]
-        e = np.maximum(rt_f.take(b_task[:used]), clock.take(b_thr[:used]))
+        e = rt_f.take(b_task[:used])
+        np.maximum(e, clock.take(b_thr[:used]), out=e)
         emin = np.minimum.reduce(e, 0)
-        task = np.minimum.reduce(np.where(e == emin, b_key[:used], _NONE), 0) & mask
+        task = np.minimum.reduce(b_key[:used], 0, where=e == emin, initial=_NONE) & mask
         if s >= fewest:  # a plan with no task left takes its empty slot
             task = np.where(emin < inf, task, empty)
         end = emin + cost_f.take(task)
