@@ -7,6 +7,12 @@ come from autograd's threads simulated for every plan at once (``sim.batch_issue
 issue time is the scalar path's too, its clocks summed in the same order. Plans with
 ``pipeline > 1``, ZeRO-2 or FSDP, selective recompute, or replicas on unlike devices go
 through the scalar path; plans with an issue priority stay here with the lowering's order.
+
+The device dimension is each op's slots (``sim.batch_sends``: its own device and the few
+its consumers use), never the cluster's devices, so a chunk of plans at 512 devices is
+as wide as one at 8; data-parallel replicas that are alike are simulated once. Per graph
+(edge tables) and per distinct device (op and host times) work is done once; the largest
+tables live on buffers kept between batches (``sim.batch_scratch``).
 """
 
 from __future__ import annotations
