@@ -203,8 +203,9 @@ def link_cells(src: np.ndarray, dst: np.ndarray, sent: np.ndarray, kk: int
     group = max(1, DIRECT_LINK_CELLS // (kk * kk))
     first_use = np.empty(group * kk * kk, np.int64)
     # per group of plans: forward keys then backward keys, in plan order
-    order = np.argsort(p_of // group, kind="stable")
-    bounds = np.searchsorted((p_of // group)[order], np.arange(0, num + group, group))
+    gid = p_of // group
+    order = np.argsort(gid, kind="stable")
+    bounds = np.searchsorted(gid[order], np.arange(-(-num // group) + 1))
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         if lo == hi:
             continue

@@ -174,16 +174,18 @@ def test_batch_equals_scalar_at_512_devices_in_one_chunk(monkeypatch):
 
 
 @pytest.mark.parametrize("cluster_name", ["h200x8", "cpu-x4"])
-def test_compact_link_cells_equal_direct_ones(monkeypatch, cluster_name):
-    """Links numbered by first use (as past ``DIRECT_LINK_CELLS``) give the same steps
-    (``cpu-x4``: no host costs and slow links, so links queue)."""
+@pytest.mark.parametrize("group", [1, 3])
+def test_compact_link_cells_equal_direct_ones(monkeypatch, cluster_name, group):
+    """Links numbered by first use (as past ``DIRECT_LINK_CELLS``, ``group`` plans at a
+    time) give the same steps (``cpu-x4``: no host costs and slow links, so links queue)."""
     from autoplace.sim import batch_sends
 
     cluster = preset(cluster_name)
     graph = random_dag(120, seed=2)
     plans = family_plans(graph, cluster, random.Random(5))
     direct = simulate_batch(graph, plans, cluster).step_time_s
-    monkeypatch.setattr(batch_sends, "DIRECT_LINK_CELLS", 1)
+    kk = cluster.num_devices
+    monkeypatch.setattr(batch_sends, "DIRECT_LINK_CELLS", group * kk * kk)
     np.testing.assert_array_equal(simulate_batch(graph, plans, cluster).step_time_s, direct)
 
 
