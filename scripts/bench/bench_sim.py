@@ -8,7 +8,8 @@ beyond) and each placement family — ``critical-path``, ``round-robin``, ``hash
 planner's plan with its devices relabelled at random, so the batch holds as many
 cross-device edges as the family makes) and ``random`` (seeded random placements, what an
 RL policy samples early) — a batch of plans is simulated with
-:func:`autoplace.sim.simulate_batch`, and a subset with :func:`autoplace.sim.simulate`;
+:func:`autoplace.sim.simulate_batch`, and plans spread over it with
+:func:`autoplace.sim.simulate`;
 both must agree (step time to 1e-9 relative, memory exactly). The process is pinned to one
 CPU and numpy to one thread; rates are per CPU second of this process, the best of
 ``--repeats`` timings, and every timing is kept (the spread: the machine may be shared).
@@ -220,14 +221,17 @@ for devices in args.devices:
                 answer = baseline.time(plans_file, devices)
                 base_cpu.append(answer["cpu_s"])
                 base_steps = np.asarray(answer["step_time_s"])
-        subset = plans[: args.scalar_plans]
+        # spread over the batch: its chunks and link groups all get checked
+        picked = list(range(0, len(plans), max(1, len(plans) // args.scalar_plans)))
+        picked = picked[: args.scalar_plans]
+        subset = [plans[i] for i in picked]
         c0 = time.process_time()
         scalar = [simulate(graph, p, cluster) for p in subset]
         scalar_s = time.process_time() - c0
         steps = np.array([r.step_time_s for r in scalar])
-        rel = float(np.max(np.abs(steps - result.step_time_s[: len(subset)]) / steps))
+        rel = float(np.max(np.abs(steps - result.step_time_s[picked]) / steps))
         same_memory = bool(np.array_equal([r.peak_memory_bytes for r in scalar],
-                                          result.peak_memory_bytes[: len(subset)]))
+                                          result.peak_memory_bytes[picked]))
         row = {
             "devices": devices, "cluster": cluster.name, "family": family,
             "plans": args.plans, "devices_used": max(p.devices_per_replica for p in plans),
