@@ -68,31 +68,41 @@ PCIE_GEN5_BANDWIDTH = 50e9
 #: Bytes/s of host memory traffic of the CPU optimizer step of an offloaded plan (torch's
 #: fused CPU AdamW on one thread; Device.host_memory_bandwidth says where it comes from).
 HOST_MEMORY_BANDWIDTH = 20e9
+#: The same on a GPU host, where the fused CPU AdamW runs on all its cores: from one
+#: measurement, gpt-1b offloaded with its blocks recomputed at a 12 GiB cap on one H200 of
+#: a 16-core host, 650 ms a step against 1632 ms simulated at the one-thread rate
+#: (docs/simulator.md, offload); nothing else checks it yet.
+GPU_HOST_MEMORY_BANDWIDTH = 70e9
 #: Device fields per GPU kind (the name is a pattern: ``{i}`` becomes the local index).
 # Achievable (not datasheet) rates for bf16 training: ~60% of dense peak.
 GPU_SPECS: dict[str, dict[str, Any]] = {
     "h100": dict(name="cuda:{i}", kind="h100", memory_bytes=80 * GiB,
                  peak_flops=600e12, memory_bandwidth=2.8e12, launch_overhead_s=8e-6,
                  host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                 host_bandwidth=PCIE_GEN5_BANDWIDTH),
+                 host_bandwidth=PCIE_GEN5_BANDWIDTH,
+                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
     "h200": dict(name="cuda:{i}", kind="h200", memory_bytes=141 * GiB,
                  peak_flops=600e12, memory_bandwidth=4.0e12, launch_overhead_s=8e-6,
                  host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                 host_bandwidth=PCIE_GEN5_BANDWIDTH),
+                 host_bandwidth=PCIE_GEN5_BANDWIDTH,
+                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
     "a100": dict(name="cuda:{i}", kind="a100", memory_bytes=80 * GiB,
                  peak_flops=250e12, memory_bandwidth=1.6e12, launch_overhead_s=8e-6,
                  host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                 host_bandwidth=HOST_LINK_BANDWIDTH),
+                 host_bandwidth=HOST_LINK_BANDWIDTH,
+                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
     # Grand Teton's H100: 96 GB HBM2e at 2.4 TB/s peak, run at a 500 W power limit
     # (torchtitan's multi-node measurements); rates scaled from the 700 W H100's.
     "h100-96": dict(name="cuda:{i}", kind="h100-96", memory_bytes=96 * GiB,
                     peak_flops=520e12, memory_bandwidth=2.0e12, launch_overhead_s=8e-6,
                     host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                    host_bandwidth=PCIE_GEN5_BANDWIDTH),
+                    host_bandwidth=PCIE_GEN5_BANDWIDTH,
+                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
     "a100-pcie": dict(name="cuda:{i}", kind="a100-pcie", memory_bytes=40 * GiB,
                       peak_flops=230e12, memory_bandwidth=1.3e12, launch_overhead_s=8e-6,
                       host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                      host_bandwidth=HOST_LINK_BANDWIDTH),
+                      host_bandwidth=HOST_LINK_BANDWIDTH,
+                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
 }
 _NVLINK4 = dict(alpha_s=10e-6, bandwidth=300e9, collective_bandwidth=250e9)
 #: Links inside a node per GPU kind: copy latency and bandwidth, collective bus bandwidth.

@@ -136,7 +136,9 @@ def test_one_rank_group_joins_a_world_of_one():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_offload_peak_gpu_memory_well_below_the_plain_plan():
     """gpt-medium (102M parameters) with checkpointed blocks on one GPU: with its
-    parameters, gradients and AdamW state on the host the GPU peaks at under half."""
+    parameters, gradients and AdamW state (16 bytes a parameter) on the host the GPU's
+    peak falls by most of those bytes (on one H200: 4.08 -> 2.83 GB, 1.25 of 1.63 GB;
+    activations, which stay, are most of the rest)."""
     wl = workloads.get("gpt-medium")
     graph = capture_graph(wl)
     gpu = Cluster.detect().subset([0])
@@ -147,5 +149,6 @@ def test_offload_peak_gpu_memory_well_below_the_plain_plan():
         assert r.ok, r.error
         assert r.max_loss_rel_diff < 1e-3, (r.loss, r.reference_loss)
     assert off.extra["params_on_host"] is True
-    assert off.peak_memory_bytes[0] < 0.5 * plain.peak_memory_bytes[0], (
-        off.peak_memory_bytes, plain.peak_memory_bytes)
+    state = 16 * sum(p.numel() for p in wl.model.parameters())
+    assert plain.peak_memory_bytes[0] - off.peak_memory_bytes[0] > 0.6 * state, (
+        off.peak_memory_bytes, plain.peak_memory_bytes, state)
