@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from autoplace.plan import Plan
     from autoplace.sim.model import Event
 
-__all__ = ["FORMATS", "KIND_COLORS", "bar_chart", "gantt", "placement_picture", "suite_figure",
+__all__ = ["FORMATS", "KIND_COLORS", "bar_chart", "gantt", "mesh_picture", "placement_picture",
+           "suite_figure",
            "training_curve"]
 
 #: colour of each event kind in :func:`gantt`
@@ -150,6 +151,45 @@ def placement_picture(graph: OpGraph, plan: Plan, path: str | Path, *, title: st
         ax.set_xlim(-0.5, len(graph) - 0.5)
     ax.legend(handles=handles, loc="upper right", fontsize=8)
     ax.set_title(title or f"{graph.name}: {plan.describe()}")
+    return _save(fig, path)
+
+
+def mesh_picture(plan: Plan, gpus_per_node: int, path: str | Path, *, title: str = "") -> Path:
+    """Where a plan's ranks sit: one row per node, one cell per GPU, coloured by the
+    local device (the pipeline stage) it runs, labelled with its data-parallel replica
+    and tensor-parallel rank (``r3 t1``); HSDP's replica groups as thick borders.
+
+    Device ``(replica * k + local) * tensor + j`` (:class:`autoplace.plan.Plan`'s numbering)."""
+    par = plan.parallel
+    k, t = plan.devices_per_replica, par.tensor
+    n = plan.num_devices
+    per_node = max(1, min(gpus_per_node, n))
+    nodes = -(-n // per_node)
+    fig, ax = plt.subplots(figsize=(min(14, 1.1 * per_node + 2), min(12, 0.5 * nodes + 1.5)))
+    group_size = par.data // par.replicate if par.replicate > 1 else 0
+    for i in range(n):
+        replica, rest = divmod(i // t, k)
+        local, j = rest, i % t
+        node, slot = divmod(i, per_node)
+        edge = "black" if not group_size or (replica // group_size) % 2 == 0 else "0.45"
+        ax.add_patch(plt.Rectangle((slot, nodes - 1 - node), 0.94, 0.9,
+                                   color=_DEVICE_COLORS[local % len(_DEVICE_COLORS)],
+                                   ec=edge, lw=2.5 if group_size else 0.5))
+        if n <= 128:
+            ax.text(slot + 0.47, nodes - 1 - node + 0.45,
+                    f"r{replica}" + (f" t{j}" if t > 1 else ""), ha="center", va="center",
+                    fontsize=7, color="white")
+    ax.set_xlim(0, per_node)
+    ax.set_ylim(0, nodes)
+    ax.set_xticks([x + 0.47 for x in range(per_node)], [str(x) for x in range(per_node)])
+    ax.set_yticks([nodes - 1 - y + 0.45 for y in range(nodes)],
+                  [f"node {y}" for y in range(nodes)])
+    ax.set_xlabel("GPU in node")
+    handles = [Patch(color=_DEVICE_COLORS[d % len(_DEVICE_COLORS)],
+                     label=f"stage {d}" if par.pipeline > 1 else f"local device {d}")
+               for d in range(k)]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.set_title(title or f"{plan.describe()}: {n} GPUs")
     return _save(fig, path)
 
 

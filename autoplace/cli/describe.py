@@ -199,7 +199,12 @@ def cmd_show(cfg: ShowConfig) -> int:
                   f"{ms(res.step_time_s)} ms")
         print(f"wrote {cfg.gantt}")
     if cfg.picture:
-        viz.placement_picture(graph, plan, cfg.picture)
+        par = plan.parallel  # replicas and tensor ranks (of one device or pipeline each)
+        if (par.data > 1 or par.tensor > 1) and (plan.devices_per_replica == 1
+                                                 or par.pipeline > 1):
+            viz.mesh_picture(plan, cluster.gpus_per_node, cfg.picture)
+        else:
+            viz.placement_picture(graph, plan, cfg.picture)
         print(f"wrote {cfg.picture}")
     return 0
 

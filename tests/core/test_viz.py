@@ -6,7 +6,7 @@ from autoplace.cluster import preset
 from autoplace.graph import random_dag
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.sim import simulate
-from autoplace.viz import bar_chart, gantt, placement_picture, training_curve
+from autoplace.viz import bar_chart, gantt, mesh_picture, placement_picture, training_curve
 from tests.helpers import ROOT
 
 PNG_MAGIC = b"\x89PNG"
@@ -42,6 +42,15 @@ def test_placement_picture_small_and_large(tmp_path):
         plan = Plan.from_assignment(graph, {op.name: (i * 3) // n for i, op in enumerate(graph)})
         out = placement_picture(graph, plan, tmp_path / f"place{n}.png")
         assert _is_picture(out)
+
+
+def test_mesh_picture_of_replicas_tensor_ranks_and_stages(tmp_path):
+    graph = random_dag(40, seed=1)
+    tp = Plan.single(graph, parallel=ParallelConfig(data=8, shard="fsdp", replicate=2, tensor=8))
+    assert _is_picture(mesh_picture(tp, 8, tmp_path / "tp.png"), 10000)
+    pp = Plan.from_assignment(graph, {op.name: int(i >= 20) for i, op in enumerate(graph)},
+                              parallel=ParallelConfig(data=256, pipeline=2, microbatches=2))
+    assert _is_picture(mesh_picture(pp, 8, tmp_path / "pp.png"), 10000)  # 512 GPUs
 
 
 def test_training_curve_and_bar_chart(tmp_path):
