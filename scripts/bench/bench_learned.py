@@ -73,15 +73,19 @@ ROWS: dict[str, tuple[str, dict[str, Any], str, float | None, str]] = {
 QUICK_ROWS = {"gnmt-2-small": ("gnmt-2", {}, "h100x2", None, "held-out family")}
 
 
-def build(label: str, row: tuple, hf_module: str | None) -> tuple[Any, Any]:
-    """The row's captured graph and its (capped) cluster."""
+def build(label: str, row: tuple, hf_module: str | None, cap_bytes: int | None = None
+          ) -> tuple[Any, Any]:
+    """The row's captured graph and its (capped) cluster (``cap_bytes``: the cap an earlier
+    run used, instead of the row's fraction of today's simulated peak)."""
     spec, options, cluster_name, cap_fraction, _ = row
     if spec.startswith("hf:"):
         spec = f"{hf_module}:{spec[3:]}"
     graph = capture_workload(workloads.get(spec, device="meta", **options))
     cluster = resolve(cluster_name)
     estimate_costs(graph, cluster)
-    if cap_fraction is not None:
+    if cap_bytes is not None:
+        cluster = resolve(cluster_name, cap_bytes)
+    elif cap_fraction is not None:
         peak = max(simulate(graph, Plan.single(graph, cluster=cluster), cluster)
                    .peak_memory_bytes)
         cluster = resolve(cluster_name, max(1, int(cap_fraction * peak)))
@@ -96,9 +100,10 @@ def step_of(graph: Any, plan: Plan | None, cluster: Any) -> float:
     return math.inf if r.oom else float(r.step_time_s)
 
 
-def heuristics(label: str, row: tuple, hf_module: str | None) -> dict[str, Any]:
+def heuristics(label: str, row: tuple, hf_module: str | None, cap_bytes: int | None = None
+               ) -> dict[str, Any]:
     """Every heuristic's and the hybrid DP's step time on one row (deterministic)."""
-    graph, cluster = build(label, row, hf_module)
+    graph, cluster = build(label, row, hf_module, cap_bytes)
     out = {"ops": len(graph), "cluster": cluster.name,
            "cap_bytes": cluster.devices[0].memory_cap_bytes, "planners": {}}
     for name in (*HEURISTICS, "hybrid-dp"):
@@ -168,15 +173,22 @@ def summarise(rows: dict[str, tuple], base: dict[str, Any], units: list[dict[str
     for label in rows:
         b = base[label]
         heur = {k: v["step_time_s"] for k, v in b["planners"].items() if k in HEURISTICS}
+        mine = [u for u in units if u["row"] == label]
+        hybrid = b["planners"]["hybrid-dp"]["step_time_s"]
         best_name = min(heur, key=heur.get)
         best = heur[best_name]
-        mine = [u for u in units if u["row"] == label]
+        reference = "best heuristic"
+        if not math.isfinite(best):  # no heuristic fits: the fastest search plan is the bar
+            search = {"hybrid-dp": hybrid, "anneal": min(u["anneal"]["step_time_s"]
+                                                         for u in mine)}
+            best_name = min(search, key=search.get)
+            best, reference = search[best_name], "no heuristic fits: best search plan"
         anneal = [u["anneal"]["step_time_s"] / best for u in mine]
         rec = {"row": label, "kind": rows[label][4], "ops": b["ops"], "cluster": b["cluster"],
                "cap_bytes": b["cap_bytes"], "seeds": [u["seed"] for u in mine],
                "best_heuristic": best_name, "best_heuristic_step_time_s": best,
-               "heuristics": heur, "hybrid_dp_ratio": b["planners"]["hybrid-dp"]["step_time_s"]
-               / best, "anneal_ratio": spread(anneal), "budgets": {}}
+               "reference": reference, "heuristics": heur, "hybrid_dp_ratio": hybrid / best,
+               "anneal_ratio": spread(anneal), "budgets": {}}
         rec["search_beats_heuristics"] = bool(rec["hybrid_dp_ratio"] < 0.999
                                               or min(anneal) < 0.999)
         zero = [u["pretrained"]["step_time_s"] / best for u in mine]
@@ -209,8 +221,10 @@ def table(records: list[dict[str, Any]], kind: str) -> list[str]:
             cells.append(f"{v['mean']:.3f} ({v['min']:.3f}-{v['max']:.3f})")
         a = r["anneal_ratio"]
         cap = " capped" if r["cap_bytes"] else ""
+        note = "" if r.get("reference", "best heuristic") == "best heuristic" else " (no heuristic fits)"
         lines.append(f"| {r['row']} | {r['ops']} | {r['cluster']}{cap} | {r['best_heuristic']} "
-                     f"{r['best_heuristic_step_time_s'] * 1e3:.3f} | {r['hybrid_dp_ratio']:.3f} | "
+                     f"{r['best_heuristic_step_time_s'] * 1e3:.3f}{note} | "
+                     f"{r['hybrid_dp_ratio']:.3f} | "
                      f"{a['mean']:.3f} | " + " | ".join(cells) + " |")
     return lines
 
@@ -238,22 +252,27 @@ def plot(records: list[dict[str, Any]], path: Path, kind: str, title: str) -> No
     fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(records)), 4))
     width = 0.8 / (len(LEARNED) + 1)
     x = np.arange(len(records))
+    top = 2.0  # a plan that does not fit (ratio inf) is drawn at the top, hatched
+
+    def clip(x: float) -> float:
+        return min(x, top) if math.isfinite(x) else top
+
     for i, name in enumerate(("hybrid-dp", *LEARNED)):
         if name == "hybrid-dp":
-            mean = np.array([r["hybrid_dp_ratio"] for r in records])
+            mean = np.array([clip(r["hybrid_dp_ratio"]) for r in records])
             err = None
         else:
             vals = [r["budgets"][kind][name] for r in records]
-            mean = np.array([v["mean"] for v in vals])
-            err = np.array([[v["mean"] - v["min"] for v in vals],
-                            [v["max"] - v["mean"] for v in vals]])
+            mean = np.array([clip(v["mean"]) for v in vals])
+            err = np.array([[max(0.0, m - clip(v["min"])) for m, v in zip(mean, vals)],
+                            [max(0.0, clip(v["max"]) - m) for m, v in zip(mean, vals)]])
         ax.bar(x + (i - len(LEARNED) / 2) * width, mean, width, yerr=err, capsize=2, label=name)
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    low = min([r["hybrid_dp_ratio"] for r in records]
-              + [r["budgets"][kind][n]["min"] for r in records for n in LEARNED])
+    low = min([clip(r["hybrid_dp_ratio"]) for r in records]
+              + [clip(r["budgets"][kind][n]["min"]) for r in records for n in LEARNED])
     ax.set_ylim(bottom=max(0.0, min(0.9, low - 0.05)))
     ax.set_xticks(x, [r["row"] for r in records], rotation=15)
-    ax.set_ylabel("step time / best heuristic's")
+    ax.set_ylabel("step time / best heuristic's (2 = does not fit)")
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
@@ -275,6 +294,9 @@ def main() -> None:
                              "tests.helpers.hf_models, repository root on PYTHONPATH); "
                              "without it the hf-* rows are left out")
     parser.add_argument("--quick", action="store_true", help="smoke test: one small row")
+    parser.add_argument("--from-json", default=None,
+                        help="rewrite the tables, plot and run.json of an earlier run from its "
+                             "learned.json (its units; the deterministic heuristics rerun)")
     parser.add_argument("--out", default=None, help="output folder (default: a new run folder)")
     parser.add_argument("--tag", default="learned", help="the new run folder's tag")
     args = parser.parse_args()
@@ -289,9 +311,19 @@ def main() -> None:
         rows = {n: ROWS[n] for n in names if args.hf_module or not ROWS[n][0].startswith("hf:")}
     torch.set_num_threads(1)
     started = time.perf_counter()
-    base = {label: heuristics(label, row, args.hf_module) for label, row in rows.items()}
+    earlier = json.loads(Path(args.from_json).read_text()) if args.from_json else None
+    if earlier is not None:  # the earlier run's options, its rows and units
+        for key in ("seeds", "seconds", "episodes", "anneal_s", "jobs", "hf_module"):
+            setattr(args, key, earlier["args"][key])
+        rows = {r["row"]: (ROWS | QUICK_ROWS)[r["row"]] for r in earlier["rows"]
+                if args.rows == "all" or r["row"] in args.rows.split(",")}
+    caps = {r["row"]: r["cap_bytes"] for r in earlier["rows"]} if earlier else {}
+    base = {label: heuristics(label, row, args.hf_module, caps.get(label))
+            for label, row in rows.items()}
     work = [(label, row, seed) for seed in range(args.seeds) for label, row in rows.items()]
-    if args.jobs > 1:
+    if earlier is not None:
+        units = earlier["units"]
+    elif args.jobs > 1:
         ctx = multiprocessing.get_context("spawn")
         with cf.ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
             futures = [pool.submit(unit, label, row, seed, args) for label, row, seed in work]
@@ -300,14 +332,17 @@ def main() -> None:
         units = [unit(label, row, seed, args) for label, row, seed in work]
     records = summarise(rows, base, units)
     info = card()
-    out = output_folder(args.out, args.tag)
+    # a rewrite keeps the run's env.json (where and at what commit it ran)
+    out = Path(args.from_json).parent if earlier is not None and args.out is None else \
+        output_folder(args.out, args.tag)
     meta = {"benchmark": "learned_placement", "backend": "sim (simulated step times)",
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "date": earlier["date"] if earlier else
+            datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, 1 torch thread per unit, {args.jobs} unit(s) "
                        f"at once; torch {torch.__version__}", "args": vars(args),
             "pretrained": {"commit": info.get("commit"), "command": info.get("command"),
                            "held_out_families": info.get("held_out_families")},
-            "total_time_s": time.perf_counter() - started}
+            "total_time_s": earlier["total_time_s"] if earlier else time.perf_counter() - started}
     (out / "learned.json").write_text(json.dumps({**meta, "rows": records, "units": units},
                                                  indent=1, default=str))
     zero_lines = ["| row | zero-shot / best heuristic | zero-shot / gnn trained on the graph "
@@ -325,6 +360,9 @@ def main() -> None:
         "pretrained = the shipped GNN zero-shot (no training on the graph); "
         "pretrained+finetune = it trained further on the graph. Held-out families "
         f"(never trained on): {', '.join(info.get('held_out_families', []))}.", "",
+        *([f"Tables rewritten {datetime.datetime.now().isoformat(timespec='seconds')} from "
+           "learned.json: the heuristics and the hybrid DP simulated again (same caps)."]
+          if earlier else []), "",
         f"## Main table: {args.seconds:g} s per planner and seed, one core", "",
         *table(records, "seconds"), "", *targets(records, "seconds"), "",
         f"## {args.episodes} episodes per planner and seed", "",
