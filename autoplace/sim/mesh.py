@@ -10,10 +10,14 @@ closed form. It reads the same data and constants as the op-level simulator:
   with the device's ``peak_flops`` / ``memory_bandwidth`` by ``ensure_costs``, or profiled),
   split into the part that scales with the batch and the fixed part per op
   (``sim.model.scaled``), divided by the tensor-parallel degree ``t`` (Megatron column /
-  row splits with sequence parallel between: every op works on ``1/t``);
+  row splits); with ``sequence_parallel`` every op works on ``1/t``, without it the ops
+  of the residual stream (the block ops outside the Linear pairs' units of
+  :func:`autoplace.tensor_shards.find_tensor_shards`: norms, residual adds) run whole on
+  every rank and keep their activations whole;
 * tensor parallel: per block and microbatch two all-gathers and two reduce-scatters of the
-  block's input at the autocast dtype forward, as many backward, and again for a fully
-  recomputed block; summed with compute, or hidden behind it with ``async_tp``;
+  block's input at the autocast dtype forward with ``sequence_parallel`` (two all-reduces
+  without it), as many backward, and again for a fully recomputed block; summed with
+  compute, or hidden behind it with ``async_tp``;
 * FSDP / HSDP (``shard``): per unit (block) an all-gather of its bf16 parameters before
   forward and before backward and a reduce-scatter of its gradients after backward
   (HSDP: and an all-reduce across replica groups), each overlapping the previous unit's
@@ -47,7 +51,7 @@ import numpy as np
 from autoplace.capture.op_rules import ATTENTION_KINDS, MATMUL_KINDS
 from autoplace.cluster import Cluster
 from autoplace.costs.collectives import send_recv_s
-from autoplace.errors import AutoplaceError
+from autoplace.errors import AutoplaceError, PlanError
 from autoplace.graph import OpGraph
 from autoplace.lowering import block_groups, block_regions
 from autoplace.plan import Plan
@@ -64,6 +68,7 @@ from autoplace.sim.model import (
     update_time,
 )
 from autoplace.sim.pipeline import inflight_microbatches
+from autoplace.tensor_shards import find_tensor_shards
 
 __all__ = ["AC_MODES", "BlockTable", "MeshConfig", "MeshFit", "MeshResult", "block_table",
            "estimate", "estimate_config", "mesh_config"]
@@ -115,6 +120,10 @@ class BlockTable:
     batch_size: int
     tokens_per_sample: int
     gather_scale: float
+    stream_var: dict[str, np.ndarray] = field(default_factory=dict)
+    """Residual-stream ops (whole without sequence parallelism): ``fwd`` / ``bwd``
+    batch-scaled seconds, ``<AC mode>`` their forward again, ``kept_<AC mode>`` the
+    activation bytes they keep."""
 
     @property
     def num_blocks(self) -> int:
@@ -146,6 +155,7 @@ def block_table(graph: OpGraph, cluster: Cluster) -> BlockTable:
         unit[i] = nxt
     unit[:regions.index(names[0])] = 0
     ops = graph.ops
+    stream = _stream_mask(graph, regions)
     overhead = cluster.devices[0].launch_overhead_s
     fwd, bwd = graph.fwd_times(kind), graph.bwd_times(kind)
     f_fix = fixed_part(fwd, graph.fwd_fixed_times(kind), overhead)
@@ -165,6 +175,7 @@ def block_table(graph: OpGraph, cluster: Cluster) -> BlockTable:
     in_block = {groups[n] for n, r in zip(graph.order, regions) if r}
     blocks = frozenset(in_block)
     kept, recompute_var, recompute_fixed = {}, {}, {}
+    stream_var = {"fwd": per_unit((fwd - f_fix) * stream), "bwd": per_unit((bwd - b_fix) * stream)}
     for mode in AC_MODES:
         rc = frozenset() if mode != "full" else blocks
         sel = frozenset() if mode != "selective" else blocks
@@ -178,6 +189,8 @@ def block_table(graph: OpGraph, cluster: Cluster) -> BlockTable:
         for cat, mask in (("lin", lin), ("mm", mm), ("other", ~(lin | mm))):
             recompute_var[f"{mode}_{cat}"] = per_unit((fwd - f_fix) * again * mask)
         recompute_fixed[mode] = per_unit(f_fix * again)
+        stream_var[mode] = per_unit((fwd - f_fix) * again * stream)
+        stream_var[f"kept_{mode}"] = per_unit(ga.act_bytes * ~again * stream)
     inputs = np.zeros(u)
     free = np.array([op.kind in ("param", "input") for op in ops])
     seen: set[tuple[int, int]] = set()  # a tensor read by several ops of a unit enters once
@@ -195,9 +208,24 @@ def block_table(graph: OpGraph, cluster: Cluster) -> BlockTable:
         fixed_bwd=per_unit(b_fix), recompute_var=recompute_var, recompute_fixed=recompute_fixed, kept=kept, kept_other=per_unit(ga.act_bytes * ~(lin | mm)),
         full_act=per_unit(ga.act_bytes), transient=trans, input_bytes=inputs,
         param_bytes=per_unit(ga.param_bytes), param_count=per_unit(ga.param_count),
-        batch_size=bs, tokens_per_sample=tokens, gather_scale=ga.gather_scale)
+        batch_size=bs, tokens_per_sample=tokens, gather_scale=ga.gather_scale,
+        stream_var=stream_var)
     graph.__dict__[key] = table
     return table
+
+
+def _stream_mask(graph: OpGraph, regions: list[str]) -> np.ndarray:
+    """The block ops tensor parallelism leaves whole: those outside every Linear pair's
+    unit (:func:`autoplace.tensor_shards.find_tensor_shards`); without a unit to find (no
+    fx program, no pair), the block ops that are neither Linears nor matmuls."""
+    try:
+        split = find_tensor_shards(graph, 1).split_ops
+    except PlanError:
+        return np.array([bool(r) and op.kind not in _LINEAR and op.kind not in MATMUL_KINDS
+                         and op.kind not in ATTENTION_KINDS
+                         for op, r in zip(graph.ops, regions)])
+    return np.array([bool(r) and op.name not in split and op.kind not in ("param", "input")
+                     for op, r in zip(graph.ops, regions)])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,6 +243,7 @@ class MeshConfig:
     ac_of_block: tuple[str, ...] = ()  # AC mode per block (empty: all "none")
     compile: bool = False
     batch_size: int = 0  # global batch in samples (0: the graph's)
+    sequence_parallel: bool = False  # with tensor > 1: the residual stream on 1/t
 
 
 @dataclass
@@ -228,6 +257,7 @@ class MeshResult:
     num_gpus: int
     breakdown_s: dict[str, float] = field(default_factory=dict)
     memory_bytes: dict[str, float] = field(default_factory=dict)
+    stage_peak_bytes: list[float] = field(default_factory=list)  # per pipeline stage
 
 
 def _groups(cfg: MeshConfig) -> dict[str, list[int]]:
@@ -278,14 +308,24 @@ def estimate_config(table: BlockTable, cfg: MeshConfig, cluster: Cluster, *,
     scale = fit.compute_scale * share / t
     f_u = fwd * scale + table.fixed_fwd * fit.compute_scale
     b_u = (bwd + again) * scale + (table.fixed_bwd + again_fixed) * fit.compute_scale
+    whole = t > 1 and not cfg.sequence_parallel  # the stream runs whole on every rank
+    sv = table.stream_var
+    if whole:
+        extra = fit.compute_scale * share * (1.0 - 1.0 / t) * el
+        f_u = f_u + sv["fwd"] * extra
+        b_u = b_u + (sv["bwd"] + np.array([sv[a][i] for i, a in enumerate(modes)])) * extra
     # tensor-parallel collectives: 2 all-gathers + 2 reduce-scatters of the block input
     g = _groups(cfg)
     coll = {name: {kind: affine_collective(cluster, kind, ranks)
                    for kind in ("allgather", "reducescatter", "allreduce")}
             for name, ranks in g.items() if name != "p2p"}
     act_b = table.input_bytes * share * table.gather_scale
-    tp_one = np.array([2 * (collective_time(coll["tp"]["allgather"], x)
-                            + collective_time(coll["tp"]["reducescatter"], x)) for x in act_b])
+    if whole:
+        tp_one = np.array([2 * collective_time(coll["tp"]["allreduce"], x) for x in act_b])
+    else:
+        tp_one = np.array([2 * (collective_time(coll["tp"]["allgather"], x)
+                                + collective_time(coll["tp"]["reducescatter"], x))
+                           for x in act_b])
     tp_f = tp_one * is_block
     tp_b = tp_one * is_block * np.array([2.0 if a == "full" else 1.0 for a in modes])
     if async_tp:
@@ -341,8 +381,12 @@ def estimate_config(table: BlockTable, cfg: MeshConfig, cluster: Cluster, *,
     mem_other = fit.compile_activation if cfg.compile else 1.0
     kept = np.array([table.kept[a][i] for i, a in enumerate(modes)])
     kept = kept - table.kept_other * (1.0 - mem_other) * np.array([a == "none" for a in modes])
+    if whole:
+        kept = kept + (t - 1) * np.array([sv[f"kept_{a}"][i] * (mem_other if a == "none"
+                                                                 else 1.0)
+                                          for i, a in enumerate(modes)])
     ratio = share / t
-    peak, worst = 0.0, {}
+    peak, worst, peaks = 0.0, {}, []
     shard_d = len(g["shard"]) if sharded else 1
     for s in range(p):
         on = stage == s
@@ -362,6 +406,7 @@ def estimate_config(table: BlockTable, cfg: MeshConfig, cluster: Cluster, *,
                               if modes[i] != "none"), default=0.0)
         trans = (float(table.transient[on].max()) + rc) * ratio
         total = st.total + act + trans + fit.memory_overhead_bytes
+        peaks.append(total)
         if total > peak:
             peak = total
             worst = {"stage": s, "params": st.params, "grads": st.grads,
@@ -374,7 +419,7 @@ def estimate_config(table: BlockTable, cfg: MeshConfig, cluster: Cluster, *,
         breakdown_s={"pipeline_compute": compute, "tp_per_microbatch": float(tp_f.sum()
                      + tp_b.sum()), "param_collectives_exposed": exposed, "update": upd,
                      "bubble": float((p - 1) * per.max()) if p > 1 else 0.0},
-        memory_bytes=worst)
+        memory_bytes=worst, stage_peak_bytes=peaks)
 
 
 def mesh_config(graph: OpGraph, plan: Plan, *, batch_size: int = 0) -> MeshConfig:
@@ -396,7 +441,8 @@ def mesh_config(graph: OpGraph, plan: Plan, *, batch_size: int = 0) -> MeshConfi
     return MeshConfig(data=par.data, tensor=par.tensor, pipeline=par.pipeline,
                       microbatches=par.microbatches, schedule=par.schedule, shard=par.shard,
                       replicate=par.replicate, stage_of_block=tuple(stages),
-                      ac_of_block=tuple(modes), compile=par.compile, batch_size=batch_size)
+                      ac_of_block=tuple(modes), compile=par.compile, batch_size=batch_size,
+                      sequence_parallel=par.sequence_parallel)
 
 
 def estimate(graph: OpGraph, plan: Plan, cluster: Cluster, *, batch_size: int = 0,

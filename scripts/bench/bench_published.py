@@ -74,7 +74,8 @@ def config_of(row: dict[str, Any], table: BlockTable) -> MeshConfig:
                       microbatches=par["microbatches"], schedule=par["schedule"] or "1f1b",
                       shard="fsdp", stage_of_block=tuple(i * pp // nb for i in range(nb)),
                       ac_of_block=(row["activation_checkpointing"],) * nb,
-                      compile=row["compile"], batch_size=row["global_batch"])
+                      compile=row["compile"], batch_size=row["global_batch"],
+                      sequence_parallel=par["tp"] > 1)
 
 
 class Predictor:

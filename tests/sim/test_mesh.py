@@ -73,3 +73,20 @@ def test_errors_name_the_problem(graph, cluster):
         estimate_config(t, _cfg(data=3), cluster)
     with pytest.raises(AutoplaceError, match="needs 32 devices"):
         estimate_config(t, _cfg(data=32), cluster)
+
+
+def test_sequence_parallel_term(graph, cluster):
+    t = block_table(graph, cluster)
+    assert (t.stream_var["fwd"][1:5] > 0).all()  # norms and residual adds in every block
+    assert t.stream_var["fwd"][0] == t.stream_var["fwd"][5] == 0
+    assert (t.stream_var["fwd"][1:5] < t.var["fwd_other"][1:5]).all()  # rotary, SiLU split
+    on = estimate_config(t, _cfg(tensor=4, sequence_parallel=True), cluster)
+    off = estimate_config(t, _cfg(tensor=4), cluster)
+    assert off.peak_memory_bytes > on.peak_memory_bytes  # the stream's activations whole
+    assert off.breakdown_s["pipeline_compute"] > on.breakdown_s["pipeline_compute"]
+    # all-reduces without it, all-gathers and reduce-scatters with it: the same ring traffic
+    assert off.breakdown_s["tp_per_microbatch"] == pytest.approx(
+        on.breakdown_s["tp_per_microbatch"], rel=0.05)
+    one = estimate_config(t, _cfg(sequence_parallel=True), cluster)
+    assert one.step_time_s == estimate_config(t, _cfg(), cluster).step_time_s  # t = 1
+    assert len(on.stage_peak_bytes) == 1 and on.stage_peak_bytes[0] == on.peak_memory_bytes
