@@ -56,7 +56,11 @@ class OpNode:
         output_bytes: total bytes of the outputs.
         param_bytes: bytes of the parameters the op owns.
         param_names: qualified names of those parameters.
-        activation_bytes: bytes autograd keeps for the backward pass.
+        activation_bytes: bytes autograd keeps for the backward pass, each saved tensor
+            counted at the first op that saves it.
+        shared_saves: ``(op name, bytes)`` of the tensors this op saves too that an earlier
+            op's ``activation_bytes`` counts (placed on another device, this op holds its
+            own copy).
         flops: forward floating-point operations (a multiply-add counts 2).
         fwd_time_s: forward time in seconds per device kind.
         bwd_time_s: backward time in seconds per device kind.
@@ -89,6 +93,7 @@ class OpNode:
     param_bytes: int = 0
     param_names: tuple[str, ...] = ()
     activation_bytes: int = 0
+    shared_saves: tuple[tuple[str, int], ...] = ()
     flops: float = 0.0
     fwd_time_s: dict[str, float] = field(default_factory=dict)
     bwd_time_s: dict[str, float] = field(default_factory=dict)
@@ -118,6 +123,7 @@ class OpNode:
         d["output_shapes"] = tuple(tuple(int(x) for x in s) for s in d.get("output_shapes", ()))
         d["output_dtypes"] = tuple(d.get("output_dtypes", ()))
         d["param_names"] = tuple(d.get("param_names", ()))
+        d["shared_saves"] = tuple((str(o), int(b)) for o, b in d.get("shared_saves", ()))
         return cls(**d)
 
 

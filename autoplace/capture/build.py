@@ -157,6 +157,7 @@ def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | Non
         if autocast_dtype else None
     canonical = {id(p): n for n, p in gm.named_parameters()}
     owned: set[int] = set()
+    saved = rules.SavedTensors()
     ops: list[OpNode] = []
     edges: list[tuple[str, str, int]] = []
     info: dict[str, OpNode] = {}
@@ -194,6 +195,8 @@ def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | Non
             low_itemsize=low_itemsize,
         )
         flops = counted.get(n.name, 0.0)
+        act, shared = (0, ()) if n.op in ("placeholder", "get_attr", "output") \
+            else saved.record(ctx)
         if flops == 0.0 and n.op not in ("placeholder", "get_attr", "output"):
             flops = rules.fallback_flops(ctx)
         op = OpNode(
@@ -206,8 +209,8 @@ def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | Non
             output_bytes=sum(_nbytes(t) for t in outs),
             param_bytes=pbytes,
             param_names=tuple(x for x in pnames if x),
-            activation_bytes=0 if n.op in ("placeholder", "get_attr", "output")
-            else int(rules.activation_bytes(ctx)),
+            activation_bytes=int(act),
+            shared_saves=shared,
             flops=float(flops),
         )
         info[n.name] = op

@@ -191,32 +191,90 @@ def fallback_flops(ctx: OpContext) -> float:
     return float(_numel(out) * ELEMENT_FLOPS.get(kind, 1))
 
 
-def activation_bytes(ctx: OpContext) -> int:
-    """Bytes autograd keeps for this op's backward (see module docstring)."""
+def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], int]:
+    """What autograd keeps for this op's backward (see module docstring): ``(tensors,
+    fresh bytes)``. ``tensors`` are ``(tensor, itemsize)`` pairs, the tensor itself when
+    ``itemsize`` is None, else a copy of it cast to ``itemsize`` bytes an element (autocast's);
+    ``fresh`` counts what no other op can share (RNN gates, dropout masks, attention's
+    extra outputs)."""
     kind, out, ins = ctx.kind, ctx.outputs, ctx.act_inputs
     base = _base(kind)
+
+    def own(ts: list[torch.Tensor], itemsize: int | None = None):
+        return [(t, itemsize if itemsize and t.is_floating_point()
+                 and itemsize != t.element_size() else None) for t in ts]
+
     if base in VIEW_KINDS or base in NO_SAVE_KINDS:
-        return 0
+        return [], 0
     if base in MATMUL_KINDS or base in CONV_KINDS:
-        return _bytes(ins, ctx.low_itemsize)
+        return own(ins, ctx.low_itemsize), 0
     if base in ATTENTION_KINDS:
         if kind == "MultiheadAttention" and out:
             extra = _bytes(out[1:]) if len(out) > 1 else 0
-            return 4 * _bytes(ins[:1], ctx.low_itemsize) + _bytes(out[:1]) + extra
-        return _bytes(ins, ctx.low_itemsize) + _bytes(out[:1])
+            return own(out[:1]), 4 * _bytes(ins[:1], ctx.low_itemsize) + extra
+        return own(ins, ctx.low_itemsize) + own(out[:1]), 0
     rnn = _rnn_shape(ctx)
     if rnn is not None:
         tb, pairs, hidden, gates = rnn
         itemsize = out[0].element_size() if out else 4
-        return _bytes(ins[:1]) + len(pairs) * tb * (gates + 2) * hidden * itemsize
+        return own(ins[:1]), len(pairs) * tb * (gates + 2) * hidden * itemsize
     if base in SAVE_OUTPUT_KINDS:
-        return _bytes(out[:1])
+        return own(out[:1]), 0
     if base in SAVE_INPUT_KINDS:
-        return _bytes(ins)
+        return own(ins), 0
     if base in ("Embedding", "embedding", "EmbeddingBag"):
-        return _bytes([t for t in ins if not t.is_floating_point()])
+        return own([t for t in ins if not t.is_floating_point()]), 0
     if base in ("Dropout", "dropout", "native_dropout", "Dropout1d", "Dropout2d"):
-        return _numel(out[:1])
+        return [], _numel(out[:1])
     if ctx.submod is not None:
-        return _bytes(ins)
-    return _bytes(out)
+        return own(ins), 0
+    return own(out), 0
+
+
+def _part_bytes(t: torch.Tensor, itemsize: int | None) -> int:
+    return int(t.numel()) * (itemsize or t.element_size())
+
+
+def _tensor_key(t: torch.Tensor) -> tuple[int, int, int]:
+    """What makes two tensors one allocation: storage, offset and element count."""
+    try:
+        return t.untyped_storage()._cdata, t.storage_offset(), int(t.numel())
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass)
+        return id(t), 0, int(t.numel())
+
+
+def activation_bytes(ctx: OpContext) -> int:
+    """Bytes autograd keeps for this op's backward, counting every saved tensor (see
+    module docstring; :class:`SavedTensors` counts a tensor several ops save once)."""
+    tensors, fresh = saved_parts(ctx)
+    return fresh + sum(_part_bytes(t, s) for t, s in tensors)
+
+
+class SavedTensors:
+    """Activation bytes of a graph's ops, in topological order, each saved tensor counted
+    once: at the first op that saves it (a convolution's input that the ReLU before it
+    saves as its output, or one tensor every branch of an Inception module reads, is one
+    allocation). A tensor is its storage, offset and size, so a view of a saved tensor
+    is the same one, a chunk of it another. A cast copy (autocast) is the saving op's own."""
+
+    def __init__(self) -> None:
+        # key -> (tensor, the op that counts it); the tensor kept alive so that a
+        # storage's address is not reused meanwhile
+        self._seen: dict[tuple[int, int, int], tuple[torch.Tensor, str]] = {}
+
+    def record(self, ctx: OpContext) -> tuple[int, tuple[tuple[str, int], ...]]:
+        """``(bytes this op adds to what autograd keeps, (op, bytes) of the tensors it
+        saves that an earlier op counts)``; the op is ``ctx.node.name``."""
+        tensors, fresh = saved_parts(ctx)
+        total = fresh
+        shared: dict[tuple[str, int], None] = {}
+        for t, itemsize in tensors:
+            nbytes = _part_bytes(t, itemsize)
+            if itemsize is None:
+                key = _tensor_key(t)
+                if key in self._seen:
+                    shared[(self._seen[key][1], nbytes)] = None
+                    continue
+                self._seen[key] = (t, ctx.node.name)
+            total += nbytes
+        return total, tuple(shared)

@@ -21,6 +21,7 @@ from autoplace.sim.model import (
     GraphArrays,
     affine_collective,
     graphed_grad_bytes,
+    shared_save_bytes,
 )
 
 __all__ = ["finish_batch"]
@@ -126,6 +127,7 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
     grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)  # (sim_local)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
     kept = _per_device(cell, np.where(rc_op, 0.0, ga.act_bytes), size)
+    kept = kept + shared_save_bytes(ga, cell, ~rc_op, size)
     big_out = _max_per_device(cell, ga.out_bytes, size)
     big_rc = np.zeros(size)
     if rc_op.any():
@@ -155,5 +157,5 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
         kept = kept + _per_device(np.take_along_axis(gcell, gv, 1)[keep],
                                   np.broadcast_to(eb, keep.shape)[keep], size)
     acts = kept.reshape(num, kk) * m / (m * dcol)
-    transient = (big_out + big_rc).reshape(num, kk) / (m * dcol)
+    transient = np.maximum(big_out, big_rc).reshape(num, kk) / (m * dcol)
     return pbytes + grads + opt + acts + transient

@@ -52,6 +52,7 @@ from autoplace.sim.model import (
     replicas_identical,
     scaled,
     shard_degree,
+    shared_save_bytes,
     state_memory,
     update_time,
 )
@@ -499,6 +500,7 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
     group_act: dict[int, float] = {}
     for i in np.flatnonzero(rc_op):
         group_act[group[i]] = group_act.get(group[i], 0.0) + ga.act_bytes[i]
+    shared = shared_save_bytes(ga, dev, ~rc_op, k)
     cast, kept_out = (pipeline_held_bytes(ga, dev, k, m, d) if plan.parallel.pipeline > 1
                       else (np.zeros(k), np.zeros(k)))
     out = []
@@ -510,12 +512,14 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
         mem.params += cast[j]
         if plan.parallel.graphs:
             mem.grads += graphed_grad_bytes(ga.param_bytes[on].sum(), m)
-        kept = ga.act_bytes[on & ~rc_op].sum()
+        kept = ga.act_bytes[on & ~rc_op].sum() + shared[j]
         kept += sum(b for g, b in rc_bytes.items() if plan.placement[g] == j)
         held = lp.m if inflight is None else inflight[j]
         mem.activations = kept * held / (m * d) + kept_out[j]
         big_out = ga.out_bytes[on].max() if on.any() else 0.0
         big_rc = max((b for g, b in group_act.items() if plan.placement[g] == j), default=0.0)
-        mem.transient = (big_out + big_rc) / (m * d)
+        # a recomputed block's activations live during its backward; the largest output
+        # or workspace (the loss's) before it: they never coexist
+        mem.transient = max(big_out, big_rc) / (m * d)
         out.append(mem)
     return out

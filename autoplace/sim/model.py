@@ -66,6 +66,11 @@ class GraphArrays:
     act_bytes: np.ndarray
     out_bytes: np.ndarray
     saved: np.ndarray  # bool [n]: a selective recompute keeps this op's output (lowering)
+    # saved tensors counted at another op (``OpNode.shared_saves``), one row per (op, tensor):
+    share_op: np.ndarray  # int64 [S] the op that saves it too
+    share_owner: np.ndarray  # int64 [S] the op whose activation bytes count it
+    share_key: np.ndarray  # int64 [S] the tensor, 0..T-1
+    key_bytes: np.ndarray  # float64 [T] its bytes
     block_key: list[str]  # FSDP2 unit per op, shard_units="blocks" (lowering.fsdp_unit_keys)
     module_key: list[str]  # the same for shard_units="modules"
     gather_scale: float = 1.0  # FSDP2 gathers parameters at autocast's dtype: 0.5 of fp32
@@ -87,6 +92,12 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         succs[idx[u]].append(idx[v])
         succ_bytes[idx[u]].append(float(b))
     ops = graph.ops
+    share, keys = [], {}
+    for i, op in enumerate(ops):
+        for owner, b in op.shared_saves:
+            if owner in idx:
+                share.append((i, idx[owner], keys.setdefault((owner, b), len(keys))))
+    rows = np.array(share, dtype=np.int64).reshape(-1, 3)
     arrays = GraphArrays(
         n=n,
         names=list(graph.order),
@@ -101,6 +112,8 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
         out_bytes=np.array([op.transient_bytes for op in ops], dtype=np.float64),
         saved=np.array([op.kind in SELECTIVE_SAVED_KINDS for op in ops], dtype=bool),
+        share_op=rows[:, 0], share_owner=rows[:, 1], share_key=rows[:, 2],
+        key_bytes=np.array([b for _, b in keys], dtype=np.float64),
         block_key=fsdp_unit_keys(graph, "blocks"),
         module_key=fsdp_unit_keys(graph, "modules"),
         # FSDP2 gathers at the autocast dtype; an exported graph's parameters as they are
@@ -427,6 +440,27 @@ def state_memory(param_bytes: float, d: int, shard: str, max_unit: float = 0.0,
     # fsdp: the root's unit, the current and the prefetched unit are gathered whole
     params = min(pb, pb / d + gather_scale * (root_bytes + 2.0 * max_unit))
     return MemoryModel(params=params, grads=grads, optimizer=opt)
+
+
+def shared_save_bytes(ga: GraphArrays, cell: np.ndarray, kept: np.ndarray, size: int
+                      ) -> np.ndarray:
+    """``[size]`` bytes of saved tensors held on a device beside the op that counts them.
+
+    A tensor several ops save is one allocation, counted in the activation bytes of the
+    first (``OpNode.shared_saves``). Another op that saves it on another device keeps the
+    copy it received: each device holding one counts it once. ``cell``: ``[n]`` or
+    ``[P, n]`` device slot of every op (``p * k + device`` for plan ``p``); ``kept``:
+    ops whose activations stay (not recomputed), same shape.
+    """
+    out = np.zeros(size)
+    if not len(ga.share_op):
+        return out
+    cell, kept = np.atleast_2d(cell), np.atleast_2d(kept)
+    mine, owner = cell[:, ga.share_op], cell[:, ga.share_owner]
+    hold = kept[:, ga.share_op] & ((mine != owner) | ~kept[:, ga.share_owner])
+    nk = len(ga.key_bytes)
+    codes = np.unique(mine[hold] * nk + np.broadcast_to(ga.share_key, mine.shape)[hold])
+    return out + np.bincount(codes // nk, weights=ga.key_bytes[codes % nk], minlength=size)
 
 
 def pipeline_held_bytes(ga: GraphArrays, dev: np.ndarray, k: int, m: int, d: int

@@ -35,11 +35,16 @@ from run_folder import output_folder
 
 #: report family of a plan (``replay_suite``'s family, ``autoplace.search.families``)
 FAMILIES = ("single", "placement", "placement+mb", "CUDA graphs", "DDP", "ZeRO-2", "FSDP2",
-            "pipeline", "recompute", "compiled")
+            "pipeline", "recompute", "compiled", "offload")
 #: levers recipe -> report family
 RECIPE_FAMILY = {"eager": "single", "compile-blocks": "compiled",
                  "checkpoint-blocks": "recompute", "selective-blocks": "recompute",
                  "checkpoint-blocks+compile": "recompute", "selective-blocks+compile": "recompute"}
+
+
+def recipe_family(recipe: str) -> str:
+    """The report's family of a levers recipe (offloaded recipes are ``offload``)."""
+    return "offload" if "offload" in recipe else RECIPE_FAMILY.get(recipe, recipe)
 WITHIN = 0.10  # the memory target: simulated peak within 10% of the measured one
 
 
@@ -130,7 +135,7 @@ def replay_levers(root: Path) -> list[dict[str, Any]]:
         for r in check["rows"]:
             if r["measured_ms"] and not r["measured_oom"]:
                 rows.append({**r, "run": f.parent.name,
-                             "family": RECIPE_FAMILY.get(r["recipe"], r["recipe"])})
+                             "family": recipe_family(r["recipe"])})
     return rows
 
 
