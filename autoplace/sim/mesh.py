@@ -39,7 +39,8 @@ Collectives are priced by ``sim.model.affine_collective`` (:mod:`autoplace.costs
 ring, tree or hierarchical as NCCL picks) over the exact ranks of each group in the plan's
 device numbering, pipeline sends by ``send_recv_s`` between neighbouring stages (``Plan.replica_devices``), so a group within a node
 and one across nodes cost what the cluster says. :class:`MeshFit` holds the constants a
-benchmark may fit (an efficiency on compute, a memory overhead); its defaults are neutral.
+benchmark may fit (an efficiency on compute, a memory overhead); its defaults are neutral;
+:data:`FITTED` holds those fitted for a device kind, the default there (:func:`default_fit`).
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ from autoplace.sim.model import (
 from autoplace.sim.pipeline import inflight_microbatches
 from autoplace.tensor_shards import find_tensor_shards
 
-__all__ = ["AC_MODES", "BlockTable", "MeshConfig", "MeshFit", "MeshResult", "block_table",
-           "estimate", "estimate_config", "mesh_config"]
+__all__ = ["AC_MODES", "FITTED", "BlockTable", "MeshConfig", "MeshFit", "MeshResult",
+           "block_table", "default_fit", "estimate", "estimate_config", "mesh_config"]
 
 #: activation checkpointing per block: keep everything, keep matmul / attention outputs
 #: (recompute the rest), keep only the block's inputs (recompute all of it)
@@ -97,6 +98,20 @@ class MeshFit:
     or short of the op rules' count)."""
     memory_overhead_bytes: float = 0.0
     """Added to every GPU's peak (allocator reserve, CUDA context, NCCL buffers)."""
+
+
+#: fitted by scripts/bench/bench_published.py on torchtitan's four single-host Llama 3.1 rows
+#: (t1-fsdp, t1-compile, t1-float8, t2-cp1; bench/results/2026-11-29-cpux1-published-torchtitan-2/):
+#: held-out median error on 16-64 hosts 5.9% tokens/s and 9.8% peak memory, against 20.0% and
+#: 12.0% with the neutral constants, so they are the default on the device kind they describe
+FITTED = {"h100-96": MeshFit(compute_scale=1.219, compile_elementwise=0.294,
+                             compile_activation=0.478, float8_speedup=1.606,
+                             activation_scale=0.402, memory_overhead_bytes=16 * 2**30)}
+
+
+def default_fit(cluster: Cluster) -> MeshFit:
+    """The constants fitted for ``cluster``'s device kind (:data:`FITTED`), else neutral."""
+    return FITTED.get(cluster.devices[0].kind, MeshFit())
 
 
 @dataclass
@@ -278,7 +293,7 @@ def estimate_config(table: BlockTable, cfg: MeshConfig, cluster: Cluster, *,
     ``float8`` and ``async_tp`` are techniques outside the plan space (the executor does
     not run them); a benchmark against published runs uses them with a fitted ``fit``.
     """
-    fit = fit or MeshFit()
+    fit = fit or default_fit(cluster)
     nb, t, p, m = table.num_blocks, cfg.tensor, cfg.pipeline, cfg.microbatches
     n_gpu = cfg.data * t * p
     if n_gpu > cluster.num_devices:
@@ -455,7 +470,7 @@ def estimate(graph: OpGraph, plan: Plan, cluster: Cluster, *, batch_size: int = 
         plan: a plan whose pipeline stages are contiguous runs of blocks.
         cluster: the cluster (one node or many).
         batch_size: global batch in samples (0: the graph's).
-        fit: fitted constants (neutral by default).
+        fit: fitted constants (:func:`default_fit` of the cluster by default).
         float8: Linear matmuls in float8 (outside the plan space).
         async_tp: tensor-parallel collectives overlapped with compute (outside it too).
     """

@@ -9,7 +9,15 @@ from autoplace import planners, workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.errors import AutoplaceError
-from autoplace.sim.mesh import MeshConfig, MeshFit, block_table, estimate, estimate_config
+from autoplace.sim.mesh import (
+    FITTED,
+    MeshConfig,
+    MeshFit,
+    block_table,
+    default_fit,
+    estimate,
+    estimate_config,
+)
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +98,12 @@ def test_sequence_parallel_term(graph, cluster):
     one = estimate_config(t, _cfg(sequence_parallel=True), cluster)
     assert one.step_time_s == estimate_config(t, _cfg(), cluster).step_time_s  # t = 1
     assert len(on.stage_peak_bytes) == 1 and on.stage_peak_bytes[0] == on.peak_memory_bytes
+
+
+def test_fitted_constants_are_the_default_on_their_device_kind(graph):
+    h96, h80 = preset("h100-96x8-n2"), preset("h100x8-n2")
+    assert default_fit(h96) == FITTED["h100-96"] and default_fit(h80) == MeshFit()
+    t = block_table(graph, h96)
+    fitted = estimate_config(t, _cfg(), h96)
+    assert fitted.step_time_s == estimate_config(t, _cfg(), h96, fit=FITTED["h100-96"]).step_time_s
+    assert fitted.step_time_s > estimate_config(t, _cfg(), h96, fit=MeshFit()).step_time_s
