@@ -107,6 +107,8 @@ def run_demo(
         for line in progress_lines(tuned.history, tuned.zero_shot_step_time_s,
                                    tuned.warm_start):
             _say(line)
+        _say(f"  policy: chosen {tuned.step_time_s * 1e3:.3f} ms ({policy_plan.split()}, "
+             f"from the {tuned.plan.planner.get('source')} plan)")
     else:
         _say(f"training a {policy} policy for {budget} on the simulator")
         # a fresh policy every demo: the demo's own folder, replaced each time it runs
@@ -193,7 +195,8 @@ def run_demo(
 def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
                    warm: dict[str, Any]) -> list[str]:
     """How the policy's best simulated plan improved: zero-shot (pre-trained), after the
-    warm start, then at a quarter, half, three quarters and the end of REINFORCE."""
+    warm start, then at a quarter, half, three quarters and the end of REINFORCE (the env's
+    step times: the zero-shot plan's may also have had its shard mode chosen)."""
     lines = []
     if zero_shot_s is not None:
         lines.append(f"  policy: pre-trained zero-shot plan {zero_shot_s * 1e3:.3f} ms")
