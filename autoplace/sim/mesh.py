@@ -101,7 +101,7 @@ class MeshFit:
 
 
 #: fitted by scripts/bench/bench_published.py on torchtitan's four single-host Llama 3.1 rows
-#: (t1-fsdp, t1-compile, t1-float8, t2-cp1; bench/results/2026-11-29-cpux1-published-torchtitan-2/):
+#: (t1-fsdp, t1-compile, t1-float8, t2-cp1; docs/simulator.md, the mesh model):
 #: held-out median error on 16-64 hosts 5.9% tokens/s and 9.8% peak memory, against 20.0% and
 #: 12.0% with the neutral constants, so they are the default on the device kind they describe
 FITTED = {"h100-96": MeshFit(compute_scale=1.219, compile_elementwise=0.294,
