@@ -15,6 +15,7 @@ Batch makers and losses are module-level functions (bound with
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from autoplace.errors import AutoplaceError
-from autoplace.workloads import Workload
+from autoplace.workloads import Workload, register
 
 __all__ = [
     "WORKLOAD_OPTIONS",
@@ -153,3 +154,38 @@ def image_workload(
         autocast_dtype=autocast_dtype,
         lr=lr,
     )
+
+
+def token_workload(name: str, model: Any, *, seq_len: int, vocab_size: int, batch_size: int,
+                   lr: float = 3e-4, autocast_dtype: str | None = "bfloat16") -> Workload:
+    """A language-modelling workload: next-token cross entropy on synthetic tokens."""
+    return Workload(
+        name=name,
+        model=model,
+        make_batch=partial(token_batch, seq_len=seq_len, vocab_size=vocab_size),
+        loss_fn=token_cross_entropy,
+        batch_size=batch_size,
+        autocast_dtype=autocast_dtype,
+        lr=lr,
+    )
+
+
+def register_presets(family: str, workload: Callable[..., Workload],
+                     presets: dict[str, tuple[Callable[[], Any], dict[str, Any]]]) -> None:
+    """Register a zoo name per preset: ``presets[name] = (config preset, workload defaults)``;
+    the factory takes the config's fields and :data:`WORKLOAD_OPTIONS` as options and
+    builds ``workload(config, name=name, **workload_options)``."""
+    for name, (preset, defaults) in presets.items():
+        factory = _preset_factory(name, preset, defaults, workload)
+        factory.__doc__ = f"{name}: {family}, {preset.__doc__}"
+        register(name, factory.__doc__, **zoo_defaults(preset(), **defaults))(factory)
+
+
+def _preset_factory(name: str, preset: Callable[[], Any], defaults: dict[str, Any],
+                    workload: Callable[..., Workload]) -> Callable[..., Workload]:
+    def factory(**options: Any) -> Workload:
+        config, rest = split_options(name, preset(), options)
+        return workload(config, name=name, **{**defaults, **rest})
+
+    factory.__name__ = factory.__qualname__ = name.replace("-", "_")
+    return factory

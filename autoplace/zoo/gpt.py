@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from autoplace.errors import AutoplaceError
-from autoplace.workloads import Workload, register
-from autoplace.zoo._common import split_options, token_batch, token_cross_entropy, zoo_defaults
+from autoplace.workloads import Workload
+from autoplace.zoo._common import register_presets, token_workload
 
 __all__ = [
     "GPT",
@@ -186,25 +184,9 @@ def gpt_workload(
     name: str = "gpt",
 ) -> Workload:
     """A GPT language-modelling workload: next-token cross entropy on synthetic tokens."""
-    return Workload(
-        name=name,
-        model=GPT(config),
-        make_batch=partial(token_batch, seq_len=config.seq_len, vocab_size=config.vocab_size),
-        loss_fn=token_cross_entropy,
-        batch_size=batch_size,
-        autocast_dtype=autocast_dtype,
-        lr=lr,
-    )
-
-
-def _factory(name: str, preset, **workload_defaults: Any):
-    def factory(**options: Any) -> Workload:
-        config, rest = split_options(name, preset(), options)
-        return gpt_workload(config, name=name, **{**workload_defaults, **rest})
-
-    factory.__name__ = factory.__qualname__ = name.replace("-", "_")
-    factory.__doc__ = f"{name}: GPT decoder, {preset.__doc__}"
-    return register(name, factory.__doc__, **zoo_defaults(preset(), **workload_defaults))(factory)
+    return token_workload(name, GPT(config), seq_len=config.seq_len,
+                          vocab_size=config.vocab_size, batch_size=batch_size, lr=lr,
+                          autocast_dtype=autocast_dtype)
 
 
 _WORKLOADS = {
@@ -213,5 +195,4 @@ _WORKLOADS = {
     "gpt-medium": (gpt_medium, dict(batch_size=8, lr=3e-4, autocast_dtype="bfloat16")),
     "gpt-1b": (gpt_1b, dict(batch_size=8, lr=3e-4, autocast_dtype="bfloat16")),
 }
-for _name, (_preset, _defaults) in _WORKLOADS.items():
-    _factory(_name, _preset, **_defaults)
+register_presets("GPT decoder", gpt_workload, _WORKLOADS)

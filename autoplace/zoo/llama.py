@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -26,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplace.errors import AutoplaceError
-from autoplace.workloads import Workload, register
-from autoplace.zoo._common import split_options, token_batch, token_cross_entropy, zoo_defaults
+from autoplace.workloads import Workload
+from autoplace.zoo._common import register_presets, token_workload
 
 __all__ = [
     "Llama",
@@ -241,25 +240,9 @@ def llama_workload(
     name: str = "llama",
 ) -> Workload:
     """A Llama language-modelling workload: next-token cross entropy on synthetic tokens."""
-    return Workload(
-        name=name,
-        model=Llama(config),
-        make_batch=partial(token_batch, seq_len=config.seq_len, vocab_size=config.vocab_size),
-        loss_fn=token_cross_entropy,
-        batch_size=batch_size,
-        autocast_dtype=autocast_dtype,
-        lr=lr,
-    )
-
-
-def _factory(name: str, preset, **workload_defaults: Any):
-    def factory(**options: Any) -> Workload:
-        config, rest = split_options(name, preset(), options)
-        return llama_workload(config, name=name, **{**workload_defaults, **rest})
-
-    factory.__name__ = factory.__qualname__ = name.replace("-", "_")
-    factory.__doc__ = f"{name}: Llama-3 decoder, {preset.__doc__}"
-    return register(name, factory.__doc__, **zoo_defaults(preset(), **workload_defaults))(factory)
+    return token_workload(name, Llama(config), seq_len=config.seq_len,
+                          vocab_size=config.vocab_size, batch_size=batch_size, lr=lr,
+                          autocast_dtype=autocast_dtype)
 
 
 _WORKLOADS = {
@@ -268,5 +251,4 @@ _WORKLOADS = {
     "llama3-70b": (llama3_70b, dict(batch_size=8, lr=1.5e-4, autocast_dtype="bfloat16")),
     "llama3-405b": (llama3_405b, dict(batch_size=8, lr=8e-5, autocast_dtype="bfloat16")),
 }
-for _name, (_preset, _defaults) in _WORKLOADS.items():
-    _factory(_name, _preset, **_defaults)
+register_presets("Llama-3 decoder", llama_workload, _WORKLOADS)
