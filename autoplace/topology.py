@@ -73,36 +73,27 @@ HOST_MEMORY_BANDWIDTH = 20e9
 #: a 16-core host, 650 ms a step against 1632 ms simulated at the one-thread rate
 #: (docs/simulator.md, offload); nothing else checks it yet.
 GPU_HOST_MEMORY_BANDWIDTH = 70e9
+
+
+def _gpu(kind: str, memory_gib: int, peak_flops: float, memory_bandwidth: float,
+         host_bandwidth: float) -> dict[str, Any]:
+    """Device fields of one GPU kind; the host costs and CPU-update rate every GPU shares."""
+    return dict(name="cuda:{i}", kind=kind, memory_bytes=memory_gib * GiB, peak_flops=peak_flops,
+                memory_bandwidth=memory_bandwidth, launch_overhead_s=8e-6,
+                host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
+                host_bandwidth=host_bandwidth, host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH)
+
+
 #: Device fields per GPU kind (the name is a pattern: ``{i}`` becomes the local index).
 # Achievable (not datasheet) rates for bf16 training: ~60% of dense peak.
 GPU_SPECS: dict[str, dict[str, Any]] = {
-    "h100": dict(name="cuda:{i}", kind="h100", memory_bytes=80 * GiB,
-                 peak_flops=600e12, memory_bandwidth=2.8e12, launch_overhead_s=8e-6,
-                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                 host_bandwidth=PCIE_GEN5_BANDWIDTH,
-                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
-    "h200": dict(name="cuda:{i}", kind="h200", memory_bytes=141 * GiB,
-                 peak_flops=600e12, memory_bandwidth=4.0e12, launch_overhead_s=8e-6,
-                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                 host_bandwidth=PCIE_GEN5_BANDWIDTH,
-                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
-    "a100": dict(name="cuda:{i}", kind="a100", memory_bytes=80 * GiB,
-                 peak_flops=250e12, memory_bandwidth=1.6e12, launch_overhead_s=8e-6,
-                 host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                 host_bandwidth=HOST_LINK_BANDWIDTH,
-                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
+    "h100": _gpu("h100", 80, 600e12, 2.8e12, PCIE_GEN5_BANDWIDTH),
+    "h200": _gpu("h200", 141, 600e12, 4.0e12, PCIE_GEN5_BANDWIDTH),
+    "a100": _gpu("a100", 80, 250e12, 1.6e12, HOST_LINK_BANDWIDTH),
     # Grand Teton's H100: 96 GB HBM2e at 2.4 TB/s peak, run at a 500 W power limit
     # (torchtitan's multi-node measurements); rates scaled from the 700 W H100's.
-    "h100-96": dict(name="cuda:{i}", kind="h100-96", memory_bytes=96 * GiB,
-                    peak_flops=520e12, memory_bandwidth=2.0e12, launch_overhead_s=8e-6,
-                    host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                    host_bandwidth=PCIE_GEN5_BANDWIDTH,
-                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
-    "a100-pcie": dict(name="cuda:{i}", kind="a100-pcie", memory_bytes=40 * GiB,
-                      peak_flops=230e12, memory_bandwidth=1.3e12, launch_overhead_s=8e-6,
-                      host_dispatch_s=GPU_HOST_DISPATCH_S, **GPU_HOST_PARAM,
-                      host_bandwidth=HOST_LINK_BANDWIDTH,
-                 host_memory_bandwidth=GPU_HOST_MEMORY_BANDWIDTH),
+    "h100-96": _gpu("h100-96", 96, 520e12, 2.0e12, PCIE_GEN5_BANDWIDTH),
+    "a100-pcie": _gpu("a100-pcie", 40, 230e12, 1.3e12, HOST_LINK_BANDWIDTH),
 }
 _NVLINK4 = dict(alpha_s=10e-6, bandwidth=300e9, collective_bandwidth=250e9)
 #: Links inside a node per GPU kind: copy latency and bandwidth, collective bus bandwidth.
