@@ -15,7 +15,7 @@ from autoplace.errors import AutoplaceError
 from autoplace.executor import execute, run_plan
 from autoplace.executor.runner import capture_graph
 from autoplace.plan import ParallelConfig, Plan
-from tests.helpers.plans import single, split
+from tests.helpers.plans import check_run, single, split
 
 TOL = 1e-4  # reductions reordered across processes
 CPU2, CPU4 = preset("cpu-x2"), preset("cpu-x4")
@@ -28,9 +28,7 @@ def tiny():
 
 
 def check(r, steps=3):
-    assert r.ok, r.error
-    assert len(r.loss) == steps and len(r.reference_loss) == steps
-    assert r.max_loss_rel_diff < TOL, (r.loss, r.reference_loss)
+    check_run(r, steps, TOL)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -16,7 +16,7 @@ from autoplace.executor import execute
 from autoplace.executor.runner import capture_graph
 from autoplace.lowering import block_groups
 from autoplace.plan import ParallelConfig, Plan
-from tests.helpers.plans import single
+from tests.helpers.plans import check_run, single
 
 TOL = 1e-4  # reductions reordered across processes
 CPU2, CPU4 = preset("cpu-x2"), preset("cpu-x4")
@@ -34,9 +34,7 @@ def tiny():
 
 
 def check(r, steps=3):
-    assert r.ok, r.error
-    assert len(r.loss) == steps and len(r.reference_loss) == steps
-    assert r.max_loss_rel_diff < TOL, (r.loss, r.reference_loss)
+    check_run(r, steps, TOL)
 
 
 def test_tensor_parallel_two_ranks(tiny):

@@ -1,4 +1,5 @@
-"""Plans the executor tests run: a model cut into contiguous runs, or kept whole."""
+"""Plans the executor tests run (a model cut into contiguous runs, or kept whole), and the
+check of a run of one against unpartitioned training."""
 
 from __future__ import annotations
 
@@ -18,3 +19,11 @@ def single(graph, **parallel) -> Plan:
     """Every op on one device (a replica of it with ``data > 1``)."""
     return Plan.from_groups(graph, {op: 0 for op in graph.order}, [0],
                             parallel=ParallelConfig(**parallel))
+
+
+def check_run(r, steps: int = 3, tol: float = 1e-4) -> None:
+    """A run that worked, trained ``steps`` steps beside its unpartitioned reference, and
+    whose losses are within ``tol`` (relative) of the reference's."""
+    assert r.ok, r.error
+    assert len(r.loss) == steps and len(r.reference_loss) == steps
+    assert r.max_loss_rel_diff < tol, (r.loss, r.reference_loss)
