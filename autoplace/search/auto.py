@@ -111,46 +111,43 @@ def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """On GPUs, every one-process plan among ``rows`` again with ``parallel.graphs`` (each
-    run of ops on one device replayed as a CUDA graph): eager, a host thread issuing every
-    op of Inception-v3 limits it; graphed, its two halves measured 36-40 ms against
-    44-66 ms eagerly on 2x H200 (docs/executor.md, CUDA graphs)."""
+def _twin_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]], lever: str,
+               eligible: Callable[[dict[str, Any], Plan], bool]) -> list[dict[str, Any]]:
+    """On GPUs, every eligible plan among ``rows`` again with ``parallel.<lever>`` on (where
+    ``ParallelConfig`` allows it), simulated, named ``<planner>+<lever>``."""
     if not all(d.name.startswith("cuda") for d in cluster.devices):
         return []
     out = []
     for r in rows:
         plan = r.get("plan")
-        if plan is None or r.get("oom") or plan.recompute or plan.selective or plan.parallel.graphs:
+        if plan is None or not eligible(r, plan):
             continue
-        try:  # ParallelConfig says which plans run in one process
-            twin = plan.with_parallel(graphs=True)
+        try:
+            twin = plan.with_parallel(**{lever: True})
         except PlanError:
             continue
-        out.append(_sim_row(graph, cluster, f"{r['planner']}+graphs", twin))
+        out.append(_sim_row(graph, cluster, f"{r['planner']}+{lever}", twin))
     return out
+
+
+def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """On GPUs, every one-process plan among ``rows`` again with ``parallel.graphs`` (each
+    run of ops on one device replayed as a CUDA graph): eager, a host thread issuing every
+    op of Inception-v3 limits it; graphed, its two halves measured 36-40 ms against
+    44-66 ms eagerly on 2x H200 (docs/executor.md, CUDA graphs). ``ParallelConfig`` says
+    which plans run in one process."""
+    return _twin_rows(graph, cluster, rows, "graphs", lambda r, plan: not (
+        r.get("oom") or plan.recompute or plan.selective or plan.parallel.graphs))
 
 
 def _compiled_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """On GPUs, every plan among ``rows`` again with its pieces compiled
     (``parallel.compile``): the split and the levers chosen together, priced by the
-    simulator's compiled costs (:mod:`autoplace.sim.compiled`)."""
-    if not all(d.name.startswith("cuda") for d in cluster.devices):
-        return []
-    out = []
-    for r in rows:
-        plan = r.get("plan")
-        # not offloaded plans: gpt-1b offloaded and recomputed measured 1825 ms compiled
-        # against 650 eager on one H200 (docs/simulator.md, offload)
-        if plan is None or plan.parallel.compile or plan.parallel.graphs \
-                or plan.parallel.offload:
-            continue
-        try:
-            twin = plan.with_parallel(compile=True)
-        except PlanError:
-            continue
-        out.append(_sim_row(graph, cluster, f"{r['planner']}+compile", twin))
-    return out
+    simulator's compiled costs (:mod:`autoplace.sim.compiled`). Not offloaded plans:
+    gpt-1b offloaded and recomputed measured 1825 ms compiled against 650 eager on one
+    H200 (docs/simulator.md, offload)."""
+    return _twin_rows(graph, cluster, rows, "compile", lambda r, plan: not (
+        plan.parallel.compile or plan.parallel.graphs or plan.parallel.offload))
 
 
 def _mesh_auto(graph: Any, cluster: Any, say: Callable[[str], None]) -> Plan:
