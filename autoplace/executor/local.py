@@ -315,25 +315,27 @@ def build_local(
                     ext.append(a)
         users = [nodes[n] for _, n in unit
                  if any(u.name not in names for u in nodes[n].users)]
-        sub = fx.Graph()
-        local: dict[str, fx.Node] = {a.name: sub.placeholder(a.name) for a in ext}
-        for _, n in unit:
-            local[n] = b.copy(sub, nodes[n], lambda a, local=local: local[a.name], dev)
-        sub.output(tuple(local[u.name] for u in users))
-        sub_gm, kind = canonical_piece(sub, b.attrs)
-        if i_unit in graphed:
-            target = f"_graphed{n_rc}"
-            b.attrs[target] = _Graphed(sub_gm, devices[dev])
-        elif (ops := tuple(n for _, n in unit)) in made:
+        ops = tuple(n for _, n in unit)
+        if i_unit not in graphed and ops in made:
             target = made[ops]  # the same ops for another microbatch: the same piece, whose
             # compiled code is then made once, not once per microbatch
         else:
-            grp = plan.groups[first]
-            mode = "full" if grp in plan.recompute else \
-                "selective" if grp in plan.selective else None
-            target = f"_recompute{n_rc}" if mode else f"_piece{n_rc}"
-            b.attrs[target] = piece(sub_gm, mode, compiled, f"group {grp}", kind)
-            made[ops] = target
+            sub = fx.Graph()
+            local: dict[str, fx.Node] = {a.name: sub.placeholder(a.name) for a in ext}
+            for _, n in unit:
+                local[n] = b.copy(sub, nodes[n], lambda a, local=local: local[a.name], dev)
+            sub.output(tuple(local[u.name] for u in users))
+            sub_gm, kind = canonical_piece(sub, b.attrs)
+            if i_unit in graphed:
+                target = f"_graphed{n_rc}"
+                b.attrs[target] = _Graphed(sub_gm, devices[dev])
+            else:
+                grp = plan.groups[first]
+                mode = "full" if grp in plan.recompute else \
+                    "selective" if grp in plan.selective else None
+                target = f"_recompute{n_rc}" if mode else f"_piece{n_rc}"
+                b.attrs[target] = piece(sub_gm, mode, compiled, f"group {grp}", kind)
+                made[ops] = target
         n_rc += 1
         call = g.call_module(target, tuple(b.value(a, mb, dev) for a in ext))
         for i, u in enumerate(users):
