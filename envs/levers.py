@@ -29,7 +29,7 @@ import numpy as np
 from autoplace.errors import AutoplaceError
 
 __all__ = ["LEVERS", "RECOMPUTE_CHOICES", "ActionLayout", "InvalidActionError", "Levers",
-           "check_levers", "plan_levers"]
+           "check_levers", "compile_pays", "plan_levers"]
 
 #: lever names the env's ``levers`` option takes
 LEVERS = ("priority", "recompute", "compile")
@@ -53,6 +53,14 @@ class Levers:
         """``(full, selective)`` group ids, as ``Plan.recompute`` / ``Plan.selective``."""
         return (frozenset(g for g, c in enumerate(self.recompute) if c == 1),
                 frozenset(g for g, c in enumerate(self.recompute) if c == 2))
+
+
+def compile_pays(cluster: object) -> bool:
+    """Whether ``parallel.compile`` is worth offering on ``cluster``: on GPUs, not on CPUs,
+    where inductor's compile outlasts what it saves (the rule anneal's moves follow). A
+    cluster without devices (none described) gets False."""
+    devices = getattr(cluster, "devices", None) or ()
+    return bool(devices) and all(getattr(d, "kind", "cpu") != "cpu" for d in devices)
 
 
 def check_levers(levers: tuple[str, ...], priority_levels: int, mode: str) -> None:

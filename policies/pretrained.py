@@ -38,6 +38,7 @@ from gymnasium import spaces
 
 from autoplace.cluster import resolve
 from autoplace.envs import PlacementEnv
+from autoplace.envs.levers import compile_pays
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 from autoplace.plan import SHARD_MODES, Plan
@@ -201,20 +202,26 @@ def _zero_shot(env: MemoryPressure, policy: GNNPolicy, samples: int, seed: int,
 
 def _best_sharded(env: MemoryPressure, outcomes: list[tuple]) -> tuple:
     """The best of ``outcomes`` (``_outcome`` tuples) and, for the :data:`SHARD_TOP` best
-    data-parallel ones, the same plan with ZeRO-2 or FSDP sharding: the env's action space
-    has no shard mode, so it is chosen here on the simulator."""
+    ones, the same plan with ZeRO-2 or FSDP sharding (data-parallel plans) and, on GPUs
+    (:func:`~autoplace.envs.levers.compile_pays`), compiled: the shipped policy's action
+    space has neither a shard mode nor the compile lever, so both are chosen here on the
+    simulator."""
     e = env.unwrapped
     ranked = sorted(outcomes, key=lambda o: o[0])
     best = ranked[0]
+    compiles = compile_pays(e.cluster)
     for rank, _, plan, _ in ranked[:SHARD_TOP]:
         if rank[0] or plan is None:
             continue
         base = plan if isinstance(plan, Plan) else Plan.from_json(plan)
-        if base.parallel.data < 2 or base.parallel.shard != "none":
-            continue
-        for shard in SHARD_MODES:
+        shards = SHARD_MODES if base.parallel.data > 1 and base.parallel.shard == "none" \
+            else (base.parallel.shard,)
+        for shard, compiled in ((s, c) for s in shards for c in dict.fromkeys((False, compiles))):
+            if shard == base.parallel.shard and compiled == base.parallel.compile:
+                continue
             try:
-                variant = base.with_parallel(shard=shard)
+                variant = base.with_parallel(shard=shard, compile=compiled or
+                                             base.parallel.compile)
                 res = simulate(e.graph, variant, e.cluster)
             except AutoplaceError:  # a split the shard mode does not combine with
                 continue
@@ -337,17 +344,23 @@ def finetune_pretrained(
     planner = {"name": "pretrained+finetune", "budget": str(budget), "seed": seed,
                "warm_start": result.warm_start.get("done", False),
                "updates": result.updates, "episodes": result.episodes}
-    if tuned is not None and tuned.get("plan") and list(tuned["rank"]) < list(rank0):
+    rank = None
+    if tuned is not None and tuned.get("plan"):  # its shard mode and compile chosen after it
         step, plan = float(tuned["step_time_s"]), json.loads(tuned["plan"])
-        trainer = plan.get("planner", {}).get("trainer")
-        planner["source"] = {"warm-start": "warm-start"}.get(trainer, "finetune")
-        if trainer == "warm-start":
-            planner["heuristic"] = plan["planner"].get("source")
-        _, sharded_step, sharded, _ = _best_sharded(first, [
+        rank, sharded_step, sharded, _ = _best_sharded(first, [
             (tuple(tuned["rank"]), step, plan, False)])
+        trainer = plan.get("planner", {}).get("trainer")
+        source = {"warm-start": "warm-start"}.get(trainer, "finetune")
+        heuristic = plan["planner"].get("source") if trainer == "warm-start" else None
         if sharded_step < step:
             step, plan = sharded_step, sharded
-            planner["source"] += f" + {sharded.parallel.shard}"
+            source += "".join(f" + {x}" for x, on in (
+                (sharded.parallel.shard, sharded.parallel.shard != "none"),
+                ("compile", sharded.parallel.compile)) if on)
+    if rank is not None and list(rank) < list(rank0):
+        planner["source"] = source
+        if heuristic is not None:
+            planner["heuristic"] = heuristic
     else:
         step, plan = step0, plan0
         planner["source"] = "zero-shot"

@@ -9,7 +9,9 @@ plain ones (everything on device 0 under each valid split) are scored by the env
 and the best is the target (:func:`heuristic_target`). In an env with levers the action
 also carries the plan's recompute choice per group (most of its ops' mode), its compile
 flag, and priorities derived from the plan's issue order (groups issued first get the
-lowest levels), and the plain candidates include everything on device 0 recomputed.
+lowest levels), and the plain candidates include everything on device 0 recomputed; with
+the compile lever every candidate is also scored compiled (``<source>+compile``): no
+heuristic compiles, and on GPUs a compiled plan is the first thing anneal finds.
 Scoring through the env matters:
 the env cannot express everything a planner can (ZeRO sharding, a 1F1B schedule, groups
 that cut across the env's), so the target is the best plan *the env can reach*.
@@ -174,6 +176,13 @@ def heuristic_target(env: Any, names: tuple[str, ...] = WARM_START_PLANNERS
         if layout is not None and layout.recompute_choices:  # all on device 0, recomputed
             candidates.append(("device0-recompute", layout.encode(
                 [0] * e.num_groups, split, Levers(recompute=(1,) * e.num_groups))))
+    if layout is not None and layout.compile_choices:  # every candidate compiled too
+        at = layout.slices["compile"].start
+        for source, action in list(candidates):
+            if not action[at]:
+                twin = action.copy()
+                twin[at] = 1
+                candidates.append((f"{source}+compile", twin))
     best = None
     times: dict[str, float] = {}
     for source, action in candidates:

@@ -140,6 +140,8 @@ def unit(label: str, row: tuple, seed: int, args: argparse.Namespace) -> dict[st
                 step, episodes = step_of(graph, tuned.plan, cluster), \
                     int(tuned.history["episodes"][-1]) if tuned.history["episodes"] else 0
                 source = tuned.plan.planner.get("source")
+                # where REINFORCE starts: the better of the zero-shot plan and the teacher's
+                start = min(teacher_step(tuned.warm_start), tuned.zero_shot_step_time_s)
             else:
                 r = train(graph, cluster, policy=name, budget=budget, seed=seed,
                           progress=False, tensorboard=False, checkpoint_every=0,
@@ -147,11 +149,36 @@ def unit(label: str, row: tuple, seed: int, args: argparse.Namespace) -> dict[st
                 step = step_of(graph, r.best_plan, cluster)
                 episodes = int(r.history["episodes"][-1]) if r.history["episodes"] else 0
                 source = r.best_plan.planner.get("trainer") if r.best_plan else None
+                start = teacher_step(r.warm_start)
             out[name] = {"step_time_s": step, "time_s": time.perf_counter() - t,
-                         "episodes": episodes, "source": source}
+                         "episodes": episodes, "source": source, "start_step_time_s": start}
         print(f"{label} seed {seed} {kind}: " + ", ".join(
             f"{n} {v['step_time_s'] * 1e3:.3f} ms" for n, v in out.items()), flush=True)
     return res
+
+
+def teacher_step(warm: dict[str, Any]) -> float:
+    """Step time of the plan the warm start imitated (``inf`` without one)."""
+    return min((t["step_time_s"] for t in (warm.get("targets") or {}).values()),
+               default=math.inf)
+
+
+def gains(records: list[dict[str, Any]], units: list[dict[str, Any]], kind: str) -> list[str]:
+    """Per row and trained planner: the ratio REINFORCE starts from (the warm start's
+    teacher; for pretrained+finetune the better of it and the zero-shot plan) and the one
+    it ends at, means over seeds: the teacher's share of the gain and REINFORCE's."""
+    lines = ["| row | " + " | ".join(f"{n} start -> end" for n in TRAINED) + " |",
+             "| --- | " + " | ".join("---:" for _ in TRAINED) + " |"]
+    for r in records:
+        best = r["best_heuristic_step_time_s"]
+        cells = []
+        for name in TRAINED:
+            per = [u["budgets"][kind][name] for u in units if u["row"] == r["row"]]
+            start = [v.get("start_step_time_s", math.inf) / best for v in per]
+            end = [v["step_time_s"] / best for v in per]
+            cells.append(f"{np.mean(start):.3f} -> {np.mean(end):.3f}")
+        lines.append(f"| {r['row']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -358,13 +385,20 @@ def main() -> None:
         "simulated step time / the best heuristic's (< 1: faster); mean (min-max over seeds). "
         f"Heuristics: {', '.join(HEURISTICS)}. anneal: {args.anneal_s:g} s per seed. "
         "pretrained = the shipped GNN zero-shot (no training on the graph); "
-        "pretrained+finetune = it trained further on the graph. Held-out families "
+        "pretrained+finetune = it trained further on the graph. No heuristic compiles; on "
+        "GPU clusters the learned planners (and anneal) may choose parallel.compile. "
+        "Held-out families "
         f"(never trained on): {', '.join(info.get('held_out_families', []))}.", "",
         *([f"Tables rewritten {datetime.datetime.now().isoformat(timespec='seconds')} from "
            "learned.json: the heuristics and the hybrid DP simulated again (same caps)."]
           if earlier else []), "",
         f"## Main table: {args.seconds:g} s per planner and seed, one core", "",
         *table(records, "seconds"), "", *targets(records, "seconds"), "",
+        "Where the gain comes from: the ratio each trained planner's REINFORCE starts from "
+        "(the plan its warm start imitates, the teacher: the best of the heuristics and the "
+        "hybrid DP the env reaches, each also compiled on GPUs; for pretrained+finetune the "
+        "better of that and the zero-shot plan) -> the ratio it ends at, means over seeds.",
+        "", *gains(records, units, "seconds"), "",
         f"## {args.episodes} episodes per planner and seed", "",
         *table(records, "episodes"), "", *targets(records, "episodes"), "",
         "## Zero-shot against a GNN trained on the graph", "", *zero_lines, "",

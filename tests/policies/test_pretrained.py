@@ -123,3 +123,15 @@ def test_cli_planner_pretrained(tmp_path):
                           str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "not 1" in bad.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_on_gpus_the_zero_shot_and_finetuned_plans_are_also_tried_compiled(graph):
+    """The shipped policy has no compile lever: on GPUs the search compiles its best plans
+    on the simulator (faster there for gpt-tiny), on CPUs it never does."""
+    plan = place_pretrained(graph, "h100x4")
+    eager = simulate(graph, plan.with_parallel(compile=False), resolve("h100x4"))
+    assert plan.parallel.compile and plan.predicted["step_time_s"] < eager.step_time_s
+    tuned = finetune_pretrained(graph, "h100x4", budget="2", seed=0, batch_size=4)
+    assert tuned.plan.parallel.compile
+    assert tuned.step_time_s <= plan.predicted["step_time_s"]
+    assert not place_pretrained(graph, "cpu-x2").parallel.compile

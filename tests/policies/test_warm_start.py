@@ -119,3 +119,25 @@ def test_a_resumed_run_does_not_redo_the_warm_start(graph, tmp_path, monkeypatch
     assert second.warm_start == first.warm_start
     assert second.best_step_time_s <= first.best_step_time_s
     assert second.history["reward_mean"][:2] == first.history["reward_mean"]
+
+
+def test_on_gpus_training_offers_compile_and_the_warm_start_scores_it(graph):
+    """On a GPU cluster the env gets the compile lever (anneal's first win there) and every
+    warm-start candidate is also scored compiled; on CPUs neither."""
+    env = PlacementEnv(graph=graph, cluster="h100x4",
+                       **{**default_env_options(4, compile=True), "max_groups": 8})
+    target = heuristic_target(env)
+    eager = {k: v for k, v in target.candidates.items() if not k.endswith("+compile")}
+    assert all(f"{k}+compile" in target.candidates for k in eager)
+    assert target.source.endswith("+compile")  # compiled is faster on the simulator
+    assert target.step_time_s < min(eager.values())
+    assert target.action[env.action_layout.slices["compile"]][0] == 1
+    r = train(graph, "h100x4", policy="gnn", budget=2, max_groups=8, progress=False,
+              batch_size=4, policy_options={"hidden": 16})
+    assert r.best_step_time_s <= target.step_time_s
+    assert r.best_plan.parallel.compile
+    cpu = train(graph, CLUSTER, policy="gnn", budget=1, max_groups=8, progress=False,
+                batch_size=4, policy_options={"hidden": 16})
+    (cpu_target,) = cpu.warm_start["targets"].values()
+    assert not any(k.endswith("+compile") for k in cpu_target["candidates"])
+    assert not cpu.best_plan.parallel.compile
