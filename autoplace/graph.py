@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -302,6 +303,11 @@ class OpGraph:
             out["autocast_dtype"] = self.autocast_dtype
         if self.capture_method:
             out["capture_method"] = self.capture_method
+        fused = {kind: info["compiled"]["fused_time"] for kind, info in
+                 (getattr(self, "profile_info", None) or {}).items()
+                 if isinstance(info.get("compiled"), dict) and "fused_time" in info["compiled"]}
+        if fused:  # a profiled compiled block (autoplace.executor.profile_compiled)
+            out["compiled_fused_time"] = fused
         return out
 
     @classmethod
@@ -325,6 +331,16 @@ class OpGraph:
             graph.autocast_dtype = data["autocast_dtype"]
         if data.get("capture_method") in ("fx", "export"):
             graph.capture_method = data["capture_method"]
+        fused = data.get("compiled_fused_time")
+        if fused is not None:
+            if not isinstance(fused, dict) or not all(
+                    isinstance(k, str) and isinstance(f, (int, float))
+                    and not isinstance(f, bool) and math.isfinite(f) and f > 0
+                    for k, f in fused.items()):
+                raise AutoplaceError("OpGraph file is malformed: \"compiled_fused_time\" must "
+                                     "map device kinds to positive numbers")
+            graph.profile_info = {k: {"compiled": {"fused_time": float(f)}}
+                                  for k, f in fused.items()}
         return graph
 
     def save(self, path: str | Path) -> None:

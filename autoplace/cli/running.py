@@ -79,6 +79,9 @@ class ProfileConfig(ModelArgs, ClusterArgs):
                                            "collective speeds here (for --cluster; an existing "
                                            "file at the default path is kept unless --force)",
                            out="file", guard=True, when="links")
+    compiled: bool = opt(True, "on a GPU, also time the model's first block compiled "
+                               "(torch.compile) against eager: the simulator's price of "
+                               "compiled plans on this machine")
     force: bool = opt(False, "replace existing files at the default output paths")
 
 
@@ -201,10 +204,21 @@ def cmd_profile(cfg: ProfileConfig) -> int:
     cluster = cluster_of(cfg.cluster, cfg.memory_cap)
     cluster.require_present(cluster.num_devices if cfg.links else 1, what="profile")
     wl = build_model(cfg)
-    graph = profile(wl, [d.name for d in cluster.devices][:1], repeats=cfg.repeats,
-                    cache_dir=cfg.cache_dir)
+    device = cluster.devices[0].name
+    graph = profile(wl, [device], repeats=cfg.repeats, cache_dir=cfg.cache_dir)
+    if cfg.compiled and device.startswith("cuda"):
+        from autoplace.executor.profile_compiled import profile_compiled
+
+        rec = profile_compiled(graph, wl.example_inputs(graph.batch_size, "cpu"), device,
+                               autocast_dtype=wl.autocast_dtype, repeats=cfg.repeats,
+                               cache_dir=cfg.cache_dir)
+        print("compiled block: " + (
+            "none (no repeated blocks, or its compile failed)" if rec is None else
+            f"{rec['block_ops']} ops, {rec['eager_s'] * 1e3:.3f} ms eager, "
+            f"{rec['compiled_s'] * 1e3:.3f} ms compiled (fused ops at "
+            f"{rec['fused_time']:.2f}x eager; compiled in {rec['compile_s']:.1f} s)"))
     graph.save(cfg.out)
-    print(f"profiled {len(graph)} ops on {cluster.devices[0].name} -> {cfg.out}")
+    print(f"profiled {len(graph)} ops on {device} -> {cfg.out}")
     if cfg.links and cluster.num_devices > 1:
         from autoplace.executor.collectives import measured_cluster
 

@@ -12,7 +12,7 @@ from typing import Any
 from autoplace.files import write_json_atomic
 from autoplace.graph import OpGraph
 
-__all__ = ["PROFILE_FORMAT", "apply_cached"]
+__all__ = ["PROFILE_FORMAT", "apply_cached", "record_compiled"]
 
 PROFILE_FORMAT = "autoplace.profile/1"
 
@@ -47,7 +47,7 @@ def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
     info = dict(getattr(graph, "profile_info", None) or {})
     info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version",
                                          "fixed_parts", "batch_size", "small_batch", "share",
-                                         "small_calibration")
+                                         "small_calibration", "compiled")
                   if k in cached}
     info[kind].setdefault("fixed_parts", "absent: the profile record predates them")
     graph.profile_info = info
@@ -99,7 +99,27 @@ def _valid_record(data: Any, graph: OpGraph) -> bool:
             and times(data.get("fwd_time_s"), True) and times(data.get("bwd_time_s"), True)
             and all(data.get(k) is None or times(data[k], False) for k in (
                 "fwd_fixed_s", "bwd_fixed_s", "fwd_host_s", "bwd_host_s", "fwd_host_fixed_s",
-                "bwd_host_fixed_s")))
+                "bwd_host_fixed_s"))
+            and (data.get("compiled") is None or _valid_compiled(data["compiled"])))
+
+
+def _valid_compiled(rec: Any) -> bool:
+    """A compiled-block measurement (``autoplace.executor.profile_compiled``): a positive
+    finite ``fused_time`` is what the simulator reads."""
+    f = rec.get("fused_time") if isinstance(rec, dict) else None
+    return isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) \
+        and f > 0
+
+
+def record_compiled(cache_dir: str | Path, graph: OpGraph, kind: str,
+                    compiled: dict[str, Any]) -> bool:
+    """Add a compiled-block measurement to ``graph``'s cached profile record for ``kind``
+    (written atomically); False when there is no record to add it to."""
+    data = _load(cache_dir, graph, kind)
+    if data is None or not _valid_compiled(compiled):
+        return False
+    _save(cache_dir, graph, kind, {**data, "compiled": compiled})
+    return True
 
 
 def _save(cache_dir: str | Path | None, graph: OpGraph, kind: str, data: dict) -> None:

@@ -34,19 +34,31 @@ from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 from autoplace.sim.model import CostTables, GraphArrays
 
-__all__ = ["COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables"]
+__all__ = ["COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "fused_times"]
 
 #: device and host time of a fused (non-matmul) op in a compiled piece over its eager time
 COMPILED_FUSED_TIME = 0.55
 
 
+def fused_times(graph: OpGraph, kinds: list[str]) -> np.ndarray:
+    """Per device kind, the fused ops' factor: measured on the machine where the graph's
+    profile has a compiled block (``profile_info[kind]["compiled"]["fused_time"]``,
+    :mod:`autoplace.executor.profile_compiled`), else :data:`COMPILED_FUSED_TIME`."""
+    info = getattr(graph, "profile_info", None) or {}
+    return np.array([float(((info.get(k) or {}).get("compiled") or {}).get(
+        "fused_time", COMPILED_FUSED_TIME)) for k in kinds])
+
+
 def compiled_tables(tables: CostTables, ga: GraphArrays,
-                    fused_time: float = COMPILED_FUSED_TIME) -> CostTables:
+                    fused_time: float | np.ndarray = COMPILED_FUSED_TIME) -> CostTables:
     """``tables`` with the ops a compiled piece fuses (those not in
     :data:`autoplace.lowering.SELECTIVE_SAVED_KINDS`) at ``fused_time`` of their eager
-    device and host times. Host times the profile lacks (NaN: the device's
+    device and host times (one factor, or one per device kind of ``tables.kinds``:
+    :func:`fused_times`). Host times the profile lacks (NaN: the device's
     ``host_dispatch_s``) are filled in first, so the fused ops' issue cost falls too."""
-    scale = np.where(ga.saved, 1.0, fused_time)[None, :]
+    per_kind = np.broadcast_to(np.asarray(fused_time, dtype=np.float64),
+                               (len(tables.kinds),))[:, None]
+    scale = np.where(ga.saved[None, :], 1.0, per_kind)
     host_of_kind = np.array([
         tables.host[tables.kind_of_device == k].max() if (tables.kind_of_device == k).any()
         else 0.0 for k in range(len(tables.kinds))])[:, None]

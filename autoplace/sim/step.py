@@ -52,7 +52,7 @@ from autoplace.graph import OpGraph
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.sim.batch import run_batch
-from autoplace.sim.compiled import compiled_arrays, compiled_tables
+from autoplace.sim.compiled import compiled_arrays, compiled_tables, fused_times
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     Event,
@@ -152,7 +152,7 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     ga = graph_arrays(graph)
     tables = cost_tables(graph, cluster)
     if plan.parallel.compile:  # compiled pieces fuse their cheap ops (sim/compiled.py)
-        tables = compiled_tables(tables, ga)
+        tables = compiled_tables(tables, ga, fused_times(graph, tables.kinds))
         ga = compiled_arrays(graph, ga, plan)
     if plan.parallel.offload:  # shards on the host, the update on the CPU (sim/offload.py)
         out = simulate_offload(ga, plan, cluster, tables, timeline)

@@ -175,7 +175,14 @@ def prepare_run(cfg: dict[str, Any]) -> dict[str, Any]:
     wl = workloads.get(spec["spec"], seed=spec["seed"], device=dev, **spec["options"])
     save_weights(wl.model, cfg["weights"])
     if cfg.get("profile_dir"):
-        profile(wl, [dev], repeats=3, cache_dir=cfg["profile_dir"])
+        graph = profile(wl, [dev], repeats=3, cache_dir=cfg["profile_dir"])
+        if dev.startswith("cuda"):  # the first block compiled vs eager: compiled plans' price
+            from autoplace.executor.profile_compiled import profile_compiled
+
+            rec = profile_compiled(graph, wl.example_inputs(graph.batch_size, "cpu"), dev,
+                                   autocast_dtype=wl.autocast_dtype, repeats=5,
+                                   cache_dir=cfg["profile_dir"])
+            return {"error": None, "compiled_block": rec}
     return {"error": None}
 
 
@@ -358,16 +365,19 @@ RECIPE_OF = {"hand:eager": "eager", "hand:compile": "compile-blocks",
              "hand:hf-gradient-checkpointing": "checkpoint-blocks"}
 
 
-def replay(folder: Path) -> str:
+def replay(folder: Path, profile_dir: str | None = None) -> str:
     """The simulator on every option of a stored run (``levers.json``): each option's
     plan (its recipe; eager: one device) simulated on the card's preset under the case's
     cap, against its measured step time and peak memory; per case the median error and
-    Kendall tau over the distinct plans. Writes ``sim-check.json`` / ``sim-check.md``."""
+    Kendall tau over the distinct plans; with ``profile_dir`` (the run's ``--profile-dir``)
+    on the op times and compiled block profiled on the card, else estimated. Writes
+    ``sim-check.json`` / ``sim-check.md``."""
     from scipy.stats import kendalltau
 
     from autoplace import workloads
     from autoplace.capture import capture_workload
     from autoplace.cluster import resolve
+    from autoplace.costs.profile import apply_cached
     from autoplace.plan import Plan
     from autoplace.planners.manual import lever_plans
     from autoplace.sim import simulate
@@ -376,6 +386,14 @@ def replay(folder: Path) -> str:
     card = out["card"].lower().replace("nvidia", "").strip().split()[0]
     meta = workloads.get(out["model"], device="meta", **out["options"])
     graph = capture_workload(meta)
+    if profile_dir and not apply_cached(graph, profile_dir, [card]):
+        raise ValueError(f"--profile-dir {profile_dir}: no {card} profile of this run's graph "
+                         f"({graph.fingerprint})")
+    fused = ((getattr(graph, "profile_info", None) or {}).get(card) or {}).get("compiled")
+    costs = ("op costs profiled on the card" + (
+        f", compiled block profiled (fused ops at {fused['fused_time']:.2f}x eager)"
+        if fused else ", compiled blocks at the default factor") if profile_dir else
+        "op costs estimated (as `auto` had them in this run: no profile)")
     rows, cases = [], []
     for c in out["cases"]:
         cluster = resolve(f"{card}x1", memory_cap=c["memory_cap_bytes"])
@@ -414,12 +432,12 @@ def replay(folder: Path) -> str:
             if pts else None,
             "kendall_tau": tau, "oom_agree": f"{oom_right}/"
             f"{sum(r['case'] == c['name'] for r in rows)}"})
-    result = {"source": str(folder), "cluster": f"{card}x1 preset, estimated op costs",
+    result = {"source": str(folder), "cluster": f"{card}x1 preset, {costs}",
               "cases": cases, "rows": rows}
     (folder / "sim-check.json").write_text(json.dumps(result, indent=1, allow_nan=False))
     lines = [f"# The simulator on every option of this run ({out['model']})", "",
-             f"Each option's plan simulated on the {card}x1 preset under the case's cap, op "
-             "costs estimated (as `auto` had them in this run: no profile); hand-written "
+             f"Each option's plan simulated on the {card}x1 preset under the case's cap, "
+             f"{costs}; hand-written "
              "options as their recipe's plan (eager: one device). Errors: simulated / "
              "measured - 1; peak: allocated.", "",
              "| case | plans | median abs time error | median abs peak error | Kendall tau "
@@ -455,8 +473,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget", default="5m", help="auto_plan's time budget (90s, 5m)")
     p.add_argument("--recipes", default=None, help="autoplace's per-block recipes to run, "
                    "comma-separated (default: every one lever_plans makes)")
-    p.add_argument("--profile-dir", default=None, help="profile the ops into this folder first "
-                   "and plan with them (auto's calibration is kept there too)")
+    p.add_argument("--profile-dir", default=None, help="profile the ops (and on a GPU the "
+                   "first block compiled) into this folder first and plan with them (auto's "
+                   "calibration is kept there too); with --replay: the run's profile folder")
     p.add_argument("--seed", type=int, default=0, help="weights and data seed")
     p.add_argument("--out", default=None, help="output folder (default: a new run folder)")
     p.add_argument("--smoke", action="store_true", help="gpt-tiny, 3 steps, 1 round, budget 0, "
@@ -480,7 +499,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> int:
     a = parse_args()
     if a.replay:
-        print(replay(Path(a.replay)))
+        print(replay(Path(a.replay), a.profile_dir))
         return 0
     if a.worker:
         if not torch.cuda.is_available():  # on a small shared CPU more threads only contend
