@@ -10,7 +10,10 @@ FLOPs: a multiply-add is 2. Counted FLOPs (matmul, conv, attention) come from
 * Conv: ``2 * numel(out) * Cin/groups * prod(kernel)``
 * LSTM / GRU / RNN: ``2 * T * B * (numel(W_ih) + numel(W_hh))`` summed over layers and
   directions (gates of every step)
-* scaled-dot-product attention: ``2 * numel(q) * S + 2 * numel(out) * S``
+* scaled-dot-product attention: ``2 * numel(q) * S + 2 * numel(out) * S``; a causal one
+  (``is_causal=True``, no mask) half of it, counted or not: its kernels skip the masked
+  half of the scores, which the counter ignores (an explicit mask, as Hugging Face
+  models pass, is computed whole)
 * Embedding and data movement (views, cat, copies, factories): 0
 * anything else: ``numel(out) * per-element factor`` (1, or :data:`ELEMENT_FLOPS`)
 
@@ -19,8 +22,9 @@ Activation bytes (what autograd keeps for backward; a per-kind estimate):
 * view-like and data-movement ops, ``add``/``sub``, factories: 0
 * matmul / linear / conv / attention: the non-parameter inputs (at the autocast
   dtype when one is given: autocast keeps the cast copy)
-* activations and softmax (``relu``, ``gelu``, ``softmax``...): the output
-* normalisation, ``mul``/``div``, pooling: the inputs
+* ``relu``, ``sigmoid``, ``tanh``, softmax: the output
+* normalisation, ``mul``/``div``, pooling, and activations whose derivative reads the
+  input (``gelu``, ``silu``, ``leaky_relu``...): the inputs
 * Embedding: the indices; dropout: a one-byte mask per element
 * LSTM / GRU / RNN: the input plus, per layer and direction and step, the gates and
   the cell / hidden state (``T * B * (G + 2) * H`` elements, G = 4 / 3 / 1)
@@ -74,13 +78,17 @@ RNN_GATES = {"LSTM": 4, "lstm": 4, "GRU": 3, "gru": 3, "RNN": 1, "rnn_tanh": 1, 
 ATTENTION_KINDS = frozenset({"scaled_dot_product_attention", "MultiheadAttention",
                              "_scaled_dot_product_flash_attention",
                              "_scaled_dot_product_efficient_attention"})
+#: activations whose backward reads their output (``relu``, ``sigmoid``, ``tanh``, softmax)
 SAVE_OUTPUT_KINDS = frozenset({
-    "relu", "ReLU", "relu_", "gelu", "GELU", "silu", "SiLU", "silu_", "sigmoid", "Sigmoid",
-    "tanh", "Tanh", "softmax", "Softmax", "log_softmax", "LogSoftmax", "_softmax", "exp",
-    "elu", "ELU", "leaky_relu", "LeakyReLU", "hardtanh", "ReLU6", "Mish", "mish", "softplus",
-    "Softplus", "hardswish", "Hardswish",
+    "relu", "ReLU", "relu_", "sigmoid", "Sigmoid", "tanh", "Tanh", "softmax", "Softmax",
+    "log_softmax", "LogSoftmax", "_softmax", "exp",
 })
+#: ops whose backward reads their input: norms, products, pooling, losses, and the
+#: activations whose derivative is a function of the input (``gelu_backward(grad, self)``,
+#: ``silu_backward(grad, self)``: the next matmul saves the output, another tensor)
 SAVE_INPUT_KINDS = frozenset({
+    "gelu", "GELU", "silu", "SiLU", "elu", "ELU", "leaky_relu", "LeakyReLU", "hardtanh",
+    "ReLU6", "Mish", "mish", "softplus", "Softplus", "hardswish", "Hardswish",
     "LayerNorm", "layer_norm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "batch_norm",
     "GroupNorm", "group_norm", "RMSNorm", "rms_norm", "InstanceNorm2d", "instance_norm",
     "mul", "imul", "div", "pow", "rsqrt", "sqrt", "var",
@@ -189,6 +197,17 @@ def fallback_flops(ctx: OpContext) -> float:
         s = k.shape[-2]
         return 2.0 * q.numel() * s + 2.0 * out[0].numel() * s
     return float(_numel(out) * ELEMENT_FLOPS.get(kind, 1))
+
+
+def work_fraction(ctx: OpContext) -> float:
+    """The share of an op's FLOPs its kernels do: 0.5 for causal attention without a mask
+    (flash and memory-efficient kernels skip the masked half of the scores), else 1."""
+    if _base(ctx.kind) not in ATTENTION_KINDS or ctx.submod is not None:
+        return 1.0
+    a, kw = ctx.args, ctx.kwargs or {}
+    mask = kw.get("attn_mask", a[3] if len(a) > 3 else None)
+    causal = kw.get("is_causal", a[5] if len(a) > 5 else False)
+    return 0.5 if causal is True and mask is None else 1.0
 
 
 def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], int]:

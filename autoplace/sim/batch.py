@@ -187,7 +187,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
     dev_free = dev_free.reshape(num, kk)
     last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
     return finish_batch(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
-                        cluster, tables)
+                        cluster, tables, order_t.T)
 
 
 def _op_times(tables: CostTables, devs: np.ndarray, share: float

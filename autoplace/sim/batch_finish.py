@@ -1,7 +1,7 @@
 """End of a batched step: DDP's gradient buckets, the AdamW update and memory per device.
 
-The same formulas as ``local.finish_step`` and ``local.local_memory``, over ``[plans,
-devices]`` arrays built with one ``bincount`` / ``maximum.at`` each (never a pass per
+The same formulas as ``local.finish_step`` and ``local.local_memory`` (whose memory
+timeline, ``sim.memory``, takes every plan's events at once), over ``[plans, devices]`` arrays built with one ``bincount`` / ``maximum.at`` each (never a pass per
 device: a chunk at 512 devices has 512 of them). Byte counts are whole numbers, so sums
 in another order are the same sums.
 """
@@ -12,6 +12,7 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.plan import Plan
+from autoplace.sim.memory import cast_copy_bytes, replica_events, timeline_peak
 from autoplace.sim.model import (
     BUCKET_BYTES,
     DDP_GRAD_COPIES,
@@ -30,9 +31,10 @@ __all__ = ["finish_batch"]
 def finish_batch(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, gid: np.ndarray,
                  rc_op: np.ndarray, last_bwd: np.ndarray, dev_free: np.ndarray,
                  d: np.ndarray, k_plan: np.ndarray, kk: int, m: int, cluster: Cluster,
-                 tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+                 tables: CostTables, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(step_time_s [P], peak_memory_bytes [P, D])`` from each plan's device clocks
-    (``dev_free [P, K]``) and when each op's gradient is final (``last_bwd [P, n]``)."""
+    (``dev_free [P, K]``), when each op's gradient is final (``last_bwd [P, n]``) and its
+    forward issue order (``order [P, m n]``)."""
     num, n = dev.shape
     cell = np.arange(num)[:, None] * kk + dev  # [P, n] device cell of every op
     pbytes = _per_device(cell, ga.param_bytes, num * kk).reshape(num, kk)
@@ -46,7 +48,7 @@ def finish_batch(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, gid: np.nd
     upd_end = np.where(t_up > 0, np.maximum(dev_free, coll) + t_up, dev_free)
     step = np.maximum(upd_end, coll).max(1)
 
-    mem = _memory(ga, plans, dev, cell, gid, rc_op, pbytes, d, k_plan, kk, m)
+    mem = _memory(ga, plans, dev, cell, gid, rc_op, pbytes, d, k_plan, kk, m, order)
     # replica r's local device j is cluster device r * k + j
     col = np.arange(cluster.num_devices)
     local = col[None, :] % k_plan[:, None]
@@ -115,35 +117,37 @@ def _ddp_buckets(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, which: np.
 
 def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarray,
             gid: np.ndarray, rc_op: np.ndarray, pbytes: np.ndarray, d: np.ndarray,
-            k_plan: np.ndarray, kk: int, m: int) -> np.ndarray:
-    """``[P, K]`` bytes per local device, as ``local.local_memory`` (no sharding)."""
+            k_plan: np.ndarray, kk: int, m: int, order: np.ndarray) -> np.ndarray:
+    """``[P, K]`` bytes per local device at its peak, as ``local.local_memory`` (no
+    sharding): the static parts, and the timeline of ``order`` ``[P, m n]`` (forward issue
+    order) through :func:`autoplace.sim.memory.timeline_peak`."""
     num, n = dev.shape
     size = num * kk
     pidx = np.arange(num)
     dcol = d[:, None]
-    ddp = (dcol > 1) & (k_plan[:, None] == 1)
-    grads = np.where(ddp, DDP_GRAD_COPIES * pbytes, pbytes)  # sim_model.state_memory
+    ddp = (dcol > 1) & (k_plan[:, None] == 1)  # DDP: its buckets hold the gradients
+    grads = np.where(ddp, DDP_GRAD_COPIES * pbytes, 0.0)  # (local.static_memory)
     graphed = np.array([pl.parallel.graphs for pl in plans])[:, None]
-    grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)  # (sim_local)
+    grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
-    kept = _per_device(cell, np.where(rc_op, 0.0, ga.act_bytes), size)
-    kept = kept + shared_save_bytes(ga, cell, ~rc_op, size)
-    big_out = _max_per_device(cell, ga.out_bytes, size)
-    big_rc = np.zeros(size)
+    cast = cast_copy_bytes(ga, cell, size).reshape(num, kk)
+    kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep  # [P, n] (local.op_memory)
+    fwd_out = ga.out_bytes - ga.loss_keep
+    back = np.broadcast_to(fwd_out, (num, n))
+    shared = shared_save_bytes(ga, cell, ~rc_op, size)
     if rc_op.any():
         gmax = int(gid.max()) + 1
-        place = np.zeros((num, gmax), np.int64)
-        for p, plan in enumerate(plans):
-            place[p, : len(plan.placement)] = plan.placement
-        gcell = pidx[:, None] * kk + place  # [P, G] device cell of every group
-        gact = np.bincount((pidx[:, None] * gmax + gid)[rc_op],
-                           weights=np.broadcast_to(ga.act_bytes, (num, n))[rc_op],
-                           minlength=num * gmax).reshape(num, gmax)
+        gkey = pidx[:, None] * gmax + gid  # [P, n] (plan, group) of every op
+        gact = np.bincount(gkey[rc_op], weights=np.broadcast_to(ga.act_bytes, (num, n))[rc_op],
+                           minlength=num * gmax)
+        has_rc = np.zeros(num * gmax, bool)
+        has_rc[gkey[rc_op]] = True
+        back = np.maximum(back, np.where(has_rc[gkey], gact[gkey], 0.0))
         rc_g = np.zeros((num, gmax), bool)
         for p, plan in enumerate(plans):
             rc_g[p, list(plan.recompute)] = True
-        big_rc = _max_per_device(gcell[rc_g], gact[rc_g], size)
-        # inputs a recomputed group keeps: each outside producer once per group
+        # inputs a recomputed group keeps: each outside producer once per group, counted
+        # on the group's first op
         es, eb = ga.edge_src, ga.edge_bytes
         gu, gv = gid[:, es], gid[:, ga.edge_dst]
         cross = rc_g[pidx[:, None], gv] & (gu != gv)
@@ -154,8 +158,13 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
             dup[:, o:] |= same[None, :] & (gv[:, o:] == gv[:, :-o])
             o += 1
         keep = cross & ~dup
-        kept = kept + _per_device(np.take_along_axis(gcell, gv, 1)[keep],
-                                  np.broadcast_to(eb, keep.shape)[keep], size)
-    acts = kept.reshape(num, kk) * m / (m * dcol)
-    transient = np.maximum(big_out, big_rc).reshape(num, kk) / (m * dcol)
-    return pbytes + grads + opt + acts + transient
+        first = np.full(num * gmax, n)
+        np.minimum.at(first, gkey.reshape(-1), np.tile(np.arange(n), num))
+        at = first[(pidx[:, None] * gmax + gv)[keep]]
+        kept = kept.copy()
+        np.add.at(kept, (np.broadcast_to(pidx[:, None], keep.shape)[keep], at),
+                  np.broadcast_to(eb, keep.shape)[keep])
+    grad = np.where(ddp, 0.0, np.broadcast_to(ga.param_bytes, (num, n)))
+    peak = timeline_peak(*replica_events(n, dev, order, kept, back, fwd_out, grad,
+                                         1.0 / (m * d)), kk)
+    return pbytes + cast + grads + opt + (peak.total + shared).reshape(num, kk)

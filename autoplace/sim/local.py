@@ -31,6 +31,7 @@ from autoplace.cluster import Cluster
 from autoplace.lowering import issue_order_items
 from autoplace.plan import Plan
 from autoplace.sim.fsdp import FsdpStreams
+from autoplace.sim.memory import Peak, cast_copy_bytes, replica_events, timeline_peak
 from autoplace.sim.model import (
     CostTables,
     Event,
@@ -45,7 +46,6 @@ from autoplace.sim.model import (
     graphed_grad_bytes,
     graphed_host,
     host_times,
-    pipeline_held_bytes,
     recompute_boundary_bytes,
     recomputed_ops,
     replica_group,
@@ -390,8 +390,8 @@ def simulate_local(ga, plan: Plan, cluster: Cluster, tables: CostTables, record:
     runs = {r: run_replica(ga, lp, tables, cluster, plan, order, r * lp.k, record and r == 0)
             for r in reps}
     last = np.max([runs[r].last_bwd for r in reps], axis=0)
-    out = finish_step(ga, lp, plan, cluster, tables, runs, last, local_memory(ga, lp, plan),
-                      record)
+    out = finish_step(ga, lp, plan, cluster, tables, runs, last,
+                      local_memory(ga, lp, plan, order), record)
     out["forward_end_s"] = max(runs[reps[0]].fwd_end)
     return out
 
@@ -475,17 +475,48 @@ def buckets_of(ga, dev: list[int], j: int, last_bwd) -> list[tuple[int, float, f
     return out
 
 
-def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = None
-                 ) -> list[MemoryModel]:
-    """Memory of each local device of one replica.
+def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
+    """Per op, what :mod:`autoplace.sim.memory`'s events read (``kept``, ``back``,
+    ``fwd_out``, ``grad``), and per local device the saved copies held beside the op that
+    counts them (``shared``).
 
-    ``inflight[j]``: microbatches whose activations device ``j`` holds at once
-    (all ``m`` unless a pipeline schedule frees them earlier).
-    """
-    k, d, m = lp.k, lp.d, lp.m
+    A recomputed op keeps nothing; its group keeps the tensors it reads from outside
+    (counted on the group's first op, freed when its backward ends) and holds its
+    activations again while its backward runs, the larger of that and the op's output
+    gradient being the transient. The output op keeps what the loss saves
+    (``GraphArrays.loss_keep``), its workspace beyond that being its transient.
+    Gradients are made by the backward where :func:`made_by_backward` says so (else
+    ``state_memory`` counts them)."""
+    group = np.asarray(lp.group)
+    rc_op = recomputed_ops(ga, lp.group, lp.recompute, lp.selective)
+    kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep
+    for g, b in recompute_boundary_bytes(ga, lp.group, lp.recompute | lp.selective).items():
+        kept[int(np.argmax(group == g))] += b
+    gact = np.zeros(int(group.max()) + 1 if len(group) else 1)
+    np.add.at(gact, group[rc_op], ga.act_bytes[rc_op])
+    has_rc = np.zeros_like(gact, dtype=bool)
+    has_rc[group[rc_op]] = True
+    fwd_out = ga.out_bytes - ga.loss_keep
+    back = np.maximum(fwd_out, np.where(has_rc[group], gact[group], 0.0))
+    grad = ga.param_bytes if made_by_backward(lp) else np.zeros(ga.n)
+    shared = shared_save_bytes(ga, np.asarray(lp.dev), ~rc_op, lp.k)
+    return {"kept": kept, "back": back, "fwd_out": fwd_out, "grad": grad, "shared": shared}
+
+
+def made_by_backward(lp: LocalPlan) -> bool:
+    """True where each ``.grad`` is allocated by the backward that makes it, after
+    ``zero_grad(set_to_none=True)`` freed the last: not under FSDP2 or ZeRO-2 (sharded
+    gradients), nor under DDP (``gradient_as_bucket_view=True``: the gradients are views
+    of its buckets, which live from its construction)."""
+    return lp.d == 1 or (lp.shard == "none" and lp.k > 1)
+
+
+def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
+    """Per local device, the memory a step holds throughout: parameters (and autocast's
+    weight copies where they are not sharded), AdamW state, and the gradients that are not
+    made by the backward (sharded ones, DDP's buckets, a graphed plan's static buffers)."""
+    k, m = lp.k, lp.m
     dev = np.asarray(lp.dev)
-    group = lp.group
-    rc_bytes = recompute_boundary_bytes(ga, group, lp.recompute | lp.selective)
     max_unit = [0.0] * k
     root = [0.0] * k
     if lp.shard == "fsdp":  # the gathered units it holds (zero2 holds all of them)
@@ -495,31 +526,43 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, inflight: list[float] | None = N
                 root[j] += b
             else:
                 max_unit[j] = max(max_unit[j], b)
-    # ops whose activations are not kept: recomputed in backward, held only while it runs
-    rc_op = recomputed_ops(ga, group, lp.recompute, lp.selective)
-    group_act: dict[int, float] = {}
-    for i in np.flatnonzero(rc_op):
-        group_act[group[i]] = group_act.get(group[i], 0.0) + ga.act_bytes[i]
-    shared = shared_save_bytes(ga, dev, ~rc_op, k)
-    cast, kept_out = (pipeline_held_bytes(ga, dev, k, m, d) if plan.parallel.pipeline > 1
-                      else (np.zeros(k), np.zeros(k)))
+    pb = np.bincount(dev, weights=ga.param_bytes, minlength=k)[:k]
+    sharded = lp.shard != "none" and lp.d > 1
+    # FSDP2 gathers at the autocast dtype: autocast then has nothing to cast
+    cast = np.zeros(k) if sharded else cast_copy_bytes(ga, dev, k)
     out = []
     for j in range(k):
-        on = dev == j
-        mem = state_memory(ga.param_bytes[on].sum(), shard_degree(plan), lp.shard, max_unit[j],
-                           ga.gather_scale,
+        mem = state_memory(pb[j], shard_degree(plan), lp.shard, max_unit[j], ga.gather_scale,
                            replica_devices=k, root_bytes=root[j])
         mem.params += cast[j]
+        if made_by_backward(lp):  # counted as the backward makes them (ops' ``grad``)
+            mem.grads -= pb[j]
         if plan.parallel.graphs:
-            mem.grads += graphed_grad_bytes(ga.param_bytes[on].sum(), m)
-        kept = ga.act_bytes[on & ~rc_op].sum() + shared[j]
-        kept += sum(b for g, b in rc_bytes.items() if plan.placement[g] == j)
-        held = lp.m if inflight is None else inflight[j]
-        mem.activations = kept * held / (m * d) + kept_out[j]
-        big_out = ga.out_bytes[on].max() if on.any() else 0.0
-        big_rc = max((b for g, b in group_act.items() if plan.placement[g] == j), default=0.0)
-        # a recomputed block's activations live during its backward; the largest output
-        # or workspace (the loss's) before it: they never coexist
-        mem.transient = max(big_out, big_rc) / (m * d)
+            mem.grads += graphed_grad_bytes(pb[j], m)
         out.append(mem)
     return out
+
+
+def local_memory(ga, lp: LocalPlan, plan: Plan, order: list[int] | None = None
+                 ) -> list[MemoryModel]:
+    """Memory of each local device of one replica at its peak: :func:`static_memory` and
+    the running activations, gradients and transients of its forward in issue order
+    (``order``: ``lowering.issue_order_items``) and its backward in the reverse order
+    (:func:`autoplace.sim.memory.replica_events`)."""
+    if order is None:
+        prio = [plan.priority[g] for g in lp.group] if plan.priority else None
+        order = issue_order_items(ga.preds, lp.dev, lp.m, prio)
+    per = op_memory(ga, lp, plan)
+    events = replica_events(ga.n, np.asarray(lp.dev)[None, :], np.asarray(order)[None, :],
+                            per["kept"], per["back"], per["fwd_out"], per["grad"],
+                            np.array([1.0 / (lp.m * lp.d)]))
+    return with_peak(static_memory(ga, lp, plan), timeline_peak(*events, lp.k), per["shared"])
+
+
+def with_peak(mems: list[MemoryModel], peak: Peak, shared: np.ndarray) -> list[MemoryModel]:
+    """``mems`` (static parts per local device) with the timeline's peak added."""
+    for j, mem in enumerate(mems):
+        mem.activations = float(peak.activations[j] + shared[j])
+        mem.grads += float(peak.grads[j])
+        mem.transient = float(peak.transient[j])
+    return mems

@@ -71,6 +71,7 @@ class GraphArrays:
     share_owner: np.ndarray  # int64 [S] the op whose activation bytes count it
     share_key: np.ndarray  # int64 [S] the tensor, 0..T-1
     key_bytes: np.ndarray  # float64 [T] its bytes
+    loss_keep: np.ndarray  # float64 [n]: on the output op, what the loss keeps for backward
     block_key: list[str]  # FSDP2 unit per op, shard_units="blocks" (lowering.fsdp_unit_keys)
     module_key: list[str]  # the same for shard_units="modules"
     gather_scale: float = 1.0  # FSDP2 gathers parameters at autocast's dtype: 0.5 of fp32
@@ -114,6 +115,7 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         saved=np.array([op.kind in SELECTIVE_SAVED_KINDS for op in ops], dtype=bool),
         share_op=rows[:, 0], share_owner=rows[:, 1], share_key=rows[:, 2],
         key_bytes=np.array([b for _, b in keys], dtype=np.float64),
+        loss_keep=np.array([_loss_keep_bytes(graph, op) for op in ops], dtype=np.float64),
         block_key=fsdp_unit_keys(graph, "blocks"),
         module_key=fsdp_unit_keys(graph, "modules"),
         # FSDP2 gathers at the autocast dtype; an exported graph's parameters as they are
@@ -121,6 +123,22 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
     )
     graph.__dict__["_sim_arrays"] = arrays
     return arrays
+
+
+def _loss_keep_bytes(graph: OpGraph, op) -> float:
+    """On the graph's output op, the bytes the workload's loss keeps for its backward: a
+    float32 tensor the size of each floating model output (autocast runs losses in
+    float32; a cross-entropy keeps its log-softmax, a mean-squared error the difference),
+    at most the loss's workspace; 0 on every other op."""
+    if op.kind != "output":
+        return 0.0
+    total = 0.0
+    for u in graph.preds(op.name):
+        src = graph[u]
+        for shape, dt in zip(src.output_shapes, src.output_dtypes):
+            if "float" in dt:
+                total += 4.0 * float(np.prod(shape, dtype=np.float64))
+    return min(total, float(op.transient_bytes))
 
 
 @dataclass
@@ -461,37 +479,6 @@ def shared_save_bytes(ga: GraphArrays, cell: np.ndarray, kept: np.ndarray, size:
     nk = len(ga.key_bytes)
     codes = np.unique(mine[hold] * nk + np.broadcast_to(ga.share_key, mine.shape)[hold])
     return out + np.bincount(codes // nk, weights=ga.key_bytes[codes % nk], minlength=size)
-
-
-def pipeline_held_bytes(ga: GraphArrays, dev: np.ndarray, k: int, m: int, d: int
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """``(cast copies, kept outputs)`` in bytes per local device of a pipeline's stages,
-    beyond the parts :func:`state_memory` and the activations count.
-
-    * The executor runs the whole step (every microbatch's forward and backward) in one
-      autocast region with its cast cache on, so a stage keeps a low-precision copy of each
-      weight autocast casts (matmuls, convolutions, recurrent layers: the ``saved`` kinds)
-      from its first use to the end of the step. In a pipeline that copy lives beside the
-      gradients, which exist from the first microbatch's backward on; in a one-pass step the
-      whole-gradient term counts memory the copies hold while gradients are not yet made
-      (``zero_grad(set_to_none=True)``), so the term is a pipeline's only.
-    * torch's ``PipelineStage`` keeps every microbatch's output on the last stage until the
-      step ends (``output_chunks``, merged by ``step()``): the model's outputs for the whole
-      replica batch, of which the current microbatch's share is counted as transient.
-
-    On the stored 2x / 4x H200 pipelines (gpt-1b, GNMT-4, branchy-mlp, inception-v3;
-    docs/simulator.md) the stages' simulated peaks were 15% off the measured allocated
-    ones without both terms (median over stages), 10% with them.
-    """
-    low = ga.gather_scale if ga.gather_scale < 1.0 else 0.0  # no autocast: no copies
-    cast = np.bincount(dev, weights=np.where(ga.saved, ga.param_bytes, 0.0) * low,
-                       minlength=k)[:k]
-    outputs = np.zeros(ga.n)  # the values the graph's sinks (its output) read
-    for v in range(ga.n):
-        if not ga.succs[v]:
-            outputs[ga.preds[v]] = ga.out_bytes[ga.preds[v]]
-    kept = np.bincount(dev, weights=outputs, minlength=k)[:k] * (m - 1) / (m * d)
-    return cast, kept
 
 
 def update_time(param_bytes: float, mem_bandwidth: float, d: int, shard: str) -> float:

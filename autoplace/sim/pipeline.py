@@ -24,10 +24,19 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.lowering import pipeline_actions
 from autoplace.plan import Plan
-from autoplace.sim.local import finish_step, local_memory, local_plan, op_times
+from autoplace.sim.local import (
+    finish_step,
+    local_plan,
+    op_memory,
+    op_times,
+    static_memory,
+    with_peak,
+)
+from autoplace.sim.memory import stage_events, timeline_peak
 from autoplace.sim.model import (
     CostTables,
     Event,
+    MemoryModel,
     affine_collective,
     coll_resource,
     collective_time,
@@ -180,13 +189,29 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
 def simulate_pipeline(ga, plan: Plan, cluster: Cluster, tables: CostTables, record: bool) -> dict:
     """Step time, busy time, memory and timeline of a ``pipeline > 1`` plan."""
     lp = local_plan(ga, plan)
-    p = plan.parallel.pipeline
     reps = [0] if replicas_identical(cluster, plan) else list(range(lp.d))
     runs = {r: _run_stages(ga, lp, plan, cluster, tables, r * lp.k, record and r == 0)
             for r in reps}
     last_stage = np.max([runs[r].last_b for r in reps], axis=0)
     last = last_stage[np.asarray(lp.dev)]
-    inflight = inflight_microbatches(plan.parallel.schedule, p, lp.m)
-    mem = local_memory(ga, lp, plan, inflight=[float(x) for x in inflight])
-    out = finish_step(ga, lp, plan, cluster, tables, runs, last, mem, record)
+    out = finish_step(ga, lp, plan, cluster, tables, runs, last, stage_memory(ga, lp, plan),
+                      record)
     return out
+
+
+def stage_memory(ga, lp, plan: Plan) -> list[MemoryModel]:
+    """Memory of each stage of one replica at its peak: :func:`static_memory` and the
+    running activations, gradients and transients of its schedule's actions
+    (:func:`autoplace.sim.memory.stage_events`: every microbatch a stage has run forward
+    and not yet backward holds its activations and the output it sent; the last stage
+    keeps every microbatch's model output and what its loss saved)."""
+    p = plan.parallel.pipeline
+    per = op_memory(ga, lp, plan)
+    outputs = np.zeros(ga.n)  # the values the graph's sinks (its output) read
+    for v in range(ga.n):
+        if not ga.succs[v]:
+            outputs[ga.preds[v]] = ga.out_bytes[ga.preds[v]]
+    events = stage_events(np.asarray(lp.dev), plan.parallel.schedule, p, lp.m, per["kept"],
+                          per["back"], per["fwd_out"], per["grad"], 1.0 / (lp.m * lp.d),
+                          cut_bytes(ga, lp.dev, p), outputs)
+    return with_peak(static_memory(ga, lp, plan), timeline_peak(*events, p), per["shared"])

@@ -48,11 +48,12 @@ def test_memory_leaves_the_state_on_the_host(graph):
     state = lambda b: b["params"] + b["grads"] + b["optimizer"]  # noqa: E731
     assert b1["optimizer"] == 0 and b1["grads"] < params
     # on the GPU: the root's and two blocks' parameters and gradients, not 4x every one
-    assert state(b1) < 0.6 * state(single.memory_breakdown[0])
+    assert state(b1) < 0.6 * 4 * params
     # fp32 shard, its gradient and AdamW's two moments, split over the ranks
     assert b1["host"] == pytest.approx(4 * params, rel=1e-6)
     assert b2["host"] == pytest.approx(2 * params, rel=1e-6)
-    assert single.peak_memory_bytes[0] - one.peak_memory_bytes[0] > 1.5 * params
+    # AdamW's state and most parameters leave; the gathered units and their gradients stay
+    assert single.peak_memory_bytes[0] - one.peak_memory_bytes[0] > params
     assert one.peak_memory_bytes[1] == 0  # a one-device plan leaves the second GPU alone
     assert two.peak_memory_bytes[0] == two.peak_memory_bytes[1] < one.peak_memory_bytes[0]
 

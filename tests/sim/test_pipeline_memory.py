@@ -1,5 +1,6 @@
-"""Pipeline stage memory: autocast's cast copies and the last stage's kept outputs
-(``sim.model.pipeline_held_bytes``), checked on a chain whose outputs and weights are known."""
+"""Pipeline stage memory (``sim.pipeline.stage_memory``): microbatches held per schedule,
+the last stage's kept outputs, autocast's cast copies, checked on a chain whose outputs
+and weights are known."""
 
 from __future__ import annotations
 
@@ -35,33 +36,46 @@ def _chain(autocast: str | None) -> OpGraph:
     return g
 
 
-def _breakdown(graph: OpGraph, m: int, pipeline: int) -> list[dict[str, int]]:
+def _breakdown(graph: OpGraph, m: int, pipeline: int, schedule: str = "gpipe"
+               ) -> list[dict[str, int]]:
     plan = Plan.from_assignment(graph, {op.name: int(i >= 4) for i, op in enumerate(graph)})
     if pipeline > 1:
-        plan = plan.with_parallel(pipeline=pipeline, microbatches=m, schedule="gpipe")
+        plan = plan.with_parallel(pipeline=pipeline, microbatches=m, schedule=schedule)
     return simulate(graph, plan, _cluster()).memory_breakdown
 
 
-@pytest.mark.parametrize("m", [2, 8])
-def test_last_stage_keeps_every_microbatch_output(m):
-    """GPipe holds every microbatch's activations (4 MiB a stage: 4 ops of 1 MiB); the last
-    stage also keeps (m - 1) / m of the 32 MiB model output, the current microbatch's
-    share being its transient."""
+def test_gpipe_holds_every_microbatch_1f1b_as_many_as_stages_after():
+    """Stage 0 (4 ops of 1 MiB kept activations, a 1 MiB output sent on), 4 microbatches
+    of a quarter each. Its peak is at the end of microbatch 0's backward, which made every
+    gradient (16 MiB): GPipe still holds microbatches 1-3 (3 x (1 + 0.25) MiB), the
+    quarter op0 frees as it runs and microbatch 0's sent output; 1F1B (at most p - s = 2
+    microbatches in flight) peaks at 2.5 MiB."""
     g = _chain(None)
-    first, last = _breakdown(g, m, 2)
-    assert first["activations"] == 4 * MiB
-    assert last["activations"] == pytest.approx(4 * MiB + 32 * MiB * (m - 1) / m, abs=1)
+    gpipe = _breakdown(g, 4, 2, "gpipe")[0]
+    one_f = _breakdown(g, 4, 2, "1f1b")[0]
+    assert gpipe["grads"] == one_f["grads"] == 16 * MiB
+    assert gpipe["activations"] == pytest.approx(3 * 1.25 * MiB + 0.25 * MiB + 0.25 * MiB)
+    assert one_f["activations"] == pytest.approx(1.25 * MiB + 0.25 * MiB + 1.0 * MiB)
+    assert gpipe["activations"] - one_f["activations"] == pytest.approx(2 * 0.875 * MiB)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_last_stage_keeps_every_microbatch_output(m):
+    """torch's PipelineStage keeps each microbatch's model output (32 MiB for the batch)
+    until the step ends: at the last stage's peak all m of them are held, beside its
+    activations, and the output's gradient (32 / m MiB) is the transient."""
+    last = _breakdown(_chain(None), m, 2)[1]
+    assert last["activations"] >= 32 * MiB
     assert last["transient"] == pytest.approx(32 * MiB / m, abs=1)
-    one_pass = _breakdown(g, 1, 1)  # no pipeline: nothing kept beyond the step's parts
-    assert one_pass[1]["activations"] == 4 * MiB
 
 
-def test_autocast_adds_a_low_precision_copy_of_each_stage_weight():
-    """Under bf16 autocast each stage keeps half its matmul weights' bytes more; a one-pass
-    plan does not (its whole-gradient term stands for the copies)."""
+def test_autocast_adds_a_low_precision_copy_of_each_weight():
+    """Under bf16 autocast each device keeps half its matmul weights' bytes more (the cast
+    cache, from first use to the end of the backward): pipeline stages and one-pass plans
+    alike."""
     plain, cast = _chain(None), _chain("bfloat16")
     assert graph_arrays(cast).gather_scale == 0.5
-    for a, b in zip(_breakdown(plain, 4, 2), _breakdown(cast, 4, 2)):
-        assert b["params"] - a["params"] == 0.5 * 4 * 4 * MiB  # 4 Linear ops a stage
-        assert b["total"] - a["total"] == 0.5 * 4 * 4 * MiB
-    assert _breakdown(plain, 1, 1) == _breakdown(cast, 1, 1)
+    for m, p in ((4, 2), (1, 1)):
+        for a, b in zip(_breakdown(plain, m, p), _breakdown(cast, m, p)):
+            assert b["params"] - a["params"] == 0.5 * 4 * 4 * MiB  # 4 Linear ops a device
+            assert b["total"] - a["total"] == 0.5 * 4 * 4 * MiB

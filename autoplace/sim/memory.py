@@ -1,0 +1,179 @@
+"""Peak memory of one training step: the order in which activations and gradients come
+and go on each device.
+
+A step's memory is not the sum of its parts. The executor clears gradients with
+``zero_grad(set_to_none=True)``, so an op's gradient is allocated during its first
+backward and lives to the update, while the activations autograd kept for that backward
+are freed as it runs: on a one-pass step the peak is where the activations still held
+and the gradients already made add up highest (at the loss, for a transformer), never
+all of both. With several microbatches the first backward of an op comes while the
+other microbatches still hold their activations, and every microbatch keeps what its
+loss saved (a cross-entropy's float32 log-softmax) until its own backward.
+
+The step is a list of events per device, in the order the device sees them: each event
+adds or frees activation bytes (``delta``), makes gradient bytes (``grad``), holds bytes
+that are freed right after it (``hold``: an op's kept activations during its own
+backward) and needs a transient (``trans``: an output or its gradient, the loss's
+workspace, a recomputed block's activations). :func:`timeline_peak` takes the running
+sums per device and returns the highest point; the static part (parameters, optimizer
+state, autocast's weight copies, sharded or bucketed gradients) is added by the caller.
+
+A one-process replica's events are its forward in issue order, then its backward in the
+reverse order (:func:`replica_events`); a pipeline stage's follow its schedule's actions
+(:func:`stage_events`). The scalar and the batched simulator build the same events and
+call the same function, so they agree exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplace.lowering import pipeline_actions
+
+__all__ = ["Peak", "cast_copy_bytes", "replica_events", "stage_events", "timeline_peak"]
+
+
+@dataclass
+class Peak:
+    """Per device cell: the highest bytes of the events and what they were at that point."""
+
+    total: np.ndarray
+    activations: np.ndarray
+    grads: np.ndarray
+    transient: np.ndarray
+
+
+def timeline_peak(dev: np.ndarray, delta: np.ndarray, grad: np.ndarray, hold: np.ndarray,
+                  trans: np.ndarray, kk: int) -> Peak:
+    """Highest running memory per ``(plan, device)`` cell ``p * kk + device`` of events
+    ``[P, E]`` (one row per plan, in the order they happen; see the module docstring).
+
+    At an event the device holds the activations added so far (this event's ``delta``
+    included), the gradients made so far (this one's too), ``hold`` and ``trans``."""
+    dev = np.atleast_2d(dev)
+    num, e = dev.shape
+    size = num * kk
+    zeros = np.zeros(size)
+    if e == 0:
+        return Peak(zeros, zeros.copy(), zeros.copy(), zeros.copy())
+    # each row's events grouped by device, in event order within a device
+    idx = np.argsort(dev * e + np.arange(e), axis=1, kind="stable")
+    d = np.take_along_axis(dev, idx, 1)
+    cols = [np.take_along_axis(np.broadcast_to(np.atleast_2d(x), dev.shape), idx, 1)
+            for x in (delta, grad, hold, trans)]
+    start = np.ones(dev.shape, dtype=bool)
+    start[:, 1:] = d[:, 1:] != d[:, :-1]
+    first = np.maximum.accumulate(np.where(start, np.arange(e), 0), axis=1)
+    running = []
+    for x in cols[:2]:  # activations, gradients: sums within each device's run of events
+        c = np.cumsum(x, axis=1)
+        running.append(c - np.take_along_axis(c - x, first, 1))
+    acts = running[0] + cols[2]
+    value = acts + running[1] + cols[3]
+    cell = (np.arange(num)[:, None] * kk + d).reshape(-1)
+    flat = value.reshape(-1)
+    total = np.full(size, -np.inf)
+    np.maximum.at(total, cell, flat)
+    at = np.full(size, len(flat))  # the first event where each cell peaks
+    hit = flat == total[cell]
+    np.minimum.at(at, cell[hit], np.flatnonzero(hit))
+    seen = at < len(flat)
+    out = Peak(zeros.copy(), zeros.copy(), zeros.copy(), zeros.copy())
+    for dst, src in ((out.total, flat), (out.activations, acts.reshape(-1)),
+                     (out.grads, running[1].reshape(-1)), (out.transient, cols[3].reshape(-1))):
+        dst[seen] = src[at[seen]]
+    # a device never goes below nothing: a peak under 0 (impossible) reads as 0
+    out.total = np.maximum(out.total, 0.0)
+    return out
+
+
+def replica_events(n: int, dev: np.ndarray, order: np.ndarray, kept: np.ndarray,
+                   back: np.ndarray, fwd_out: np.ndarray, grad: np.ndarray, share: np.ndarray
+                   ) -> tuple[np.ndarray, ...]:
+    """Events ``(dev, delta, grad, hold, trans)`` ``[P, 2L]`` of one-process replicas: the
+    forward of items ``order`` ``[P, L]`` (``microbatch * n + op``) in issue order, then
+    their backward in the reverse order.
+
+    Per op (``[P, n]`` or ``[n]``): ``kept`` bytes of activations it keeps for backward,
+    ``back`` its transient in backward (its output's gradient; a recomputed block's
+    activations), ``fwd_out`` its transient in forward (its output; the loss's workspace),
+    ``grad`` the gradient bytes its first backward makes (0 where they are counted
+    statically). ``share`` ``[P]``: each item's share of the batch (``1 / (m d)``)."""
+    order = np.atleast_2d(order)
+    num, length = order.shape
+    op = order % n
+    rows = np.arange(num)[:, None]
+    sh = np.asarray(share, dtype=np.float64).reshape(-1, 1)
+
+    def per_item(x: np.ndarray) -> np.ndarray:
+        x = np.broadcast_to(np.atleast_2d(x), (num, n))
+        return x[rows, op]
+
+    d = np.take_along_axis(np.broadcast_to(np.atleast_2d(dev), (num, n)), op, 1)
+    a = per_item(kept) * sh
+    # an op's gradient comes at its first backward: its last item in forward order
+    last = np.zeros((num, n), dtype=np.int64)
+    np.maximum.at(last, (np.broadcast_to(rows, op.shape), op),
+                  np.broadcast_to(np.arange(length), op.shape))
+    g = np.where(np.take_along_axis(last, op, 1) == np.arange(length), per_item(grad), 0.0)
+    zero = np.zeros_like(a)
+    rev = slice(None, None, -1)
+    return (np.concatenate([d, d[:, rev]], 1),
+            np.concatenate([a, -a[:, rev]], 1),
+            np.concatenate([zero, g[:, rev]], 1),
+            np.concatenate([zero, a[:, rev]], 1),
+            np.concatenate([per_item(fwd_out) * sh, (per_item(back) * sh)[:, rev]], 1))
+
+
+def stage_events(stage: np.ndarray, schedule: str, p: int, m: int, kept: np.ndarray,
+                 back: np.ndarray, fwd_out: np.ndarray, grad: np.ndarray, share: float,
+                 sent: list[float], outputs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Events ``(dev, delta, grad, hold, trans)`` ``[1, E]`` of one replica's pipeline
+    stages: per stage its schedule's actions (:func:`autoplace.lowering.pipeline_actions`),
+    an ``F`` its ops in order, a ``B`` in reverse. Beyond the ops (``kept``, ``back``,
+    ``fwd_out``, ``grad`` as in :func:`replica_events`): a stage keeps each microbatch's
+    output sent on (``sent[s]`` bytes of the whole batch) until that microbatch's backward,
+    and the last stage every microbatch's model output (``outputs``: per op, the bytes of
+    the values the graph's output reads; ``PipelineStage`` merges them when the step
+    ends)."""
+    cols: list[list[float]] = [[], [], [], [], []]
+
+    def add(s: int, delta: float, g: float, hold: float, trans: float) -> None:
+        for c, v in zip(cols, (s, delta, g, hold, trans)):
+            c.append(v)
+
+    for s in range(p):
+        ops = np.flatnonzero(stage == s)
+        made = False
+        for act in pipeline_actions(schedule, p, m, s):
+            if act[0] == "F":
+                for i in ops:
+                    add(s, kept[i] * share + outputs[i] * share, 0.0, 0.0, fwd_out[i] * share)
+                if s < p - 1:
+                    add(s, sent[s] * share, 0.0, 0.0, 0.0)
+            else:
+                for i in ops[::-1]:
+                    add(s, -kept[i] * share, 0.0 if made else grad[i], kept[i] * share,
+                        back[i] * share)
+                made = True
+                if s < p - 1:
+                    add(s, -sent[s] * share, 0.0, 0.0, sent[s] * share)
+    dev, delta, g, hold, trans = (np.array([c], dtype=np.float64) for c in cols)
+    return dev.astype(np.int64), delta, g, hold, trans
+
+
+def cast_copy_bytes(ga, dev: np.ndarray, size: int) -> np.ndarray:
+    """``[size]`` bytes of autocast's low-precision weight copies per device cell.
+
+    The executor runs a step's forward and backward in one autocast region with its cast
+    cache on, so each weight autocast casts (matmuls, convolutions, recurrent layers: the
+    ``saved`` kinds) keeps a bf16 / fp16 copy from its first use to the end of the
+    backward; without autocast there are none. ``dev``: ``[n]`` or ``[P, n]`` cell of
+    every op."""
+    low = ga.gather_scale if ga.gather_scale < 1.0 else 0.0
+    w = np.where(ga.saved, ga.param_bytes, 0.0) * low
+    dev = np.atleast_2d(dev)
+    return np.bincount(dev.reshape(-1), weights=np.broadcast_to(w, dev.shape).reshape(-1),
+                       minlength=size)[:size]

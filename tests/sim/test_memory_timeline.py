@@ -1,0 +1,97 @@
+"""The step's memory timeline (``sim.memory``): gradients made by the backward after
+``zero_grad(set_to_none=True)``, several microbatches' activations and loss tensors held
+at once, DDP's gradients in its buckets; the scalar and the batched path agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoplace.cluster import Cluster, Device
+from autoplace.graph import OpGraph, OpNode
+from autoplace.plan import ParallelConfig, Plan
+from autoplace.sim import simulate, simulate_batch
+from autoplace.sim.memory import timeline_peak
+
+MiB = 2**20
+
+
+def _cluster(n: int = 2) -> Cluster:
+    dev = Device(name="cpu", kind="cpu", memory_bytes=64 * 2**30, peak_flops=50e9,
+                 memory_bandwidth=10e9, launch_overhead_s=0.0)
+    return Cluster.uniform(f"cpu-x{n}", dev, n, alpha_s=1e-5, bandwidth=5e9)
+
+
+def _chain(n: int, param: int, act: int, logits: int = 0) -> OpGraph:
+    """``n`` Linear ops; with ``logits`` > 0 the last one's bf16 output (``logits`` bytes)
+    goes to an output op whose loss keeps a float32 copy of it (twice the bytes)."""
+    nodes = [OpNode(name=f"op{i}", kind="Linear", module_path=f"l.{i}",
+                    output_bytes=logits if logits and i == n - 1 else MiB, param_bytes=param,
+                    activation_bytes=act, output_shapes=((logits // 2,),) if logits else (),
+                    output_dtypes=("bfloat16",) if logits else (),
+                    fwd_time_s={"cpu": 1e-3}, bwd_time_s={"cpu": 2e-3}) for i in range(n)]
+    edges = [(f"op{i}", f"op{i + 1}", MiB) for i in range(n - 1)]
+    if logits:
+        nodes.append(OpNode(name="output", kind="output", workspace_bytes=3 * logits,
+                            fwd_time_s={"cpu": 0.0}, bwd_time_s={"cpu": 0.0}))
+        edges.append((f"op{n - 1}", "output", logits))
+    return OpGraph("chain", nodes, edges)
+
+
+def test_timeline_peak_adds_running_sums_per_device():
+    """Device 0: +4 then +2 MiB of activations, then a backward freeing 2 (held during it)
+    that makes 3 MiB of gradients with a 1 MiB transient: peak 4 + 2 + 3 + 1. Device 1's
+    events interleave without touching device 0's sums."""
+    dev = np.array([[0, 1, 0, 0, 1]])
+    delta = np.array([[4, 5, 2, -2, -5]]) * MiB
+    grad = np.array([[0, 0, 0, 3, 0]]) * MiB
+    hold = np.array([[0, 0, 0, 2, 5]]) * MiB
+    trans = np.array([[0, 0, 0, 1, 0]]) * MiB
+    peak = timeline_peak(dev, delta.astype(float), grad.astype(float), hold.astype(float),
+                         trans.astype(float), 2)
+    assert list(peak.total) == [10 * MiB, 5 * MiB]
+    assert (peak.activations[0], peak.grads[0], peak.transient[0]) == (6 * MiB, 3 * MiB, MiB)
+
+
+def test_gradients_come_as_the_backward_frees_activations():
+    """set_to_none gradients: a chain of big weights and small activations peaks at the end
+    of its backward with every gradient and no activation; one of small weights and big
+    activations at its first backward with every activation and one gradient. Never both
+    whole, as summing the parts would say."""
+    heavy = simulate(_chain(8, param=8 * MiB, act=MiB), Plan.single(_chain(8, 8 * MiB, MiB)),
+                     _cluster(1)).memory_breakdown[0]
+    assert heavy["grads"] == 64 * MiB and heavy["activations"] == pytest.approx(MiB)
+    g = _chain(8, param=MiB, act=8 * MiB)
+    light = simulate(g, Plan.single(g), _cluster(1)).memory_breakdown[0]
+    assert light["grads"] == MiB and light["activations"] == 64 * MiB
+    assert light["total"] < (1 + 1 + 2) * 8 * MiB + 64 * MiB + 8 * MiB
+
+
+def test_two_microbatches_hold_both_losses_and_both_activations():
+    """A two-device split with 2 microbatches: device 1's first backward (microbatch 1's
+    last op) comes while microbatch 0 still holds its activations and the float32 copy of
+    its logits its loss kept; the scalar and the batched path agree."""
+    logits = 16 * MiB
+    g = _chain(4, param=MiB, act=2 * MiB, logits=logits)
+    split = {op.name: int(i >= 2) for i, op in enumerate(g)}
+    one = Plan.from_assignment(g, split)
+    two = Plan.from_assignment(g, split, parallel=ParallelConfig(microbatches=2))
+    b1 = simulate(g, one, _cluster()).memory_breakdown[1]
+    b2 = simulate(g, two, _cluster()).memory_breakdown[1]
+    # both: every activation of the device (2 ops x 2 MiB) and the loss's 32 MiB kept
+    assert b1["activations"] == b2["activations"] == (4 + 2 * logits // MiB) * MiB
+    # the transient is the loss's workspace beyond what it keeps, per microbatch
+    assert b1["transient"] == 3 * logits - 2 * logits
+    assert b2["transient"] == (3 * logits - 2 * logits) / 2
+    batch = simulate_batch(g, [one, two], _cluster()).peak_memory_bytes
+    assert list(batch[1]) == simulate(g, two, _cluster()).peak_memory_bytes
+
+
+def test_ddp_gradients_live_in_its_buckets():
+    """DDP with gradient_as_bucket_view: the gradients are views of its buckets (rebuilt
+    once: two copies), held from the start, not made by the backward."""
+    g = _chain(4, param=4 * MiB, act=MiB)
+    ddp = Plan.single(g).with_parallel(data=2)
+    b = simulate(g, ddp, _cluster()).memory_breakdown[0]
+    assert b["grads"] == 2 * 16 * MiB
+    assert b["activations"] == pytest.approx(4 * MiB / 2)
