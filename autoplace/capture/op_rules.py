@@ -10,10 +10,7 @@ FLOPs: a multiply-add is 2. Counted FLOPs (matmul, conv, attention) come from
 * Conv: ``2 * numel(out) * Cin/groups * prod(kernel)``
 * LSTM / GRU / RNN: ``2 * T * B * (numel(W_ih) + numel(W_hh))`` summed over layers and
   directions (gates of every step)
-* scaled-dot-product attention: ``2 * numel(q) * S + 2 * numel(out) * S``; a causal one
-  (``is_causal=True``, no mask) half of it, counted or not: its kernels skip the masked
-  half of the scores, which the counter ignores (an explicit mask, as Hugging Face
-  models pass, is computed whole)
+* scaled-dot-product attention: ``2 * numel(q) * S + 2 * numel(out) * S``
 * Embedding and data movement (views, cat, copies, factories): 0
 * anything else: ``numel(out) * per-element factor`` (1, or :data:`ELEMENT_FLOPS`)
 
@@ -197,17 +194,6 @@ def fallback_flops(ctx: OpContext) -> float:
         s = k.shape[-2]
         return 2.0 * q.numel() * s + 2.0 * out[0].numel() * s
     return float(_numel(out) * ELEMENT_FLOPS.get(kind, 1))
-
-
-def work_fraction(ctx: OpContext) -> float:
-    """The share of an op's FLOPs its kernels do: 0.5 for causal attention without a mask
-    (flash and memory-efficient kernels skip the masked half of the scores), else 1."""
-    if _base(ctx.kind) not in ATTENTION_KINDS or ctx.submod is not None:
-        return 1.0
-    a, kw = ctx.args, ctx.kwargs or {}
-    mask = kw.get("attn_mask", a[3] if len(a) > 3 else None)
-    causal = kw.get("is_causal", a[5] if len(a) > 5 else False)
-    return 0.5 if causal is True and mask is None else 1.0
 
 
 def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], int]:
