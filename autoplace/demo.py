@@ -4,10 +4,12 @@ capture -> the ops profiled on the devices present (so the simulator ranks plans
 this machine's op times, not estimates) -> every baseline planner on the simulator -> the
 placement policy: the pre-trained GNN shipped with autoplace places the graph zero-shot and
 is fine-tuned on it briefly (warm start from the best heuristic plan, then REINFORCE; on 2, 4
-or 8 devices, else a policy trained from scratch), its progress printed -> the policy's
-plan exported -> the policy's plan and the best baselines executed for real (loss checked against
-unpartitioned training) -> one table, plus a Gantt chart of the best plan and a bar
-chart, under ``out``.
+or 8 devices, else a policy trained from scratch), its learning printed as it trains (per
+update, the simulated step of the plans it samples: their mean and the fastest, and the best
+so far) -> the policy's plan exported -> the policy's plan and the best baselines executed
+for real (loss checked against unpartitioned training) -> one table, plus a Gantt chart of
+the best plan, a bar chart and the policy's learning curve (``policy_learning.png``), under
+``out``.
 
 The table says where the simulated and the measured orders of the executed plans
 disagree, and why (:func:`order_notes`): a simulator that contradicts the measurement
@@ -16,6 +18,7 @@ beside it is never shown as if it agreed.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -26,7 +29,8 @@ import torch
 from autoplace.errors import AutoplaceError
 from autoplace.files import write_json_atomic
 
-__all__ = ["run_demo", "DEFAULT_PLANNERS", "order_notes", "progress_lines"]
+__all__ = ["run_demo", "DEFAULT_PLANNERS", "LivePrinter", "order_notes", "plot_learning",
+           "progress_lines", "update_line"]
 
 #: The baselines the demo compares (the full list is ``autoplace plan --list``).
 DEFAULT_PLANNERS = ("single", "expert", "hash", "critical-path", "mincut", "m-etf",
@@ -101,14 +105,18 @@ def run_demo(
     if policy == "gnn" and cluster.num_devices in DEVICE_COUNTS:
         # the shipped GNN places the graph zero-shot, then trains on it: warm start (the
         # best heuristic plan the env reaches) and REINFORCE from the pre-trained weights
-        _say(f"pre-trained gnn: zero-shot, then fine-tuned for {budget} on the simulator")
-        tuned = finetune_pretrained(graph, cluster, budget=budget, seed=0, progress=True)
+        _say(f"pre-trained gnn: zero-shot, then fine-tuned for {budget} on the simulator "
+             "(per update: the simulated step of the plans it samples, mean and fastest)")
+        tuned = finetune_pretrained(graph, cluster, budget=budget, seed=0,
+                                    on_update=LivePrinter(budget))
         policy_plan = tuned.plan
+        history = tuned.history
         for line in progress_lines(tuned.history, tuned.zero_shot_step_time_s,
                                    tuned.warm_start):
             _say(line)
         _say(f"  policy: chosen {tuned.step_time_s * 1e3:.3f} ms ({policy_plan.split()}, "
              f"from the {tuned.plan.planner.get('source')} plan)")
+        zero_s = tuned.zero_shot_step_time_s
     else:
         _say(f"training a {policy} policy for {budget} on the simulator")
         # a fresh policy every demo: the demo's own folder, replaced each time it runs
@@ -116,6 +124,7 @@ def run_demo(
                     out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True,
                     force=True)
         policy_plan = res.best_plan
+        history, zero_s = res.history, None
         for line in progress_lines(res.history, None, res.warm_start):
             _say(line)
     sim_res = simulate(graph, policy_plan, cluster)
@@ -188,15 +197,54 @@ def run_demo(
                   title=f"{best['planner']}: {tl.step_time_s * 1e3:.2f} ms simulated")
     viz.bar_chart(rows, out / "compare.png", value="sim_step_time_s", scale=1e3,
                   ylabel="simulated step (ms)", title=f"{wl.name} on {cluster.name}")
+    heuristic = min((r["sim_step_time_s"] for r in rows if r["plan"] is not None
+                     and not r["oom"] and not r["planner"].startswith("policy:")), default=None)
+    plot_learning(history, out / "policy_learning.png", zero_shot_s=zero_s,
+                  heuristic_s=heuristic, title=f"policy:{policy} learning on {wl.name}, "
+                                               f"{cluster.name} (simulated)")
     print(f"\nplans, reports and plots in {out}/ ({time.perf_counter() - t_start:.0f} s)")
     return rows
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if math.isfinite(seconds) else "none ran"
+
+
+def update_line(update: int, row: dict[str, float]) -> str:
+    """One update of the policy's training: the simulated step of the plans it sampled
+    (mean of its own choices, fastest of the batch) and the best plan so far."""
+    return (f"  policy: update {update} ({row['elapsed_s']:.0f} s): sampled plans mean "
+            f"{_ms(row.get('sample_mean_step_s', math.inf))}, fastest "
+            f"{_ms(row.get('sample_best_step_s', math.inf))}; best so far "
+            f"{_ms(row['best_step_time_s'])}")
+
+
+class LivePrinter:
+    """The trainer's ``on_update``: prints :func:`update_line` for the first update and then
+    about every ``budget / 8`` (a wall-time budget; else every 8th of a 25-update span)."""
+
+    def __init__(self, budget: str | int) -> None:
+        from autoplace.policies.reinforce import parse_budget
+
+        unit, amount = parse_budget(budget)
+        self.every_s = amount / 8 if unit == "seconds" else None
+        self.next_s = 0.0
+
+    def __call__(self, update: int, row: dict[str, float]) -> None:
+        due = update == 1 or (row["elapsed_s"] >= self.next_s if self.every_s
+                              else update % 25 == 0)
+        if due:
+            _say(update_line(update, row))
+            if self.every_s:
+                self.next_s = row["elapsed_s"] + self.every_s
+
+
 def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
                    warm: dict[str, Any]) -> list[str]:
-    """How the policy's best simulated plan improved: zero-shot (pre-trained), after the
-    warm start, then at a quarter, half, three quarters and the end of REINFORCE (the env's
-    step times: the zero-shot plan's may also have had its shard mode chosen)."""
+    """How the policy learned: its zero-shot plan (pre-trained), the plan the warm start
+    imitated, then the first update of REINFORCE and the updates at a quarter, half, three
+    quarters and the end (:func:`update_line`; the env's step times: the zero-shot plan's may
+    also have had its shard mode chosen), and how far the sampled plans' mean came down."""
     lines = []
     if zero_shot_s is not None:
         lines.append(f"  policy: pre-trained zero-shot plan {zero_shot_s * 1e3:.3f} ms")
@@ -204,12 +252,50 @@ def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
         lines.append(f"  policy: warm start imitates {target['source']}'s plan, "
                      f"{target['step_time_s'] * 1e3:.3f} ms")
         break
-    best, elapsed = history.get("best_step_time_s", []), history.get("elapsed_s", [])
-    n = len(best)
-    for i in sorted({max(0, (n * k) // 4 - 1) for k in (1, 2, 3, 4)} if n else ()):
-        lines.append(f"  policy: update {i + 1}/{n} ({elapsed[i]:.0f} s): best "
-                     f"{best[i] * 1e3:.3f} ms")
+    n = len(history.get("best_step_time_s", []))
+    for i in sorted({0} | {max(0, (n * k) // 4 - 1) for k in (1, 2, 3, 4)} if n else ()):
+        lines.append(update_line(i + 1, {k: v[i] for k, v in history.items() if len(v) == n}))
+    means = [m for m in history.get("sample_mean_step_s", []) if math.isfinite(m)]
+    if len(means) >= 2:
+        k = max(1, len(means) // 10)  # a tenth of the updates at each end, averaged
+        first, last = sum(means[:k]) / k, sum(means[-k:]) / k
+        lines.append(f"  policy: sampled plans' mean step {first * 1e3:.1f} -> "
+                     f"{last * 1e3:.1f} ms (first and last tenth of the updates, "
+                     f"{(1 - last / first) * 100:+.1f}% faster)")
     return lines
+
+
+def plot_learning(history: dict[str, list[float]], path: Path, *,
+                  zero_shot_s: float | None, heuristic_s: float | None, title: str) -> None:
+    """The policy's learning curve: per update, the sampled plans' mean and fastest
+    simulated step and the best so far, against the zero-shot plan and the best baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def ms(values: list[float]) -> list[float]:
+        return [v * 1e3 if math.isfinite(v) else float("nan") for v in values]
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = list(range(1, len(history.get("best_step_time_s", [])) + 1))
+    for key, label, style in (("sample_mean_step_s", "sampled plans, mean", "-"),
+                              ("sample_best_step_s", "sampled plans, fastest", ":"),
+                              ("best_step_time_s", "best so far", "-")):
+        if len(history.get(key, [])) == len(x):
+            ax.plot(x, ms(history[key]), style, label=label)
+    for value, label, colour in ((zero_shot_s, "pre-trained zero-shot", "grey"),
+                                 (heuristic_s, "best baseline", "k")):
+        if value is not None and math.isfinite(value):
+            ax.axhline(value * 1e3, color=colour, linestyle="--", linewidth=1, label=label)
+    ax.set_xlabel("update (REINFORCE, after the warm start)")
+    ax.set_ylabel("simulated step (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 #: measured step times this close (6 steps on a shared machine) are a tie, not an order

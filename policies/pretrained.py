@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -305,6 +306,7 @@ def finetune_pretrained(
     warm_start: bool = True,
     progress: bool = False,
     weights: str | Path | None = None,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
     **reinforce_options: Any,
 ) -> FineTuneResult:
     """Train the pre-trained GNN further on one graph and return the best plan seen.
@@ -323,6 +325,7 @@ def finetune_pretrained(
         warm_start: imitate the best heuristic plan first.
         progress: show the trainer's progress bar.
         weights: another weights file (default: the shipped one).
+        on_update: the trainer's per-update callback (:func:`reinforce`).
         **reinforce_options: fields of :class:`ReinforceConfig` (``batch_size``, ``lr``...).
     """
     t0 = time.perf_counter()
@@ -336,7 +339,7 @@ def finetune_pretrained(
         policy = _policy_for(first, weights)
         rank0, step0, plan0, _ = _zero_shot(first, policy, 16, seed, math.inf)
         torch.manual_seed(seed)
-        result = reinforce(envs, policy, cfg)
+        result = reinforce(envs, policy, cfg, on_update=on_update)
     finally:
         for env in envs:
             env.close()

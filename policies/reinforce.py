@@ -21,6 +21,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,12 @@ class ReinforceConfig:
     PlacementEnvs; see autoplace.policies.warm_start); that plan starts the best so far"""
     warm_start_steps: int = 300
     """most Adam steps of the warm start (it stops once the greedy plan is the target)"""
+    self_imitation_coef: float = 0.3
+    """oneshot: weight of a behaviour-cloning term on the best plan so far of each graph (the
+    warm start's target until REINFORCE samples a faster one; self-imitation, Oh et al. 2018).
+    Without it a batch whose sampled plans are all the imitated one carries no advantage, and
+    Adam turns the entropy bonuses alone into full-size steps off that plan; with it the
+    policy explores around the fastest plan it knows and follows it when it improves"""
 
 
 @dataclass
@@ -234,6 +241,7 @@ def _rollout(envs, policy, first_episode, batch_size, seed, generator, forced=No
                 next_obs, r, terminated, truncated, info = envs[ep["env"]].step(env_action)
                 ep["return"] += float(r)
                 ep["outcomes"].append(_outcome(info, float(r)))
+                ep.setdefault("actions", []).append(act)
                 transitions.append({
                     "obs": obs[e], "action": out.action[row], "reward": float(r), "t": t,
                     "episode": e, "env": ep["env"], "split": ep["split"],
@@ -253,6 +261,7 @@ def reinforce(
     *,
     extra: dict[str, Any] | None = None,
     start: dict[str, Any] | None = None,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
     **overrides: Any,
 ) -> ReinforceResult:
     """Train ``policy`` with REINFORCE on ``envs`` (env instances or zero-argument factories).
@@ -270,6 +279,10 @@ def reinforce(
             (:mod:`autoplace.policies.finetune`). The weights, Adam's moments, the baselines
             and the best so far carry over; counters, history and budget start at zero,
             and there is no warm start. A resumed run ignores it.
+        on_update: called after every update with its number (from 1) and its history row
+            (``sample_mean_step_s``: mean simulated or measured step of the batch's on-policy
+            plans that ran; ``sample_best_step_s``: the batch's fastest; ``best_step_time_s``:
+            the best so far...), e.g. to print a learning curve as it is drawn.
     """
     cfg = replace(config or ReinforceConfig(), **overrides)
     if cfg.out_dir is not None:
@@ -301,7 +314,7 @@ def reinforce(
     sampled: dict[str, dict[str, Any]] = {}
     history: dict[str, list[float]] = {k: [] for k in (
         "reward_mean", "reward_max", "best_step_time_s", "best_reward", "entropy", "loss", "lr",
-        "episodes", "elapsed_s")}
+        "episodes", "elapsed_s", "sample_mean_step_s", "sample_ran_frac", "sample_best_step_s")}
 
     warm: dict[str, Any] | None = None  # what the warm start did; None: not yet decided
     if cfg.resume and ckpt_path is not None and ckpt_path.exists():
@@ -381,12 +394,13 @@ def reinforce(
             rank, step, plan, measured = min(ep["outcomes"], key=lambda o: o[0])
             planner = {"name": policy.name, "trainer": "reinforce", "update": update,
                        "seed": cfg.seed}
+            action = [int(x) for x in ep["actions"][-1]] if policy.mode == "oneshot" else None
             for kept in (best, sampled):
                 old = kept.get(key)
                 if old is None or list(rank) < list(old["rank"]):
                     kept[key] = {"rank": list(rank), "step_time_s": step, "reward": -rank[2],
                                  "plan": _plan_text(plan, step, measured, planner),
-                                 "update": update}
+                                 "update": update, "action": action}
 
         # 2. returns-to-go, minus a moving-average baseline per (graph, step)
         returns = np.zeros(len(trans))
@@ -428,6 +442,8 @@ def reinforce(
             log_prob = log_prob - out.hybrid_log_prob * was_forced
             bonus = bonus + cfg.hybrid_entropy_coef * out.hybrid_entropy.mean()
         loss = -(log_prob * adv).mean() - bonus
+        if cfg.self_imitation_coef > 0 and policy.mode == "oneshot":
+            loss = loss - cfg.self_imitation_coef * _best_log_prob(policy, trans, keys, best)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
@@ -443,9 +459,9 @@ def reinforce(
                "best_step_time_s": float(first.get("step_time_s", math.inf)),
                "best_reward": float(first.get("reward", -math.inf)), "entropy": entropy.item(),
                "loss": loss.item(), "lr": lr, "episodes": float(episodes_done),
-               "elapsed_s": elapsed}
+               "elapsed_s": elapsed, **_sample_steps(eps, keys, keys[0])}
         for k, v in row.items():
-            history[k].append(v)
+            history.setdefault(k, []).append(v)  # a resumed older run lacks newer series
         if writer is not None:
             for k in ("reward_mean", "reward_max", "best_step_time_s", "entropy", "loss", "lr"):
                 if math.isfinite(row[k]):
@@ -454,8 +470,11 @@ def reinforce(
         if bar is not None:
             bar.n = int(min(amount, progress()))
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}",
-                            best_ms=f"{row['best_step_time_s'] * 1e3:.3g}", refresh=False)
+                            mean_ms=f"{row['sample_mean_step_s'] * 1e3:.4g}",
+                            best_ms=f"{row['best_step_time_s'] * 1e3:.4g}", refresh=False)
             bar.update(0)  # redraws at most every mininterval
+        if on_update is not None:
+            on_update(update, row)
         if cfg.checkpoint_every and update % cfg.checkpoint_every == 0:
             save_checkpoint(elapsed)
 
@@ -469,6 +488,44 @@ def reinforce(
                      cfg, warm)
     result.sampled_best, result.state = sampled, payload(elapsed)
     return result
+
+
+def _best_log_prob(policy: PlacementPolicy, trans: list[dict[str, Any]], keys: list[str],
+                   best: dict[str, dict[str, Any]]) -> torch.Tensor:
+    """Mean log-probability, under the policy, of the best plan so far of every graph in the
+    batch whose action is known (the self-imitation term; 0 when none is)."""
+    obs, actions = [], []
+    for key in dict.fromkeys(keys[tr["env"]] for tr in trans):
+        action = best.get(key, {}).get("action")
+        if action is not None and not best[key]["rank"][0]:  # never imitate a failed plan
+            obs.append(next(tr["obs"] for tr in trans if keys[tr["env"]] == key))
+            actions.append(action)
+    if not obs:
+        return torch.zeros(())
+    batch = batch_obs(obs)
+    target = torch.as_tensor(actions, dtype=torch.long)
+    latent = policy.imitation_latent(batch, target) or None
+    return policy(batch, target, latent).log_prob.mean()
+
+
+def _sample_steps(eps: list[dict[str, Any]], keys: list[str], key: str) -> dict[str, float]:
+    """The batch's plans of graph ``key`` (the first graph): ``sample_mean_step_s``, the mean
+    step time of the on-policy ones that ran (a forced split is not the policy's choice),
+    ``sample_ran_frac``, the share of on-policy ones that ran (not out of memory or
+    invalid), and ``sample_best_step_s``, the fastest of all; ``inf`` where none ran."""
+    ran, policy_ran, policy_n = [], [], 0
+    for ep in eps:
+        if keys[ep["env"]] != key:
+            continue
+        rank, step = min(ep["outcomes"], key=lambda o: o[0])[:2]
+        policy_n += ep["split"] is None
+        if not rank[0] and math.isfinite(step):
+            ran.append(step)
+            if ep["split"] is None:
+                policy_ran.append(step)
+    return {"sample_mean_step_s": float(np.mean(policy_ran)) if policy_ran else math.inf,
+            "sample_ran_frac": len(policy_ran) / policy_n if policy_n else 0.0,
+            "sample_best_step_s": min(ran, default=math.inf)}
 
 
 def _warm_start(envs, keys, policy, cfg, best) -> dict[str, Any]:
@@ -493,7 +550,8 @@ def _warm_start(envs, keys, policy, cfg, best) -> dict[str, Any]:
         planner = {"name": policy.name, "trainer": "warm-start", "source": target.source,
                    "seed": cfg.seed}
         best[key] = {"rank": list(rank), "step_time_s": step, "reward": -rank[2],
-                     "plan": _plan_text(plan, step, measured, planner), "update": 0}
+                     "plan": _plan_text(plan, step, measured, planner), "update": 0,
+                     "action": [int(x) for x in target.action]}
     return {"done": True, **stats, "targets": {
         key: {"source": t.source, "step_time_s": t.step_time_s,
               "fits": not _outcome(t.info, t.reward)[0][0],

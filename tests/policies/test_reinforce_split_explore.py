@@ -43,13 +43,15 @@ def test_partially_forced_split_is_kept_and_scored():
 
 
 def test_forced_episodes_do_not_train_the_split_head():
-    """With every split forced and no entropy bonus, the split head's logits get no gradient
-    (the placement still learns, conditioned on the forced split)."""
+    """With every split forced, no entropy bonus and no self-imitation (which trains the whole
+    action of the best plan, its split too), the split head's logits get no gradient (the
+    placement still learns, conditioned on the forced split)."""
     envs, policy = _setup("gnn")
     before = [p.detach().clone() for p in policy.hybrid.logits.parameters()]
     placement_before = [p.detach().clone() for p in policy.head.parameters()]
     reinforce(envs, policy, budget=5, batch_size=8, seed=0, progress=False,
-              split_explore=1.0, entropy_coef=0.0, hybrid_entropy_coef=0.0)
+              split_explore=1.0, entropy_coef=0.0, hybrid_entropy_coef=0.0,
+              self_imitation_coef=0.0)
     for a, b in zip(before, policy.hybrid.logits.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
     assert any(not torch.equal(a, b.detach())
