@@ -111,8 +111,9 @@ def run_demo(
                                     on_update=LivePrinter(budget))
         policy_plan = tuned.plan
         history = tuned.history
+        start = tuned.start_samples
         for line in progress_lines(tuned.history, tuned.zero_shot_step_time_s,
-                                   tuned.warm_start):
+                                   tuned.warm_start, start):
             _say(line)
         _say(f"  policy: chosen {tuned.step_time_s * 1e3:.3f} ms ({policy_plan.split()}, "
              f"from the {tuned.plan.planner.get('source')} plan)")
@@ -124,7 +125,7 @@ def run_demo(
                     out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True,
                     force=True)
         policy_plan = res.best_plan
-        history, zero_s = res.history, None
+        history, zero_s, start = res.history, None, None
         for line in progress_lines(res.history, None, res.warm_start):
             _say(line)
     sim_res = simulate(graph, policy_plan, cluster)
@@ -199,7 +200,7 @@ def run_demo(
                   ylabel="simulated step (ms)", title=f"{wl.name} on {cluster.name}")
     heuristic = min((r["sim_step_time_s"] for r in rows if r["plan"] is not None
                      and not r["oom"] and not r["planner"].startswith("policy:")), default=None)
-    plot_learning(history, out / "policy_learning.png", zero_shot_s=zero_s,
+    plot_learning(history, out / "policy_learning.png", zero_shot_s=zero_s, start=start,
                   heuristic_s=heuristic, title=f"policy:{policy} learning on {wl.name}, "
                                                f"{cluster.name} (simulated)")
     print(f"\nplans, reports and plots in {out}/ ({time.perf_counter() - t_start:.0f} s)")
@@ -212,10 +213,15 @@ def _ms(seconds: float) -> str:
 
 def update_line(update: int, row: dict[str, float]) -> str:
     """One update of the policy's training: the simulated step of the plans it sampled
-    (mean of its own choices, fastest of the batch) and the best plan so far."""
-    return (f"  policy: update {update} ({row['elapsed_s']:.0f} s): sampled plans mean "
-            f"{_ms(row.get('sample_mean_step_s', math.inf))}, fastest "
-            f"{_ms(row.get('sample_best_step_s', math.inf))}; best so far "
+    (mean of its own choices that ran and their share, fastest of the batch) and the best
+    plan so far; update 0 is the policy before any training on the graph."""
+    ran = row.get("sample_ran_frac")
+    share = f" ({ran:.0%} ran)" if ran is not None and ran < 1 else ""
+    samples = (f"sampled plans mean {_ms(row.get('sample_mean_step_s', math.inf))}{share}, "
+               f"fastest {_ms(row.get('sample_best_step_s', math.inf))}")
+    if update == 0:
+        return f"  policy: before training on this graph: {samples}"
+    return (f"  policy: update {update} ({row['elapsed_s']:.0f} s): {samples}; best so far "
             f"{_ms(row['best_step_time_s'])}")
 
 
@@ -231,7 +237,7 @@ class LivePrinter:
         self.next_s = 0.0
 
     def __call__(self, update: int, row: dict[str, float]) -> None:
-        due = update == 1 or (row["elapsed_s"] >= self.next_s if self.every_s
+        due = update <= 1 or (row["elapsed_s"] >= self.next_s if self.every_s
                               else update % 25 == 0)
         if due:
             _say(update_line(update, row))
@@ -240,14 +246,17 @@ class LivePrinter:
 
 
 def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
-                   warm: dict[str, Any]) -> list[str]:
-    """How the policy learned: its zero-shot plan (pre-trained), the plan the warm start
-    imitated, then the first update of REINFORCE and the updates at a quarter, half, three
-    quarters and the end (:func:`update_line`; the env's step times: the zero-shot plan's may
-    also have had its shard mode chosen), and how far the sampled plans' mean came down."""
+                   warm: dict[str, Any], start: dict[str, float] | None = None) -> list[str]:
+    """How the policy learned: its zero-shot plan (pre-trained), its sampled plans before
+    training (``start``), the plan the warm start imitated, then the first update of
+    REINFORCE and the updates at a quarter, half, three quarters and the end
+    (:func:`update_line`; the env's step times: the zero-shot plan's may also have had its
+    shard mode chosen), and how far the sampled plans' mean came from the start to the end."""
     lines = []
     if zero_shot_s is not None:
         lines.append(f"  policy: pre-trained zero-shot plan {zero_shot_s * 1e3:.3f} ms")
+    if start:
+        lines.append(update_line(0, start))
     for target in (warm.get("targets") or {}).values():
         lines.append(f"  policy: warm start imitates {target['source']}'s plan, "
                      f"{target['step_time_s'] * 1e3:.3f} ms")
@@ -256,19 +265,22 @@ def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
     for i in sorted({0} | {max(0, (n * k) // 4 - 1) for k in (1, 2, 3, 4)} if n else ()):
         lines.append(update_line(i + 1, {k: v[i] for k, v in history.items() if len(v) == n}))
     means = [m for m in history.get("sample_mean_step_s", []) if math.isfinite(m)]
-    if len(means) >= 2:
-        k = max(1, len(means) // 10)  # a tenth of the updates at each end, averaged
-        first, last = sum(means[:k]) / k, sum(means[-k:]) / k
-        lines.append(f"  policy: sampled plans' mean step {first * 1e3:.1f} -> "
-                     f"{last * 1e3:.1f} ms (first and last tenth of the updates, "
-                     f"{(1 - last / first) * 100:+.1f}% faster)")
+    first = (start or {}).get("sample_mean_step_s", math.inf)
+    if means and math.isfinite(first):
+        k = max(1, len(means) // 10)  # the last tenth of the updates, averaged
+        last = sum(means[-k:]) / k
+        lines.append(f"  policy: sampled plans' mean step {first * 1e3:.1f} ms before training"
+                     f" -> {last * 1e3:.1f} ms over the last tenth of the updates "
+                     f"({(1 - last / first) * 100:+.1f}%)")
     return lines
 
 
 def plot_learning(history: dict[str, list[float]], path: Path, *,
-                  zero_shot_s: float | None, heuristic_s: float | None, title: str) -> None:
+                  zero_shot_s: float | None, heuristic_s: float | None, title: str,
+                  start: dict[str, float] | None = None) -> None:
     """The policy's learning curve: per update, the sampled plans' mean and fastest
-    simulated step and the best so far, against the zero-shot plan and the best baseline."""
+    simulated step and the best so far (update 0: ``start``, the samples before any
+    training), against the zero-shot plan and the best baseline."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -278,17 +290,23 @@ def plot_learning(history: dict[str, list[float]], path: Path, *,
         return [v * 1e3 if math.isfinite(v) else float("nan") for v in values]
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    x = list(range(1, len(history.get("best_step_time_s", [])) + 1))
-    for key, label, style in (("sample_mean_step_s", "sampled plans, mean", "-"),
+    n = len(history.get("best_step_time_s", []))
+    first = 0 if start else 1
+    x = list(range(first, n + 1))
+    for key, label, style in (("sample_mean_step_s", "sampled plans, mean", "o-"),
                               ("sample_best_step_s", "sampled plans, fastest", ":"),
                               ("best_step_time_s", "best so far", "-")):
-        if len(history.get(key, [])) == len(x):
-            ax.plot(x, ms(history[key]), style, label=label)
+        if len(history.get(key, [])) == n:
+            at_start = [start.get("sample_best_step_s" if key == "best_step_time_s" else key,
+                                  math.inf)] if start else []
+            ax.plot(x, ms(at_start + history[key]), style, label=label,
+                    markersize=3 if key == "sample_mean_step_s" else None)
     for value, label, colour in ((zero_shot_s, "pre-trained zero-shot", "grey"),
                                  (heuristic_s, "best baseline", "k")):
         if value is not None and math.isfinite(value):
             ax.axhline(value * 1e3, color=colour, linestyle="--", linewidth=1, label=label)
-    ax.set_xlabel("update (REINFORCE, after the warm start)")
+    ax.set_xlabel("update (0: before training on the graph; 1 on: REINFORCE after the "
+                  "warm start)")
     ax.set_ylabel("simulated step (ms)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)

@@ -286,6 +286,8 @@ class FineTuneResult:
         history: the trainer's per-update series (``best_step_time_s``, ``elapsed_s``...).
         warm_start: what the warm start did.
         elapsed_s: wall time, zero-shot scoring included.
+        start_samples: the pre-trained policy's sampled plans on the graph before any
+            training (``ReinforceResult.start_samples``).
     """
 
     plan: Plan
@@ -294,6 +296,7 @@ class FineTuneResult:
     history: dict[str, list[float]] = field(default_factory=dict)
     warm_start: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    start_samples: dict[str, float] = field(default_factory=dict)
 
 
 def finetune_pretrained(
@@ -370,7 +373,8 @@ def finetune_pretrained(
     planner["search_time_s"] = time.perf_counter() - t0
     return FineTuneResult(plan=_as_plan(plan, step, planner), step_time_s=step,
                           zero_shot_step_time_s=step0, history=result.history,
-                          warm_start=result.warm_start, elapsed_s=planner["search_time_s"])
+                          warm_start=result.warm_start, elapsed_s=planner["search_time_s"],
+                          start_samples=result.start_samples)
 
 
 def pretrained_candidates(graph: OpGraph, cluster: Any, *, finetune_s: float = 0.0,

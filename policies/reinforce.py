@@ -93,6 +93,10 @@ class ReinforceConfig:
     PlacementEnvs; see autoplace.policies.warm_start); that plan starts the best so far"""
     warm_start_steps: int = 300
     """most Adam steps of the warm start (it stops once the greedy plan is the target)"""
+    measure_start: bool = True
+    """a fresh run first samples one batch with the untrained (or pre-trained) policy, before
+    the warm start and without a gradient step, so its learning curve has a start
+    (``ReinforceResult.start_samples``; not counted in the episodes)"""
     self_imitation_coef: float = 0.3
     """oneshot: weight of a behaviour-cloning term on the best plan so far of each graph (the
     warm start's target until REINFORCE samples a faster one; self-imitation, Oh et al. 2018).
@@ -121,6 +125,9 @@ class ReinforceResult:
     ``start`` or the warm start instead)"""
     state: dict[str, Any] = field(default_factory=dict)
     """the trainer state at the end, as the checkpoint holds it (what ``start`` takes)"""
+    start_samples: dict[str, float] = field(default_factory=dict)
+    """``sample_mean_step_s``, ``sample_ran_frac`` and ``sample_best_step_s`` of one batch
+    sampled before any training (``measure_start``); empty for a resumed or continued run"""
 
 
 def parse_budget(budget: str | int) -> tuple[str, float]:
@@ -280,6 +287,7 @@ def reinforce(
             and the best so far carry over; counters, history and budget start at zero,
             and there is no warm start. A resumed run ignores it.
         on_update: called after every update with its number (from 1) and its history row
+            (and, with ``measure_start``, with 0 and the samples before any training)
             (``sample_mean_step_s``: mean simulated or measured step of the batch's on-policy
             plans that ran; ``sample_best_step_s``: the batch's fastest; ``best_step_time_s``:
             the best so far...), e.g. to print a learning curve as it is drawn.
@@ -361,6 +369,15 @@ def reinforce(
             ckpt.save(ckpt_path, payload(elapsed_s))
 
     t0 = time.perf_counter()
+    start_samples: dict[str, float] = {}
+    if warm is None and cfg.measure_start:  # a fresh run: the policy before any training
+        policy.eval()
+        _, eps = _rollout(envs, policy, -cfg.batch_size, cfg.batch_size, cfg.seed,
+                          torch.Generator().manual_seed(cfg.seed + 1))
+        start_samples = _sample_steps(eps, keys, keys[0])
+        if on_update is not None:
+            on_update(0, {**start_samples, "elapsed_s": elapsed_s(),
+                          "best_step_time_s": start_samples["sample_best_step_s"]})
     if warm is None:
         warm = _warm_start(envs, keys, policy, cfg, best)
         if warm["done"]:  # a run killed from here on resumes without redoing it
@@ -487,6 +504,7 @@ def reinforce(
     result = _result(best, keys, history, update, episodes_done, elapsed, ckpt_path, out_dir,
                      cfg, warm)
     result.sampled_best, result.state = sampled, payload(elapsed)
+    result.start_samples = start_samples
     return result
 
 
