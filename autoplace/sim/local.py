@@ -33,6 +33,7 @@ from autoplace.plan import Plan
 from autoplace.sim.fsdp import FsdpStreams
 from autoplace.sim.memory import Peak, cast_copy_bytes, replica_events, timeline_peak
 from autoplace.sim.model import (
+    BUCKET_BYTES,
     CostTables,
     Event,
     GraphArrays,
@@ -485,8 +486,8 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     activations again while its backward runs, the larger of that and the op's output
     gradient being the transient. The output op keeps what the loss saves
     (``GraphArrays.loss_keep``), its workspace beyond that being its transient.
-    Gradients are made by the backward where :func:`made_by_backward` says so (else
-    ``state_memory`` counts them)."""
+    Gradients are made by the backward, whole or as their shard
+    (:func:`made_grad_share`; the rest ``state_memory`` counts)."""
     group = np.asarray(lp.group)
     rc_op = recomputed_ops(ga, lp.group, lp.recompute, lp.selective)
     kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep
@@ -498,17 +499,32 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     has_rc[group[rc_op]] = True
     fwd_out = ga.out_bytes - ga.loss_keep
     back = np.maximum(fwd_out, np.where(has_rc[group], gact[group], 0.0))
-    grad = ga.param_bytes if made_by_backward(lp) else np.zeros(ga.n)
+    grad = ga.param_bytes * made_grad_share(lp, plan)
     shared = shared_save_bytes(ga, np.asarray(lp.dev), ~rc_op, lp.k)
-    return {"kept": kept, "back": back, "fwd_out": fwd_out, "grad": grad, "shared": shared}
+    once = None
+    if lp.d > 1 and lp.shard != "none":
+        # a unit's reduce-scatter, after its backward (its first op's): its unsharded
+        # gradients at the gather dtype and their fp32 copy FSDP2 reduces
+        fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units)
+        unit = np.asarray(fu.unit_of)
+        once = np.zeros(ga.n)
+        for u, b in enumerate(fu.unit_bytes):
+            once[int(np.argmax(unit == u))] = b * (1.0 + ga.gather_scale)
+    return {"kept": kept, "back": back, "fwd_out": fwd_out, "grad": grad, "shared": shared,
+            "once": once}
 
 
-def made_by_backward(lp: LocalPlan) -> bool:
-    """True where each ``.grad`` is allocated by the backward that makes it, after
-    ``zero_grad(set_to_none=True)`` freed the last: not under FSDP2 or ZeRO-2 (sharded
-    gradients), nor under DDP (``gradient_as_bucket_view=True``: the gradients are views
-    of its buckets, which live from its construction)."""
-    return lp.d == 1 or (lp.shard == "none" and lp.k > 1)
+def made_grad_share(lp: LocalPlan, plan: Plan) -> float:
+    """Share of its parameters' bytes an op's first backward allocates as gradient, after
+    ``zero_grad(set_to_none=True)`` freed the last: all of them in one process; the shard
+    (``1 / shard_degree``) under FSDP2 and ZeRO-2, made by each unit's reduce-scatter;
+    none under DDP (``gradient_as_bucket_view=True``: the gradients are views of its
+    buckets, which live from its construction) or offloaded (the shards go to the host)."""
+    if plan.parallel.offload:
+        return 0.0
+    if lp.d > 1 and lp.shard != "none":
+        return 1.0 / shard_degree(plan)
+    return 1.0 if lp.d == 1 or lp.k > 1 else 0.0
 
 
 def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
@@ -535,8 +551,9 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
         mem = state_memory(pb[j], shard_degree(plan), lp.shard, max_unit[j], ga.gather_scale,
                            replica_devices=k, root_bytes=root[j])
         mem.params += cast[j]
-        if made_by_backward(lp):  # counted as the backward makes them (ops' ``grad``)
-            mem.grads -= pb[j]
+        mem.grads -= pb[j] * made_grad_share(lp, plan)  # the ops' ``grad`` events count it
+        if sharded:  # the unsharded gradients: each unit's reduce-scatter (op_memory)
+            mem.grads -= min(float(BUCKET_BYTES), pb[j])
         if plan.parallel.graphs:
             mem.grads += graphed_grad_bytes(pb[j], m)
         out.append(mem)
@@ -555,7 +572,7 @@ def local_memory(ga, lp: LocalPlan, plan: Plan, order: list[int] | None = None
     per = op_memory(ga, lp, plan)
     events = replica_events(ga.n, np.asarray(lp.dev)[None, :], np.asarray(order)[None, :],
                             per["kept"], per["back"], per["fwd_out"], per["grad"],
-                            np.array([1.0 / (lp.m * lp.d)]))
+                            np.array([1.0 / (lp.m * lp.d)]), per["once"])
     return with_peak(static_memory(ga, lp, plan), timeline_peak(*events, lp.k), per["shared"])
 
 

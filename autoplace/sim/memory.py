@@ -90,8 +90,8 @@ def timeline_peak(dev: np.ndarray, delta: np.ndarray, grad: np.ndarray, hold: np
 
 
 def replica_events(n: int, dev: np.ndarray, order: np.ndarray, kept: np.ndarray,
-                   back: np.ndarray, fwd_out: np.ndarray, grad: np.ndarray, share: np.ndarray
-                   ) -> tuple[np.ndarray, ...]:
+                   back: np.ndarray, fwd_out: np.ndarray, grad: np.ndarray, share: np.ndarray,
+                   once: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Events ``(dev, delta, grad, hold, trans)`` ``[P, 2L]`` of one-process replicas: the
     forward of items ``order`` ``[P, L]`` (``microbatch * n + op``) in issue order, then
     their backward in the reverse order.
@@ -100,7 +100,9 @@ def replica_events(n: int, dev: np.ndarray, order: np.ndarray, kept: np.ndarray,
     ``back`` its transient in backward (its output's gradient; a recomputed block's
     activations), ``fwd_out`` its transient in forward (its output; the loss's workspace),
     ``grad`` the gradient bytes its first backward makes (0 where they are counted
-    statically). ``share`` ``[P]``: each item's share of the batch (``1 / (m d)``)."""
+    statically), ``once`` a transient at that first backward, whole (a sharded unit's
+    reduce-scatter buffers), the larger of it and ``back`` counting. ``share`` ``[P]``:
+    each item's share of the batch (``1 / (m d)``)."""
     order = np.atleast_2d(order)
     num, length = order.shape
     op = order % n
@@ -117,23 +119,28 @@ def replica_events(n: int, dev: np.ndarray, order: np.ndarray, kept: np.ndarray,
     last = np.zeros((num, n), dtype=np.int64)
     np.maximum.at(last, (np.broadcast_to(rows, op.shape), op),
                   np.broadcast_to(np.arange(length), op.shape))
-    g = np.where(np.take_along_axis(last, op, 1) == np.arange(length), per_item(grad), 0.0)
+    first = np.take_along_axis(last, op, 1) == np.arange(length)
+    g = np.where(first, per_item(grad), 0.0)
+    tb = per_item(back) * sh
+    if once is not None:
+        tb = np.maximum(tb, np.where(first, per_item(once), 0.0))
     zero = np.zeros_like(a)
     rev = slice(None, None, -1)
     return (np.concatenate([d, d[:, rev]], 1),
             np.concatenate([a, -a[:, rev]], 1),
             np.concatenate([zero, g[:, rev]], 1),
             np.concatenate([zero, a[:, rev]], 1),
-            np.concatenate([per_item(fwd_out) * sh, (per_item(back) * sh)[:, rev]], 1))
+            np.concatenate([per_item(fwd_out) * sh, tb[:, rev]], 1))
 
 
 def stage_events(stage: np.ndarray, schedule: str, p: int, m: int, kept: np.ndarray,
                  back: np.ndarray, fwd_out: np.ndarray, grad: np.ndarray, share: float,
-                 sent: list[float], outputs: np.ndarray) -> tuple[np.ndarray, ...]:
+                 sent: list[float], outputs: np.ndarray, once: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, ...]:
     """Events ``(dev, delta, grad, hold, trans)`` ``[1, E]`` of one replica's pipeline
     stages: per stage its schedule's actions (:func:`autoplace.lowering.pipeline_actions`),
     an ``F`` its ops in order, a ``B`` in reverse. Beyond the ops (``kept``, ``back``,
-    ``fwd_out``, ``grad`` as in :func:`replica_events`): a stage keeps each microbatch's
+    ``fwd_out``, ``grad``, ``once`` as in :func:`replica_events`): a stage keeps each microbatch's
     output sent on (``sent[s]`` bytes of the whole batch) until that microbatch's backward,
     and the last stage every microbatch's model output (``outputs``: per op, the bytes of
     the values the graph's output reads; ``PipelineStage`` merges them when the step
@@ -155,8 +162,10 @@ def stage_events(stage: np.ndarray, schedule: str, p: int, m: int, kept: np.ndar
                     add(s, sent[s] * share, 0.0, 0.0, 0.0)
             else:
                 for i in ops[::-1]:
-                    add(s, -kept[i] * share, 0.0 if made else grad[i], kept[i] * share,
-                        back[i] * share)
+                    t = back[i] * share
+                    if once is not None and not made:
+                        t = max(t, float(once[i]))
+                    add(s, -kept[i] * share, 0.0 if made else grad[i], kept[i] * share, t)
                 made = True
                 if s < p - 1:
                     add(s, -sent[s] * share, 0.0, 0.0, sent[s] * share)

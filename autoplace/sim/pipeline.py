@@ -213,5 +213,5 @@ def stage_memory(ga, lp, plan: Plan) -> list[MemoryModel]:
             outputs[ga.preds[v]] = ga.out_bytes[ga.preds[v]]
     events = stage_events(np.asarray(lp.dev), plan.parallel.schedule, p, lp.m, per["kept"],
                           per["back"], per["fwd_out"], per["grad"], 1.0 / (lp.m * lp.d),
-                          cut_bytes(ga, lp.dev, p), outputs)
+                          cut_bytes(ga, lp.dev, p), outputs, per["once"])
     return with_peak(static_memory(ga, lp, plan), timeline_peak(*events, p), per["shared"])

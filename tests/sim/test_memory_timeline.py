@@ -25,7 +25,8 @@ def _cluster(n: int = 2) -> Cluster:
 def _chain(n: int, param: int, act: int, logits: int = 0) -> OpGraph:
     """``n`` Linear ops; with ``logits`` > 0 the last one's bf16 output (``logits`` bytes)
     goes to an output op whose loss keeps a float32 copy of it (twice the bytes)."""
-    nodes = [OpNode(name=f"op{i}", kind="Linear", module_path=f"l.{i}",
+    nodes = [OpNode(name=f"op{i}", kind="Linear", module_path=f"blocks.{i}",
+                    target=f"blocks.{i}", param_names=(f"blocks.{i}.weight",),
                     output_bytes=logits if logits and i == n - 1 else MiB, param_bytes=param,
                     activation_bytes=act, output_shapes=((logits // 2,),) if logits else (),
                     output_dtypes=("bfloat16",) if logits else (),
@@ -95,3 +96,18 @@ def test_ddp_gradients_live_in_its_buckets():
     b = simulate(g, ddp, _cluster()).memory_breakdown[0]
     assert b["grads"] == 2 * 16 * MiB
     assert b["activations"] == pytest.approx(4 * MiB / 2)
+
+
+def test_fsdp2_gradient_shards_come_unit_by_unit():
+    """FSDP2 on 2 ranks, one unit per 8 MiB op: each unit's reduce-scatter makes its 4 MiB
+    shard (set_to_none) and holds the unit's unsharded gradient and the copy it reduces
+    (no autocast: 2 x 8 MiB) while it runs. Small activations: the peak is the last unit's
+    reduce-scatter, every shard made; large ones: the first, one shard made."""
+    light = _chain(8, param=8 * MiB, act=MiB)
+    plan = Plan.single(light).with_parallel(data=2, shard="fsdp")
+    b = simulate(light, plan, _cluster()).memory_breakdown[0]
+    assert b["params"] == 32 * MiB + 2 * 8 * MiB  # the shard, two units gathered
+    assert b["grads"] == 32 * MiB and b["transient"] == 16 * MiB
+    heavy = _chain(8, param=8 * MiB, act=16 * MiB)
+    b = simulate(heavy, plan, _cluster()).memory_breakdown[0]
+    assert b["grads"] == 4 * MiB and b["activations"] == 64 * MiB
