@@ -179,10 +179,16 @@ def cast_copy_bytes(ga, dev: np.ndarray, size: int) -> np.ndarray:
     The executor runs a step's forward and backward in one autocast region with its cast
     cache on, so each weight autocast casts (matmuls, convolutions, recurrent layers: the
     ``saved`` kinds) keeps a bf16 / fp16 copy from its first use to the end of the
-    backward; without autocast there are none. ``dev``: ``[n]`` or ``[P, n]`` cell of
-    every op."""
-    low = ga.gather_scale if ga.gather_scale < 1.0 else 0.0
-    w = np.where(ga.saved, ga.param_bytes, 0.0) * low
+    backward (an exported graph's weight ops count where a matmul reads them); without
+    autocast there are none. ``dev``: ``[n]`` or ``[P, n]`` cell of every op."""
+    low = ga.cast_scale
+    # an exported graph's weights are ops of their own ("param", no inputs) that the
+    # matmul reads
+    fed = np.zeros(ga.n, dtype=bool)
+    fed[ga.edge_src[ga.saved[ga.edge_dst]]] = True
+    has_input = np.zeros(ga.n, dtype=bool)
+    has_input[ga.edge_dst] = True
+    w = np.where(ga.saved | (fed & ~has_input), ga.param_bytes, 0.0) * low
     dev = np.atleast_2d(dev)
     return np.bincount(dev.reshape(-1), weights=np.broadcast_to(w, dev.shape).reshape(-1),
                        minlength=size)[:size]

@@ -75,6 +75,7 @@ class GraphArrays:
     block_key: list[str]  # FSDP2 unit per op, shard_units="blocks" (lowering.fsdp_unit_keys)
     module_key: list[str]  # the same for shard_units="modules"
     gather_scale: float = 1.0  # FSDP2 gathers parameters at autocast's dtype: 0.5 of fp32
+    cast_scale: float = 0.0  # autocast's weight copies: 0.5 of fp32 under bf16 / fp16
 
 
 def graph_arrays(graph: OpGraph) -> GraphArrays:
@@ -120,6 +121,8 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         module_key=fsdp_unit_keys(graph, "modules"),
         # FSDP2 gathers at the autocast dtype; an exported graph's parameters as they are
         gather_scale=0.5 if gather_dtype(graph) in ("bfloat16", "float16") else 1.0,
+        cast_scale=0.5 if getattr(graph, "autocast_dtype", None) in ("bfloat16", "float16")
+        else 0.0,
     )
     graph.__dict__["_sim_arrays"] = arrays
     return arrays

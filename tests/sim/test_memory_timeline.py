@@ -111,3 +111,22 @@ def test_fsdp2_gradient_shards_come_unit_by_unit():
     heavy = _chain(8, param=8 * MiB, act=16 * MiB)
     b = simulate(heavy, plan, _cluster()).memory_breakdown[0]
     assert b["grads"] == 4 * MiB and b["activations"] == 64 * MiB
+
+
+@pytest.mark.parametrize("autocast", [None, "bfloat16"])
+def test_exported_weights_read_by_a_matmul_are_cast(autocast):
+    """An exported graph's weight is an op of its own that the matmul reads: under bf16
+    autocast it keeps a half-size copy like a module's weight; a weight read by an
+    elementwise op (a norm's scale) is not cast."""
+    def node(name, kind, **kw):
+        return OpNode(name=name, kind=kind, fwd_time_s={"cpu": 1e-3}, bwd_time_s={"cpu": 1e-3},
+                      output_bytes=MiB, **kw)
+
+    nodes = [node("x", "input"), node("w", "param", param_bytes=8 * MiB),
+             node("s", "param", param_bytes=2 * MiB), node("mm", "mm", activation_bytes=MiB),
+             node("mul", "mul", activation_bytes=MiB)]
+    g = OpGraph("exported", nodes, [("x", "mm", MiB), ("w", "mm", 8 * MiB),
+                                    ("mm", "mul", MiB), ("s", "mul", 2 * MiB)])
+    g.autocast_dtype = autocast
+    b = simulate(g, Plan.single(g), _cluster(1)).memory_breakdown[0]
+    assert b["params"] == 10 * MiB + (4 * MiB if autocast else 0)
