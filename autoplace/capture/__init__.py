@@ -21,13 +21,15 @@ device captures in seconds) under ``torch.utils.flop_counter.FlopCounterMode``.
 Per-kind rules (activation bytes kept for backward, FLOPs the counter misses)
 live in :mod:`autoplace.capture.op_rules`.
 
-``autocast_dtype`` (``"bfloat16"``): the fake run happens under
-``torch.autocast("cpu", dtype)``, so every op's output dtype, and hence every
-output / edge / activation byte count, is what autocast produces: matmul, linear,
-conv, attention and RNN outputs in the low dtype, elementwise ops following their
-inputs, reductions and normalisations as autocast's fp32 list says. The inputs a
-matmul-like op keeps for backward are counted at the low dtype too (autocast
-keeps the cast copy). CPU and CUDA autocast lists differ in a few ops.
+``autocast_dtype`` (``"bfloat16"``): the fake run happens under the GPUs' autocast
+policy (``torch.autocast("cpu", dtype)`` with
+:class:`~autoplace.capture.gpu_autocast.GpuAutocastPolicy` below it, which runs the ops
+CUDA autocast keeps in float32, ``pow``, ``exp``, norms, ``softmax``, ``sum``, on
+float32 inputs), so every op's output dtype, and hence every output / edge / activation
+byte count, is what autocast produces on a GPU: matmul, linear, conv, attention and RNN
+outputs in the low dtype, the float32 list in float32, elementwise ops following their
+inputs by type promotion. The inputs a matmul-like op keeps for backward are counted at
+the low dtype too (autocast keeps the cast copy).
 """
 
 from __future__ import annotations

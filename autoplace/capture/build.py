@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from autoplace.capture import op_rules as rules
+from autoplace.capture.gpu_autocast import GpuAutocastPolicy
 from autoplace.capture.program import devices_as, fetch_attr
 from autoplace.capture.tracing import _describe, _quiet
 from autoplace.graph import OpGraph, OpNode
@@ -85,10 +86,11 @@ def _propagate(gm: fx.GraphModule, args: tuple, autocast_dtype: str | None):
     counter = FlopCounterMode(display=False)
     prop = _Prop(gm, counter)
     runner = InterpreterRunner(gm, prop)
-    cast = (torch.autocast("cpu", dtype=getattr(torch, autocast_dtype)) if autocast_dtype
-            else contextlib.nullcontext())
+    low = getattr(torch, autocast_dtype) if autocast_dtype else None
+    cast = torch.autocast("cpu", dtype=low) if low else contextlib.nullcontext()
+    policy = GpuAutocastPolicy(low) if low else contextlib.nullcontext()
     try:
-        with _quiet(), mode, counter, cast:
+        with _quiet(), mode, counter, cast, policy:
             torch.func.functional_call(runner, {f"gm.{k}": v for k, v in tensors.items()},
                                        tuple(flat_args), strict=False, tie_weights=True)
     except _PropagationError:
@@ -199,6 +201,7 @@ def _build(gm: fx.GraphModule, args: tuple, name: str, autocast_dtype: str | Non
             else saved.record(ctx)
         if flops == 0.0 and n.op not in ("placeholder", "get_attr", "output"):
             flops = rules.fallback_flops(ctx)
+        flops *= rules.work_fraction(ctx)
         op = OpNode(
             name=n.name,
             kind=kind,

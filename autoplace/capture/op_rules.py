@@ -10,7 +10,10 @@ FLOPs: a multiply-add is 2. Counted FLOPs (matmul, conv, attention) come from
 * Conv: ``2 * numel(out) * Cin/groups * prod(kernel)``
 * LSTM / GRU / RNN: ``2 * T * B * (numel(W_ih) + numel(W_hh))`` summed over layers and
   directions (gates of every step)
-* scaled-dot-product attention: ``2 * numel(q) * S + 2 * numel(out) * S``
+* scaled-dot-product attention: ``2 * numel(q) * S + 2 * numel(out) * S``; a causal one
+  (``is_causal=True``, no mask) half of it, counted or not: its kernels skip the masked
+  half of the scores, which the counter ignores (an explicit mask, as Hugging Face
+  models pass, is computed whole)
 * Embedding and data movement (views, cat, copies, factories): 0
 * anything else: ``numel(out) * per-element factor`` (1, or :data:`ELEMENT_FLOPS`)
 
@@ -21,7 +24,9 @@ Activation bytes (what autograd keeps for backward; a per-kind estimate):
   dtype when one is given: autocast keeps the cast copy)
 * ``relu``, ``sigmoid``, ``tanh``, softmax: the output
 * normalisation, ``mul``/``div``, pooling, and activations whose derivative reads the
-  input (``gelu``, ``silu``, ``leaky_relu``...): the inputs
+  input (``gelu``, ``silu``, ``leaky_relu``...): the inputs (under autocast, an op on
+  the GPUs' float32 list keeps float32 copies of them); ``mul``/``div`` by a number:
+  nothing
 * Embedding: the indices; dropout: a one-byte mask per element
 * LSTM / GRU / RNN: the input plus, per layer and direction and step, the gates and
   the cell / hidden state (``T * B * (G + 2) * H`` elements, G = 4 / 3 / 1)
@@ -36,6 +41,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from autoplace.capture.gpu_autocast import GPU_FP32_OPS
 
 VIEW_KINDS = frozenset({
     "getitem", "getattr", "size", "dim", "numel", "view", "reshape", "permute", "transpose",
@@ -62,6 +69,8 @@ NO_SAVE_KINDS = frozenset({
     "le", "gt", "ge", "and_", "__and__", "or_", "__or__", "invert", "logical_not", "tril",
     "triu", "mean", "sum", "diff",
 })
+#: products and quotients: by a Python number they keep nothing for backward
+_SCALED_KINDS = frozenset({"mul", "imul", "div", "truediv", "itruediv"})
 ZERO_FLOP_KINDS = VIEW_KINDS | {
     "Embedding", "embedding", "EmbeddingBag", "Dropout", "dropout", "native_dropout",
 }
@@ -196,6 +205,24 @@ def fallback_flops(ctx: OpContext) -> float:
     return float(_numel(out) * ELEMENT_FLOPS.get(kind, 1))
 
 
+def work_fraction(ctx: OpContext) -> float:
+    """The share of an op's FLOPs its kernels do: 0.5 for causal attention without a mask
+    (flash and memory-efficient kernels skip the masked half of the scores), else 1."""
+    if _base(ctx.kind) not in ATTENTION_KINDS or ctx.submod is not None:
+        return 1.0
+    a, kw = ctx.args, ctx.kwargs or {}
+    mask = kw.get("attn_mask", a[3] if len(a) > 3 else None)
+    causal = kw.get("is_causal", a[5] if len(a) > 5 else False)
+    return 0.5 if causal is True and mask is None else 1.0
+
+
+def _by_a_number(ctx: OpContext) -> bool:
+    """Whether a product or quotient has one tensor operand (``0.5 * x``, ``x / 8.0``), the
+    tensor first where it divides."""
+    tensors = [isinstance(a, torch.Tensor) for a in ctx.args[:2]]
+    return tensors.count(True) == 1 and (_base(ctx.kind) in ("mul", "imul") or tensors[0])
+
+
 def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], int]:
     """What autograd keeps for this op's backward (see module docstring): ``(tensors,
     fresh bytes)``. ``tensors`` are ``(tensor, itemsize)`` pairs, the tensor itself when
@@ -225,8 +252,12 @@ def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], 
         return own(ins[:1]), len(pairs) * tb * (gates + 2) * hidden * itemsize
     if base in SAVE_OUTPUT_KINDS:
         return own(out[:1]), 0
+    if base in _SCALED_KINDS and _by_a_number(ctx):
+        return [], 0  # autograd keeps the number, not the tensor
     if base in SAVE_INPUT_KINDS:
-        return own(ins), 0
+        # the GPUs' autocast runs its float32 list on float32 copies, and keeps those
+        up = 4 if ctx.low_itemsize and base in GPU_FP32_OPS else None
+        return own(ins, up), 0
     if base in ("Embedding", "embedding", "EmbeddingBag"):
         return own([t for t in ins if not t.is_floating_point()]), 0
     if base in ("Dropout", "dropout", "native_dropout", "Dropout1d", "Dropout2d"):

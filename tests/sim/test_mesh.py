@@ -52,7 +52,9 @@ def test_levers_move_time_and_memory_the_right_way(graph, cluster):
     none = estimate_config(t, _cfg(ac_of_block=("none",) * 4), cluster)
     full = estimate_config(t, _cfg(ac_of_block=("full",) * 4), cluster)
     assert full.peak_memory_bytes < none.peak_memory_bytes
-    assert full.step_time_s > none.step_time_s
+    # recompute adds compute; this step is bound by FSDP's exposed collectives, which hide it
+    assert full.breakdown_s["pipeline_compute"] > none.breakdown_s["pipeline_compute"]
+    assert full.step_time_s >= none.step_time_s * (1 - 1e-9)
     tp = estimate_config(t, _cfg(tensor=4), cluster)
     assert tp.peak_memory_bytes < none.peak_memory_bytes
     assert tp.breakdown_s["tp_per_microbatch"] > 0 == none.breakdown_s["tp_per_microbatch"]
