@@ -40,6 +40,13 @@ __all__ = ["OpNode", "OpGraph", "random_dag", "PYG_FEATURES"]
 
 GRAPH_FORMAT = "autoplace.graph/1"
 
+#: a profiled block's numbers a graph file keeps (``autoplace.executor.profile_block``):
+#: the compiled fused ops' factor, checkpointing's host seconds per op and the device share
+#: left under CUDA graphs, and the part of ``profile_info[kind]`` each belongs to
+BLOCK_PROFILE_KEYS = {"fused_time": "compiled", "full_host_s": "recompute",
+                      "selective_host_s": "recompute", "compiled_full_host_s": "recompute",
+                      "device_share": "graphs"}
+
 
 @dataclass(kw_only=True)
 class OpNode:
@@ -303,11 +310,11 @@ class OpGraph:
             out["autocast_dtype"] = self.autocast_dtype
         if self.capture_method:
             out["capture_method"] = self.capture_method
-        fused = {kind: info["compiled"]["fused_time"] for kind, info in
-                 (getattr(self, "profile_info", None) or {}).items()
-                 if isinstance(info.get("compiled"), dict) and "fused_time" in info["compiled"]}
-        if fused:  # a profiled compiled block (autoplace.executor.profile_compiled)
-            out["compiled_fused_time"] = fused
+        block = {kind: {k: info[part][k] for k, part in BLOCK_PROFILE_KEYS.items()
+                        if isinstance(info.get(part), dict) and k in info[part]}
+                 for kind, info in (getattr(self, "profile_info", None) or {}).items()}
+        if any(block.values()):  # a profiled block (autoplace.executor.profile_block)
+            out["block_profile"] = {k: v for k, v in block.items() if v}
         return out
 
     @classmethod
@@ -331,16 +338,23 @@ class OpGraph:
             graph.autocast_dtype = data["autocast_dtype"]
         if data.get("capture_method") in ("fx", "export"):
             graph.capture_method = data["capture_method"]
-        fused = data.get("compiled_fused_time")
-        if fused is not None:
-            if not isinstance(fused, dict) or not all(
-                    isinstance(k, str) and isinstance(f, (int, float))
-                    and not isinstance(f, bool) and math.isfinite(f) and f > 0
-                    for k, f in fused.items()):
-                raise AutoplaceError("OpGraph file is malformed: \"compiled_fused_time\" must "
-                                     "map device kinds to positive numbers")
-            graph.profile_info = {k: {"compiled": {"fused_time": float(f)}}
-                                  for k, f in fused.items()}
+        block = data.get("block_profile")
+        if block is not None:
+            if not isinstance(block, dict) or not all(
+                    isinstance(k, str) and isinstance(v, dict) and all(
+                        f in BLOCK_PROFILE_KEYS and isinstance(x, (int, float))
+                        and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                        and (f != "fused_time" or x > 0) for f, x in v.items())
+                    for k, v in block.items()):
+                raise AutoplaceError(
+                    "OpGraph file is malformed: \"block_profile\" must map device kinds to "
+                    f"objects of non-negative numbers named {', '.join(BLOCK_PROFILE_KEYS)}")
+            info: dict[str, dict[str, dict[str, float]]] = {}
+            for kind, v in block.items():
+                for f, x in v.items():
+                    info.setdefault(kind, {}).setdefault(BLOCK_PROFILE_KEYS[f], {})[f] = \
+                        float(x)
+            graph.profile_info = info
         return graph
 
     def save(self, path: str | Path) -> None:

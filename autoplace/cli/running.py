@@ -79,9 +79,9 @@ class ProfileConfig(ModelArgs, ClusterArgs):
                                            "collective speeds here (for --cluster; an existing "
                                            "file at the default path is kept unless --force)",
                            out="file", guard=True, when="links")
-    compiled: bool = opt(True, "on a GPU, also time the model's first block compiled "
-                               "(torch.compile) against eager: the simulator's price of "
-                               "compiled plans on this machine")
+    block: bool = opt(True, "on a GPU, also time the model's first block compiled "
+                            "(torch.compile) and recomputed (checkpointed) against eager: "
+                            "the simulator's price of those levers on this machine")
     force: bool = opt(False, "replace existing files at the default output paths")
 
 
@@ -206,17 +206,13 @@ def cmd_profile(cfg: ProfileConfig) -> int:
     wl = build_model(cfg)
     device = cluster.devices[0].name
     graph = profile(wl, [device], repeats=cfg.repeats, cache_dir=cfg.cache_dir)
-    if cfg.compiled and device.startswith("cuda"):
-        from autoplace.executor.profile_compiled import profile_compiled
+    if cfg.block and device.startswith("cuda"):
+        from autoplace.executor.profile_block import describe, profile_block
 
-        rec = profile_compiled(graph, wl.example_inputs(graph.batch_size, "cpu"), device,
-                               autocast_dtype=wl.autocast_dtype, repeats=cfg.repeats,
-                               cache_dir=cfg.cache_dir)
-        print("compiled block: " + (
-            "none (no repeated blocks, or its compile failed)" if rec is None else
-            f"{rec['block_ops']} ops, {rec['eager_s'] * 1e3:.3f} ms eager, "
-            f"{rec['compiled_s'] * 1e3:.3f} ms compiled (fused ops at "
-            f"{rec['fused_time']:.2f}x eager; compiled in {rec['compile_s']:.1f} s)"))
+        rec = profile_block(graph, wl.example_inputs(graph.batch_size, "cpu"), device,
+                            autocast_dtype=wl.autocast_dtype, repeats=cfg.repeats,
+                            cache_dir=cfg.cache_dir)
+        print(f"first block: {describe(rec)}")
     graph.save(cfg.out)
     print(f"profiled {len(graph)} ops on {device} -> {cfg.out}")
     if cfg.links and cluster.num_devices > 1:

@@ -12,7 +12,7 @@ from typing import Any
 from autoplace.files import write_json_atomic
 from autoplace.graph import OpGraph
 
-__all__ = ["PROFILE_FORMAT", "apply_cached", "record_compiled"]
+__all__ = ["PROFILE_FORMAT", "apply_cached", "record_block"]
 
 PROFILE_FORMAT = "autoplace.profile/1"
 
@@ -47,7 +47,7 @@ def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
     info = dict(getattr(graph, "profile_info", None) or {})
     info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version",
                                          "fixed_parts", "batch_size", "small_batch", "share",
-                                         "small_calibration", "compiled")
+                                         "small_calibration", "compiled", "recompute", "graphs")
                   if k in cached}
     info[kind].setdefault("fixed_parts", "absent: the profile record predates them")
     graph.profile_info = info
@@ -100,25 +100,37 @@ def _valid_record(data: Any, graph: OpGraph) -> bool:
             and all(data.get(k) is None or times(data[k], False) for k in (
                 "fwd_fixed_s", "bwd_fixed_s", "fwd_host_s", "bwd_host_s", "fwd_host_fixed_s",
                 "bwd_host_fixed_s"))
-            and (data.get("compiled") is None or _valid_compiled(data["compiled"])))
+            and all(data.get(k) is None or _valid_block(data[k], BLOCK_KEYS[k])
+                    for k in BLOCK_KEYS))
 
 
-def _valid_compiled(rec: Any) -> bool:
-    """A compiled-block measurement (``autoplace.executor.profile_compiled``): a positive
-    finite ``fused_time`` is what the simulator reads."""
-    f = rec.get("fused_time") if isinstance(rec, dict) else None
-    return isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) \
-        and f > 0
+#: a block measurement's parts (``autoplace.executor.profile_block``) and the numbers in
+#: each that the simulator reads
+BLOCK_KEYS = {"compiled": ("fused_time",), "recompute": ("full_host_s", "selective_host_s"),
+              "graphs": ("device_share",)}
 
 
-def record_compiled(cache_dir: str | Path, graph: OpGraph, kind: str,
-                    compiled: dict[str, Any]) -> bool:
-    """Add a compiled-block measurement to ``graph``'s cached profile record for ``kind``
-    (written atomically); False when there is no record to add it to."""
+def _valid_block(rec: Any, keys: Sequence[str]) -> bool:
+    """Whether a block measurement has the numbers the simulator reads, finite and >= 0
+    (a compiled factor > 0)."""
+    return isinstance(rec, dict) and all(
+        isinstance(rec.get(k), (int, float)) and not isinstance(rec.get(k), bool)
+        and math.isfinite(rec[k]) and rec[k] >= 0 and (k != "fused_time" or rec[k] > 0)
+        for k in keys)
+
+
+def record_block(cache_dir: str | Path, graph: OpGraph, kind: str,
+                 parts: dict[str, Any]) -> bool:
+    """Add a block measurement's parts (``compiled``, ``recompute``, ``graphs``; None: not
+    measured)
+    to ``graph``'s cached profile record for ``kind`` (written atomically); False when
+    there is no record to add them to or a part is malformed."""
     data = _load(cache_dir, graph, kind)
-    if data is None or not _valid_compiled(compiled):
+    parts = {k: v for k, v in parts.items() if v is not None}
+    if data is None or not all(k in BLOCK_KEYS and _valid_block(v, BLOCK_KEYS[k])
+                               for k, v in parts.items()):
         return False
-    _save(cache_dir, graph, kind, {**data, "compiled": compiled})
+    _save(cache_dir, graph, kind, {**data, **parts})
     return True
 
 

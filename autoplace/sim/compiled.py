@@ -34,7 +34,8 @@ from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 from autoplace.sim.model import CostTables, GraphArrays
 
-__all__ = ["COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "fused_times"]
+__all__ = ["COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "filled_host",
+           "fused_times"]
 
 #: device and host time of a fused (non-matmul) op in a compiled piece over its eager time
 COMPILED_FUSED_TIME = 0.55
@@ -43,7 +44,7 @@ COMPILED_FUSED_TIME = 0.55
 def fused_times(graph: OpGraph, kinds: list[str]) -> np.ndarray:
     """Per device kind, the fused ops' factor: measured on the machine where the graph's
     profile has a compiled block (``profile_info[kind]["compiled"]["fused_time"]``,
-    :mod:`autoplace.executor.profile_compiled`), else :data:`COMPILED_FUSED_TIME`."""
+    :mod:`autoplace.executor.profile_block`), else :data:`COMPILED_FUSED_TIME`."""
     info = getattr(graph, "profile_info", None) or {}
     return np.array([float(((info.get(k) or {}).get("compiled") or {}).get(
         "fused_time", COMPILED_FUSED_TIME)) for k in kinds])
@@ -59,16 +60,22 @@ def compiled_tables(tables: CostTables, ga: GraphArrays,
     per_kind = np.broadcast_to(np.asarray(fused_time, dtype=np.float64),
                                (len(tables.kinds),))[:, None]
     scale = np.where(ga.saved[None, :], 1.0, per_kind)
-    host_of_kind = np.array([
-        tables.host[tables.kind_of_device == k].max() if (tables.kind_of_device == k).any()
-        else 0.0 for k in range(len(tables.kinds))])[:, None]
-    host_fwd = np.where(np.isnan(tables.host_fwd), host_of_kind, tables.host_fwd)
-    host_bwd = np.where(np.isnan(tables.host_bwd), host_of_kind, tables.host_bwd)
+    host_fwd, host_bwd = filled_host(tables)
     return replace(
         tables, fwd=tables.fwd * scale, bwd=tables.bwd * scale,
         fwd_fixed=tables.fwd_fixed * scale, bwd_fixed=tables.bwd_fixed * scale,
         host_fwd=host_fwd * scale, host_bwd=host_bwd * scale,
         host_fwd_fixed=tables.host_fwd_fixed * scale, host_bwd_fixed=tables.host_bwd_fixed * scale)
+
+
+def filled_host(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward host times per kind and op, those the profile lacks (NaN)
+    filled in with the device's ``host_dispatch_s`` (what the simulator uses for them)."""
+    host_of_kind = np.array([
+        tables.host[tables.kind_of_device == k].max() if (tables.kind_of_device == k).any()
+        else 0.0 for k in range(len(tables.kinds))])[:, None]
+    return (np.where(np.isnan(tables.host_fwd), host_of_kind, tables.host_fwd),
+            np.where(np.isnan(tables.host_bwd), host_of_kind, tables.host_bwd))
 
 
 def compiled_arrays(graph: OpGraph, ga: GraphArrays, plan: Plan) -> GraphArrays:

@@ -52,6 +52,7 @@ from autoplace.graph import OpGraph
 from autoplace.lowering import validate
 from autoplace.plan import Plan
 from autoplace.sim.batch import run_batch
+from autoplace.sim.block_profile import block_tables, needs_scalar
 from autoplace.sim.compiled import compiled_arrays, compiled_tables, fused_times
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
@@ -154,6 +155,8 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     if plan.parallel.compile:  # compiled pieces fuse their cheap ops (sim/compiled.py)
         tables = compiled_tables(tables, ga, fused_times(graph, tables.kinds))
         ga = compiled_arrays(graph, ga, plan)
+    # checkpointing's host time and CUDA graphs' device time, profiled on the card
+    tables = block_tables(graph, tables, ga, plan)  # (sim/block_profile.py)
     if plan.parallel.offload:  # shards on the host, the update on the CPU (sim/offload.py)
         out = simulate_offload(ga, plan, cluster, tables, timeline)
     elif plan.parallel.pipeline > 1:
@@ -191,17 +194,18 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
     ensure_costs(graph, cluster)
     tables = cost_tables(graph, cluster)
     plans = list(plans)
-    # tensor-parallel plans (sim/tensor.py), compiled ones (their own op costs) and
-    # offloaded ones (sim/offload.py) one by one
-    if any(_one_by_one(p) for p in plans):
-        flat = [i for i, p in enumerate(plans) if not _one_by_one(p)]
+    # tensor-parallel plans (sim/tensor.py), compiled ones (their own op costs),
+    # offloaded ones (sim/offload.py) and those a profiled block prices
+    # (sim/block_profile.py) one by one
+    if any(_one_by_one(graph, p) for p in plans):
+        flat = [i for i, p in enumerate(plans) if not _one_by_one(graph, p)]
         step = np.zeros(len(plans))
         peak = np.zeros((len(plans), cluster.num_devices))
         if flat:
             step[flat], peak[flat] = run_batch(graph, [plans[i] for i in flat], cluster, tables)
             step[flat] += [sharded_host_s(graph, plans[i], cluster) for i in flat]
         for i, p in enumerate(plans):
-            if _one_by_one(p):
+            if _one_by_one(graph, p):
                 res = simulate(graph, p, cluster)
                 step[i], peak[i] = res.step_time_s, res.peak_memory_bytes
         return _batch_result(graph, cluster, tables, step, peak)
@@ -210,9 +214,9 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
     return _batch_result(graph, cluster, tables, step, peak)
 
 
-def _one_by_one(plan: Plan) -> bool:
+def _one_by_one(graph: OpGraph, plan: Plan) -> bool:
     par = plan.parallel
-    return par.tensor > 1 or par.compile or par.offload
+    return par.tensor > 1 or par.compile or par.offload or needs_scalar(graph, plan)
 
 
 def _batch_result(graph: OpGraph, cluster: Cluster, tables, step: np.ndarray,

@@ -176,13 +176,13 @@ def prepare_run(cfg: dict[str, Any]) -> dict[str, Any]:
     save_weights(wl.model, cfg["weights"])
     if cfg.get("profile_dir"):
         graph = profile(wl, [dev], repeats=3, cache_dir=cfg["profile_dir"])
-        if dev.startswith("cuda"):  # the first block compiled vs eager: compiled plans' price
-            from autoplace.executor.profile_compiled import profile_compiled
+        if dev.startswith("cuda"):  # the first block compiled and recomputed vs eager
+            from autoplace.executor.profile_block import profile_block
 
-            rec = profile_compiled(graph, wl.example_inputs(graph.batch_size, "cpu"), dev,
-                                   autocast_dtype=wl.autocast_dtype, repeats=5,
-                                   cache_dir=cfg["profile_dir"])
-            return {"error": None, "compiled_block": rec}
+            rec = profile_block(graph, wl.example_inputs(graph.batch_size, "cpu"), dev,
+                                autocast_dtype=wl.autocast_dtype, repeats=5,
+                                cache_dir=cfg["profile_dir"])
+            return {"error": None, "block": rec}
     return {"error": None}
 
 
@@ -389,19 +389,25 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
     if profile_dir and not apply_cached(graph, profile_dir, [card]):
         raise ValueError(f"--profile-dir {profile_dir}: no {card} profile of this run's graph "
                          f"({graph.fingerprint})")
-    fused = ((getattr(graph, "profile_info", None) or {}).get(card) or {}).get("compiled")
-    costs = ("op costs profiled on the card" + (
-        f", compiled block profiled (fused ops at {fused['fused_time']:.2f}x eager)"
-        if fused else ", compiled blocks at the default factor") if profile_dir else
+    from autoplace.executor.profile_block import describe
+
+    info = (getattr(graph, "profile_info", None) or {}).get(card) or {}
+    costs = ("op costs profiled on the card; first block: " + (
+        describe({k: info.get(k) for k in ("compiled", "recompute", "graphs")})
+        if "recompute" in info else "not profiled") if profile_dir else
         "op costs estimated (as `auto` had them in this run: no profile)")
     rows, cases = [], []
     for c in out["cases"]:
         cluster = resolve(f"{card}x1", memory_cap=c["memory_cap_bytes"])
         plans = {"eager": Plan.single(graph), **lever_plans(graph, cluster)}
+        slug = re.sub(r"[^a-z0-9]+", "-", c["name"].lower()).strip("-")
+        auto_file = folder / "plans" / f"{slug}-auto.json"
+        if auto_file.exists():  # auto's own plan (not one of the recipes)
+            plans["auto"] = Plan.load(auto_file)
         by_recipe: dict[str, dict[str, Any]] = {}
         for key, r in c["options"].items():
-            recipe = RECIPE_OF.get(key) or (c["auto"].get("same_as") if key == "autoplace:auto"
-                                            else key.split(":", 1)[1])
+            recipe = RECIPE_OF.get(key) or ((c["auto"].get("same_as") or "auto")
+                                            if key == "autoplace:auto" else key.split(":", 1)[1])
             if recipe not in plans:
                 continue
             sim = simulate(graph, plans[recipe], cluster)

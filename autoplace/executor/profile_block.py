@@ -1,0 +1,265 @@
+"""Profile a block region on the machine under the levers: compiled, and recomputed.
+
+The simulator prices a compiled plan's fused ops (everything but matmuls, convolutions,
+attention and recurrent kernels) at a factor of their eager time
+(:mod:`autoplace.sim.compiled`); without a measurement that factor is a default from one
+model's kernel traces. :func:`profile_block` measures it for the graph at hand: the
+first of the model's blocks (:func:`autoplace.lowering.block_groups`) is cut out of the
+captured program as the executor cuts a piece (:func:`autoplace.executor.pieces.canonical_piece`,
+the same code path a plan runs), fed the values it receives in a real forward of the
+example batch, and its forward + backward is timed eager, compiled (``torch.compile``, the
+backend a run uses), under a full checkpoint and under the selective one
+(:class:`autoplace.executor.pieces.Piece`), interleaved, each the fastest of ``repeats``
+timed loops after warm-up (the median on a CPU).
+
+- Compiled: with ``ratio = compiled / eager`` and ``heavy`` the share of the block's profiled
+  time in kept kernels (which compile leaves to the same libraries), the fused ops' factor
+  is ``(ratio - heavy) / (1 - heavy)``, clipped to ``[0.05, 2]``.
+- Recomputed: what a checkpoint adds to the block's step beyond eager, per op of the block
+  (``full_host_s``, ``selective_host_s``), and inside a compiled piece beyond the compiled
+  block (``compiled_full_host_s``). On a launch-bound model that is host time (the
+  forward issued again, and ``torch.utils.checkpoint``'s hooks; a selective policy also runs
+  every op of the region through a Python dispatch mode, forward and recompute): the
+  simulator adds it to the issuing thread's time of every recomputed op
+  (:mod:`autoplace.sim.block_profile`). On a device-bound model it is about the forward's
+  device time, which the issuing thread then spends in parallel with the device.
+
+- CUDA graphs (on a GPU): the block replayed as a CUDA graph (the executor's
+  :class:`~autoplace.executor.graphs._Graphed`) over eager, ``device_share`` (at most 1):
+  what is left of the eager op times when nothing is issued op by op.
+
+The results are written into the graph's cached profile record (``"compiled"``,
+``"recompute"``, ``"graphs"``) and so reach every later simulation of this graph on this device kind;
+the op profile must be there first (:func:`autoplace.costs.profile.profile`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from autoplace.capture import fetch_attr, program_inputs
+from autoplace.costs.profile import device_kind
+from autoplace.costs.profile_cache import record_block
+from autoplace.errors import AutoplaceError
+from autoplace.executor.graphs import _Graphed
+from autoplace.executor.pieces import COMPILE_BACKEND_ENV, canonical_piece, piece
+from autoplace.graph import OpGraph
+from autoplace.lowering import SELECTIVE_SAVED_KINDS, block_group_ids, block_groups
+
+__all__ = ["block_ops", "describe", "profile_block"]
+
+FUSED_TIME_RANGE = (0.05, 2.0)
+#: the parts of a record the profile cache keeps
+PARTS = ("compiled", "recompute", "graphs")
+
+
+def block_ops(graph: OpGraph) -> list[str]:
+    """The ops of the graph's first block that do work (no inputs or parameter fetches),
+    in graph order; empty when the graph has no blocks."""
+    groups = block_groups(graph)
+    ids = block_group_ids(graph, groups)
+    if not ids:
+        return []
+    first = min(ids)
+    return [op.name for op in graph.ops
+            if groups[op.name] == first and op.kind not in ("input", "param", "output")]
+
+
+def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
+                  autocast_dtype: str | None = None, repeats: int = 5,
+                  cache_dir: str | Path | None = None) -> dict[str, Any] | None:
+    """Measure the graph's first block eager, compiled, recomputed and (on a GPU) as a
+    CUDA graph on ``device``; ``{"compiled": {...}, "recompute": {...}, "graphs": {...}}``
+    (``compiled`` None where its compile failed, ``graphs`` None off GPUs or where the
+    capture failed), also set in ``graph.profile_info[kind]`` and, with ``cache_dir``, in the
+    graph's cached profile record. None when the graph has no blocks or its op profile
+    for this device kind is missing."""
+    dev = torch.device(device)
+    kind = device_kind(dev)
+    names = block_ops(graph)
+    if not names or any(kind not in graph[n].fwd_time_s for n in names):
+        return None
+    if graph.module is None:
+        raise AutoplaceError(f"graph {graph.name!r} has no module to run; profile a "
+                             "freshly captured workload")
+    gm = copy.deepcopy(graph.module).to(dev)
+    flat = tuple(program_inputs(graph.module, pytree.tree_map(
+        lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, inputs)))
+    # no autocast cache: each call casts its weights, as a training step does (and CUDA
+    # graph capture requires it)
+    cast = (torch.autocast(dev.type, dtype=getattr(torch, autocast_dtype), cache_enabled=False)
+            if autocast_dtype and dev.type == "cuda" else contextlib.nullcontext())
+    sub, ext = _cut(gm, set(names))
+    with cast:
+        values = _values_of(gm, flat, ext)
+    attrs = {n.target: fetch_attr(gm, n.target) for n in sub.nodes
+             if n.op in ("call_module", "get_attr")}
+    sub_gm, code = canonical_piece(sub, attrs)
+    forms = {"eager": piece(sub_gm, None, False, "profiled block"),
+             "full": piece(sub_gm, "full", False, "profiled block"),
+             "selective": piece(sub_gm, "selective", False, "profiled block")}
+    compiled = piece(sub_gm, None, True, "profiled block", kind=("profile", code))
+    with cast:
+        t0 = time.perf_counter()
+        _fwd_bwd(compiled, values)()  # compiles forward and backward
+        compile_s = time.perf_counter() - t0
+        if not compiled.failed:
+            forms["compiled"] = compiled
+            both = piece(sub_gm, "full", True, "profiled block", kind=("profile", code))
+            _fwd_bwd(both, values)()
+            if not both.failed:
+                forms["compiled_full"] = both
+        if dev.type == "cuda":
+            forms["graphed"] = _Graphed(sub_gm, dev)
+        times = dict(zip(forms, _timed_pair([_fwd_bwd(m, values) for m in forms.values()],
+                                            dev, repeats)))
+    eager_s = times["eager"]
+    graphed = forms.get("graphed")
+    rec: dict[str, Any] = {"compiled": None, "graphs": None, "recompute": {
+        "eager_s": eager_s, "full_s": times["full"], "selective_s": times["selective"],
+        "full_host_s": max(0.0, times["full"] - eager_s) / len(names),
+        "selective_host_s": max(0.0, times["selective"] - eager_s) / len(names),
+        "block_ops": len(names)}}
+    if "compiled_full" in times:  # checkpointed inside a compiled piece
+        rec["recompute"]["compiled_full_s"] = times["compiled_full"]
+        rec["recompute"]["compiled_full_host_s"] = max(
+            0.0, times["compiled_full"] - times["compiled"]) / len(names)
+    if graphed is not None and graphed.failed is None and graphed._replay is not None:
+        rec["graphs"] = {"graphed_s": times["graphed"], "eager_s": eager_s,
+                         "device_share": min(1.0, times["graphed"] / eager_s)}
+    elif graphed is not None:
+        rec["graphs_failed"] = graphed.failed or "the block was never captured"
+    if "compiled" in times:
+        tot = heavy = 0.0
+        for n in names:
+            op = graph[n]
+            t = op.fwd_time_s[kind] + op.bwd_time_s.get(kind, 0.0)
+            tot += t
+            heavy += t if op.kind in SELECTIVE_SAVED_KINDS else 0.0
+        share = heavy / tot if tot > 0 else 0.0
+        ratio = times["compiled"] / eager_s
+        fused = (ratio - share) / (1.0 - share) if share < 0.95 else ratio
+        lo, hi = FUSED_TIME_RANGE
+        rec["compiled"] = {
+            "fused_time": min(max(fused, lo), hi), "ratio": ratio, "heavy_share": share,
+            "eager_s": eager_s, "compiled_s": times["compiled"], "compile_s": compile_s,
+            "block_ops": len(names),
+            "backend": os.environ.get(COMPILE_BACKEND_ENV) or "inductor"}
+    info = dict(getattr(graph, "profile_info", None) or {})
+    info[kind] = {**info.get(kind, {}), **{k: v for k, v in rec.items()
+                                           if v is not None and k in PARTS}}
+    graph.profile_info = info
+    if cache_dir is not None:
+        record_block(cache_dir, graph, kind, {k: rec[k] for k in PARTS})
+    return rec
+
+
+def describe(rec: dict[str, Any] | None) -> str:
+    """One line on a :func:`profile_block` result."""
+    if rec is None:
+        return "not measured (no blocks in the graph, or no op profile on this device)"
+    r, c, g = rec["recompute"], rec.get("compiled"), rec.get("graphs")
+    ms = 1e3
+    return (f"{r['block_ops']} ops, fwd+bwd {r['eager_s'] * ms:.3f} ms eager, "
+            f"{r['full_s'] * ms:.3f} checkpointed, {r['selective_s'] * ms:.3f} selective, " + (
+                f"{c['compiled_s'] * ms:.3f} compiled (fused ops at {c['fused_time']:.2f}x "
+                f"eager; compiled in {c['compile_s']:.1f} s)" if c else
+                "compile failed (compiled plans priced at the default factor)") + (
+                f", {g['graphed_s'] * ms:.3f} as a CUDA graph" if g else
+                f", no CUDA graph ({rec['graphs_failed']})" if rec.get("graphs_failed") else ""))
+
+
+def _cut(gm: fx.GraphModule, names: set[str]) -> tuple[fx.Graph, list[fx.Node]]:
+    """The nodes ``names`` of ``gm`` as a graph of their own: a placeholder per value they
+    read from outside, an output of every value used outside; and those outside nodes."""
+    sub = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    ext: list[fx.Node] = []
+    inside = [n for n in gm.graph.nodes if n.name in names]
+    for n in inside:
+        for a in n.all_input_nodes:
+            if a.name not in names and a not in env:
+                if a.op == "get_attr":  # a parameter fetch travels with the block
+                    env[a] = sub.node_copy(a, lambda x: env[x])
+                else:
+                    ext.append(a)
+                    env[a] = sub.placeholder(f"in_{a.name}")
+        env[n] = sub.node_copy(n, lambda x: env[x])
+    outs = [env[n] for n in inside if any(u.name not in names for u in n.users)]
+    sub.output(tuple(outs))
+    return sub, ext
+
+
+def _values_of(gm: fx.GraphModule, flat: Sequence[Any], wanted: list[fx.Node]) -> list[Any]:
+    """The values of ``wanted`` nodes in a forward of ``gm`` on ``flat``, detached."""
+    keep = {n.name for n in wanted}
+    got: dict[str, Any] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            out = super().run_node(n)
+            if n.name in keep:
+                got[n.name] = pytree.tree_map(
+                    lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
+            return out
+
+    with torch.no_grad():
+        Recorder(gm).run(*flat)
+    return [got[n.name] for n in wanted]
+
+
+def _fwd_bwd(module: torch.nn.Module, values: list[Any]) -> Callable[[], None]:
+    """One forward and backward of ``module`` on ``values`` (floating tensors as leaves
+    that need their gradient), with ones as the outputs' gradients."""
+    ins = [v.clone().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor)
+           else v for v in values]
+
+    def step() -> None:
+        out = [o for o in pytree.tree_leaves(module(*ins))
+               if isinstance(o, torch.Tensor) and o.requires_grad]
+        if out:
+            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+
+    return step
+
+
+def _timed_pair(fns: Sequence[Callable[[], None]], dev: torch.device,
+                repeats: int) -> list[float]:
+    """Seconds per call of each of ``fns``, timed in turn (interleaved, so drift in the
+    machine's speed falls on both): each warmed up (at least 5 calls and 0.2 s), then
+    ``repeats`` samples each, a sample a loop of calls lasting about 2 ms; the fastest
+    sample on a GPU, the median on a CPU."""
+    cuda = dev.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
+    calls = []
+    for fn in fns:
+        t0, n = time.perf_counter(), 0
+        while n < 5 or time.perf_counter() - t0 < 0.2:
+            fn()
+            sync()
+            n += 1
+        t1 = time.perf_counter()
+        fn()
+        sync()
+        calls.append(max(1, min(50, int(2e-3 / max(time.perf_counter() - t1, 1e-6)))))
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(max(1, repeats)):
+        for fn, k, out in zip(fns, calls, samples):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(k):
+                fn()
+            sync()
+            out.append((time.perf_counter() - t0) / k)
+    return [min(x) if cuda else statistics.median(x) for x in samples]

@@ -1,0 +1,105 @@
+"""A block profiled on the card (:mod:`autoplace.executor.profile_block`) in the simulator:
+checkpointing's host time, and the device time left under CUDA graphs.
+
+Checkpointing.
+A recomputed op's forward runs again in backward: its device time is added there by the
+replica's event simulation (:func:`autoplace.sim.local.op_times`). What that leaves out
+is host time: the forward issued a second time, ``torch.utils.checkpoint``'s saved-tensor
+hooks, and under a selective policy a Python dispatch mode that every op of the region
+passes through, in the forward and in the recompute. On a launch-bound model that is
+the whole cost: a 1,005-op residual MLP on one H200 measured 116 ms a step eagerly,
+359 ms with every block checkpointed and 506 ms with every block under the selective
+policy, where device time alone adds a few ms.
+
+:func:`autoplace.executor.profile_block.profile_block` measures it on the model's first
+block (``profile_info[kind]["recompute"]``: ``full_host_s`` and ``selective_host_s`` per
+op of the block); :func:`recompute_host_tables` adds ``full_host_s`` to the backward host
+time of every op of a recomputed group and ``selective_host_s`` to every op of a selective
+group, half to its forward and half to its backward. In a compiled plan torch.compile
+traces the checkpoint into the piece's graph, whose recompute runs no Python hooks (the same
+MLP: 184 ms with every block checkpointed and compiled): there a recomputed group's ops get
+``compiled_full_host_s``, the block checkpointed and compiled against compiled alone
+(none where it was not measured), and a selective one nothing. Without a measurement the
+tables are left as they are.
+
+CUDA graphs. Per-op times are profiled eagerly: on a launch-bound model an op's measured
+time is mostly the time to issue it, and a plan replayed as CUDA graphs
+(``parallel.graphs``) does not pay it (the same MLP: 21 ms a step graphed). The block
+graphed against eager (``profile_info[kind]["graphs"]["device_share"]``, the graphed
+block's time over the eager one, at most 1) scales every op's device time in a graphed
+plan (:func:`graphed_tables`): a device-bound model measures about 1 and keeps its times.
+The share of one block stands for the whole model's ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from autoplace.graph import OpGraph
+from autoplace.plan import Plan
+from autoplace.sim.compiled import filled_host
+from autoplace.sim.model import CostTables, GraphArrays
+
+__all__ = ["block_tables", "needs_scalar", "graphed_tables", "recompute_host_tables"]
+
+
+def _per_kind(graph: OpGraph, kinds: list[str], part: str, key: str,
+              default: float) -> np.ndarray:
+    info = getattr(graph, "profile_info", None) or {}
+    return np.array([float(((info.get(k) or {}).get(part) or {}).get(key, default))
+                     for k in kinds])
+
+
+def _has(graph: OpGraph, part: str) -> bool:
+    info = getattr(graph, "profile_info", None) or {}
+    return any(isinstance(v, dict) and v.get(part) for v in info.values())
+
+
+def needs_scalar(graph: OpGraph, plan: Plan) -> bool:
+    """Whether ``plan`` uses a lever ``graph``'s profiled block prices (recompute or CUDA
+    graphs): the batched simulator leaves such plans to the one-plan path."""
+    return (bool(plan.recompute or plan.selective) and _has(graph, "recompute")) or \
+        (plan.parallel.graphs and _has(graph, "graphs"))
+
+
+def block_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
+                 plan: Plan) -> CostTables:
+    """``tables`` with the profiled block's prices of ``plan``'s levers applied."""
+    return graphed_tables(graph, recompute_host_tables(graph, tables, ga, plan), plan)
+
+
+def graphed_tables(graph: OpGraph, tables: CostTables, plan: Plan) -> CostTables:
+    """``tables`` with every op's device time at the profiled graphed share, for a plan
+    replayed as CUDA graphs (see the module docstring)."""
+    if not (plan.parallel.graphs and _has(graph, "graphs")):
+        return tables
+    share = np.clip(_per_kind(graph, tables.kinds, "graphs", "device_share", 1.0),
+                    0.01, 1.0)[:, None]
+    return replace(tables, fwd=tables.fwd * share, bwd=tables.bwd * share,
+                   fwd_fixed=tables.fwd_fixed * share, bwd_fixed=tables.bwd_fixed * share)
+
+
+def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
+                          plan: Plan) -> CostTables:
+    """``tables`` with the profiled checkpointing host time added to the recomputed ops
+    of ``plan`` (see the module docstring)."""
+    if not (plan.recompute or plan.selective) or not _has(graph, "recompute"):
+        return tables
+    if plan.parallel.compile:  # the checkpoint traced into the compiled piece's graph
+        full = _per_kind(graph, tables.kinds, "recompute", "compiled_full_host_s", 0.0)
+        full, sel = full[:, None], np.zeros((len(tables.kinds), 1))
+    else:
+        full = _per_kind(graph, tables.kinds, "recompute", "full_host_s", 0.0)[:, None]
+        sel = _per_kind(graph, tables.kinds, "recompute", "selective_host_s", 0.0)[:, None]
+    group = np.array([plan.groups.get(name, -1) for name in ga.names])
+    rec = np.isin(group, list(plan.recompute))[None, :]
+    sel_ops = np.isin(group, list(plan.selective))[None, :]
+    add_f = np.where(sel_ops, sel / 2, 0.0)
+    add_b = np.where(rec, full, 0.0) + np.where(sel_ops, sel / 2, 0.0)
+    host_fwd, host_bwd = filled_host(tables)
+    # a fixed part of NaN means the whole time is fixed; the added time is fixed too
+    return replace(tables, host_fwd=host_fwd + add_f, host_bwd=host_bwd + add_b,
+                   host_fwd_fixed=tables.host_fwd_fixed + add_f,
+                   host_bwd_fixed=tables.host_bwd_fixed + add_b)
