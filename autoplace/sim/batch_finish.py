@@ -133,7 +133,7 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
     cast = cast_copy_bytes(ga, cell, size).reshape(num, kk)
     kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep  # [P, n] (local.op_memory)
     fwd_out = ga.out_bytes - ga.loss_keep
-    back = np.broadcast_to(fwd_out, (num, n))
+    back = np.broadcast_to(ga.back_bytes, (num, n))
     shared = shared_save_bytes(ga, cell, ~rc_op, size)
     if rc_op.any():
         gmax = int(gid.max()) + 1

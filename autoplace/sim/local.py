@@ -485,7 +485,9 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     (counted on the group's first op, freed when its backward ends) and holds its
     activations again while its backward runs, the larger of that and the op's output
     gradient being the transient. The output op keeps what the loss saves
-    (``GraphArrays.loss_keep``), its workspace beyond that being its transient.
+    (``GraphArrays.loss_keep``), its workspace beyond that being its transient in forward
+    and the gradients its backward makes its transient in backward
+    (``GraphArrays.back_bytes``).
     Gradients are made by the backward, whole or as their shard
     (:func:`made_grad_share`; the rest ``state_memory`` counts)."""
     group = np.asarray(lp.group)
@@ -498,7 +500,7 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     has_rc = np.zeros_like(gact, dtype=bool)
     has_rc[group[rc_op]] = True
     fwd_out = ga.out_bytes - ga.loss_keep
-    back = np.maximum(fwd_out, np.where(has_rc[group], gact[group], 0.0))
+    back = np.maximum(ga.back_bytes, np.where(has_rc[group], gact[group], 0.0))
     grad = ga.param_bytes * made_grad_share(lp, plan)
     shared = shared_save_bytes(ga, np.asarray(lp.dev), ~rc_op, lp.k)
     once = None

@@ -14,7 +14,8 @@ The step is a list of events per device, in the order the device sees them: each
 adds or frees activation bytes (``delta``), makes gradient bytes (``grad``), holds bytes
 that are freed right after it (``hold``: an op's kept activations during its own
 backward) and needs a transient (``trans``: an output or its gradient, the loss's
-workspace, a recomputed block's activations). :func:`timeline_peak` takes the running
+workspace in forward and the gradients it makes in backward (:func:`loss_backward_bytes`),
+a recomputed block's activations). :func:`timeline_peak` takes the running
 sums per device and returns the highest point; the static part (parameters, optimizer
 state, autocast's weight copies, sharded or bucketed gradients) is added by the caller.
 
@@ -30,9 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.graph import OpGraph, OpNode
 from autoplace.lowering import pipeline_actions
 
-__all__ = ["Peak", "cast_copy_bytes", "replica_events", "stage_events", "timeline_peak"]
+__all__ = ["Peak", "cast_copy_bytes", "loss_backward_bytes", "loss_keep_bytes", "replica_events",
+           "stage_events", "timeline_peak"]
 
 
 @dataclass
@@ -192,3 +195,49 @@ def cast_copy_bytes(ga, dev: np.ndarray, size: int) -> np.ndarray:
     dev = np.atleast_2d(dev)
     return np.bincount(dev.reshape(-1), weights=np.broadcast_to(w, dev.shape).reshape(-1),
                        minlength=size)[:size]
+
+
+def _float_outputs(graph: OpGraph, op: OpNode) -> tuple[float, float]:
+    """``(as made, in float32)``: bytes of the floating values the graph's output ``op``
+    reads, at the dtype the model made them and as float32 copies."""
+    made = f32 = 0.0
+    for u in graph.preds(op.name):
+        src = graph[u]
+        for shape, dt in zip(src.output_shapes, src.output_dtypes):
+            if "float" in dt:
+                numel = float(np.prod(shape, dtype=np.float64))
+                f32 += 4.0 * numel
+                made += numel * (2.0 if dt in ("bfloat16", "float16") else 8.0
+                                 if dt == "float64" else 4.0)
+    return made, f32
+
+
+def loss_keep_bytes(graph: OpGraph, op: OpNode) -> float:
+    """On the graph's output op, the bytes the workload's loss keeps for its backward: a
+    float32 tensor the size of each floating model output (autocast runs losses in
+    float32; a cross-entropy keeps its log-softmax, a mean-squared error the difference),
+    at most the loss's workspace; 0 on every other op."""
+    if op.kind != "output":
+        return 0.0
+    return min(_float_outputs(graph, op)[1], float(op.transient_bytes))
+
+
+def loss_backward_bytes(graph: OpGraph, op: OpNode) -> float:
+    """On the graph's output op, the loss's transient in its backward beyond what it keeps
+    (:func:`loss_keep_bytes`); 0 on every other op.
+
+    The loss's first backward receives the gradient of the tensor it kept, as large as it
+    (a cross-entropy's ``nll_loss_backward`` makes a dense float32 gradient of the
+    log-softmax), and from it makes the gradient of its float32 input, as large again
+    (``_log_softmax_backward_data``), while the kept tensor is still held: autograd frees
+    a node's saved tensors and the gradient it received only after the node ran. So the
+    loss's backward holds three float32 tensors of the output's size (measured on a CPU,
+    a GPT whose logits dominate: the step peaks there, in float32 and under bfloat16
+    autocast alike). The model's output as it made it is gone by then (the executor
+    drops it after the loss, and nothing saves it). The captured workspace, less that
+    output (``loss_workspace_bytes`` counts it held throughout), is the floor."""
+    keep = loss_keep_bytes(graph, op)
+    if keep <= 0.0:
+        return 0.0
+    made, _ = _float_outputs(graph, op)
+    return max(2.0 * keep, float(op.transient_bytes) - made - keep)

@@ -31,6 +31,7 @@ from autoplace.costs.collectives import all_gather_s, all_reduce_s, reduce_scatt
 from autoplace.graph import OpGraph
 from autoplace.lowering import ROOT_UNIT, SELECTIVE_SAVED_KINDS, fsdp_unit_keys, gather_dtype
 from autoplace.plan import Plan
+from autoplace.sim.memory import loss_backward_bytes, loss_keep_bytes
 
 #: bytes of memory traffic per parameter byte of a fused AdamW step (reads p, g, m, v;
 #: writes p, m, v).
@@ -72,6 +73,9 @@ class GraphArrays:
     share_key: np.ndarray  # int64 [S] the tensor, 0..T-1
     key_bytes: np.ndarray  # float64 [T] its bytes
     loss_keep: np.ndarray  # float64 [n]: on the output op, what the loss keeps for backward
+    # float64 [n]: each op's transient in backward: its output's gradient (``out_bytes``);
+    # on the output op what the loss makes beyond what it keeps (memory.loss_backward_bytes)
+    back_bytes: np.ndarray
     block_key: list[str]  # FSDP2 unit per op, shard_units="blocks" (lowering.fsdp_unit_keys)
     module_key: list[str]  # the same for shard_units="modules"
     gather_scale: float = 1.0  # FSDP2 gathers parameters at autocast's dtype: 0.5 of fp32
@@ -116,7 +120,9 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         saved=np.array([op.kind in SELECTIVE_SAVED_KINDS for op in ops], dtype=bool),
         share_op=rows[:, 0], share_owner=rows[:, 1], share_key=rows[:, 2],
         key_bytes=np.array([b for _, b in keys], dtype=np.float64),
-        loss_keep=np.array([_loss_keep_bytes(graph, op) for op in ops], dtype=np.float64),
+        loss_keep=np.array([loss_keep_bytes(graph, op) for op in ops], dtype=np.float64),
+        back_bytes=np.array([loss_backward_bytes(graph, op) if op.kind == "output"
+                             else op.transient_bytes for op in ops], dtype=np.float64),
         block_key=fsdp_unit_keys(graph, "blocks"),
         module_key=fsdp_unit_keys(graph, "modules"),
         # FSDP2 gathers at the autocast dtype; an exported graph's parameters as they are
@@ -126,22 +132,6 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
     )
     graph.__dict__["_sim_arrays"] = arrays
     return arrays
-
-
-def _loss_keep_bytes(graph: OpGraph, op) -> float:
-    """On the graph's output op, the bytes the workload's loss keeps for its backward: a
-    float32 tensor the size of each floating model output (autocast runs losses in
-    float32; a cross-entropy keeps its log-softmax, a mean-squared error the difference),
-    at most the loss's workspace; 0 on every other op."""
-    if op.kind != "output":
-        return 0.0
-    total = 0.0
-    for u in graph.preds(op.name):
-        src = graph[u]
-        for shape, dt in zip(src.output_shapes, src.output_dtypes):
-            if "float" in dt:
-                total += 4.0 * float(np.prod(shape, dtype=np.float64))
-    return min(total, float(op.transient_bytes))
 
 
 @dataclass

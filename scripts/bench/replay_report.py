@@ -139,10 +139,24 @@ def replay_levers(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def memory_points(scs: list[dict[str, Any]], levers: list[dict[str, Any]]
+def levers_before(before: Path | None) -> dict[tuple[str, str, str], float]:
+    """The levers options' simulated peaks (bytes) of an earlier run of this script, by
+    ``(run, case, option)`` (its ``replay.json``; empty without one)."""
+    f = before / "replay.json" if before else None
+    if not f or not f.exists():
+        return {}
+    rows = json.loads(f.read_text()).get("levers", [])
+    return {(r["run"], r["case"], r["option"]): r["sim_peak_gib"] * 2**30 for r in rows
+            if r.get("sim_peak_gib") is not None}
+
+
+def memory_points(scs: list[dict[str, Any]], levers: list[dict[str, Any]],
+                  levers_prev: dict[tuple[str, str, str], float] | None = None
                   ) -> list[dict[str, Any]]:
-    """One point per distinct measured plan: family, simulated peak now and before,
-    measured allocated and reserved peak (bytes, max over devices), and its name."""
+    """One point per distinct measured plan: family, simulated peak now and before (a
+    levers option's from ``levers_prev``, :func:`levers_before`), measured allocated and
+    reserved peak (bytes, max over devices), and its name."""
+    levers_prev = levers_prev or {}
     pts = []
     for sc in scs:
         for r in rs.distinct_measured(sc["plans"]):
@@ -159,7 +173,8 @@ def memory_points(scs: list[dict[str, Any]], levers: list[dict[str, Any]]
             continue
         seen.add(key)
         pts.append({"family": r["family"], "name": f"{r['run']} {r['case']} {r['option']}",
-                    "sim": r["sim_peak_gib"] * 2**30, "before": None,
+                    "sim": r["sim_peak_gib"] * 2**30,
+                    "before": levers_prev.get((r["run"], r["case"], r["option"])),
                     "allocated": r["measured_peak_gib"] * 2**30,
                     "reserved": (r["measured_reserved_gib"] or 0) * 2**30 or None})
     return pts
@@ -221,6 +236,10 @@ def markdown(scs, pts, skipped, levers, before: str | None) -> str:
                      f"({pct(statistics.median(map(abs, eb)) if eb else None)}) | "
                      f"{worst:+.1%} | {sum(abs(x) <= WITHIN for x in e)}/{len(e)} | "
                      f"{pct(statistics.median(map(abs, er)) if er else None)} |")
+    had = [p for p in pts if p["before"]]
+    lines += ["", f"Within 10% of allocated: {_within(pts, 'sim')} of {len(pts)} plans"
+              + (f" (before: {_within(had, 'before')} of the {len(had)} simulated then)"
+                 if had else "") + "."]
     lines += ["", "Plans more than 10% off the allocated peak:", "",
               "| family | plan | simulated GiB | allocated | reserved | error |",
               "|---|---|---|---|---|---|"]
@@ -233,6 +252,11 @@ def markdown(scs, pts, skipped, levers, before: str | None) -> str:
     lines += ["", "## Suites not replayed", ""]
     lines += [f"- [{d}](../{d}/): {why}" for d, why in skipped]
     return "\n".join(lines) + "\n"
+
+
+def _within(pts: list[dict[str, Any]], key: str) -> int:
+    """How many of ``pts`` have their ``key`` peak within 10% of the allocated one."""
+    return sum(abs(p[key] / p["allocated"] - 1) <= WITHIN for p in pts)
 
 
 def plots(scs, pts, folder: Path) -> None:
@@ -292,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     paths, skipped = suites(root)
     scs = replay_suites(paths, before)
     levers = replay_levers(root)
-    pts = memory_points(scs, levers)
+    pts = memory_points(scs, levers, levers_before(before))
     env = json.loads((before / "env.json").read_text()) if before and \
         (before / "env.json").exists() else {}
     folder = output_folder(args.out, "sim-replay", before_commit=env.get("commit"))
@@ -304,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(scs, pts, skipped, levers, before and before.name)
     (folder / "replay.md").write_text(text)
     plots(scs, pts, folder)
-    within = sum(abs(p["sim"] / p["allocated"] - 1) <= WITHIN for p in pts)
+    within = _within(pts, "sim")
     errs = [abs(p["sim_now_s"] - p["measured_s"]) / p["measured_s"] for sc in scs
             for p in rs.distinct_measured(sc["plans"])]
     write_run(folder, tag="sim-replay", scenarios=["sim:replay"], kind="experiment",

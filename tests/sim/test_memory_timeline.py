@@ -81,9 +81,10 @@ def test_two_microbatches_hold_both_losses_and_both_activations():
     b2 = simulate(g, two, _cluster()).memory_breakdown[1]
     # both: every activation of the device (2 ops x 2 MiB) and the loss's 32 MiB kept
     assert b1["activations"] == b2["activations"] == (4 + 2 * logits // MiB) * MiB
-    # the transient is the loss's workspace beyond what it keeps, per microbatch
-    assert b1["transient"] == 3 * logits - 2 * logits
-    assert b2["transient"] == (3 * logits - 2 * logits) / 2
+    # the transient is the loss's backward: the gradients of what it kept and of its
+    # float32 input (2 x 32 MiB), per microbatch
+    assert b1["transient"] == 2 * 2 * logits
+    assert b2["transient"] == 2 * 2 * logits / 2
     batch = simulate_batch(g, [one, two], _cluster()).peak_memory_bytes
     assert list(batch[1]) == simulate(g, two, _cluster()).peak_memory_bytes
 
