@@ -270,6 +270,21 @@ def targets(records: list[dict[str, Any]], kind: str) -> list[str]:
             "| --- | --- | ---: | ---: |", *lines]
 
 
+def summary_line(records: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The run's one-line summary: pairs above the best heuristic and the trained planners'
+    geometric means on the rows where search beats the heuristics (60 s budget)."""
+    over = sum(not r["budgets"]["seconds"][n]["all_at_most_1"] for r in records for n in LEARNED)
+    rows = [r for r in records if r["search_beats_heuristics"]]
+    means = [geomean([x for r in rows for x in r["budgets"]["seconds"][n]["ratios"]])
+             for n in TRAINED]
+    means = [m for m in means if m is not None]
+    span = f"; trained planners' geomean {min(means):.3f}-{max(means):.3f} of the best " \
+        f"heuristic on the {len(rows)} rows where search beats it" if means else ""
+    return (f"learned planners on {len(records)} rows x {args.seeds} seeds "
+            f"({args.seconds:g} s): {over} (planner, row) pairs above the best heuristic in "
+            f"some seed{span}")
+
+
 def plot(records: list[dict[str, Any]], path: Path, kind: str, title: str) -> None:
     import matplotlib
 
@@ -345,6 +360,9 @@ def main() -> None:
         rows = {r["row"]: (ROWS | QUICK_ROWS)[r["row"]] for r in earlier["rows"]
                 if args.rows == "all" or r["row"] in args.rows.split(",")}
     caps = {r["row"]: r["cap_bytes"] for r in earlier["rows"]} if earlier else {}
+    # env.json is written now, with the commit that runs (a rewrite keeps the run's own)
+    out = Path(args.from_json).parent if earlier is not None and args.out is None else \
+        output_folder(args.out, args.tag)
     base = {label: heuristics(label, row, args.hf_module, caps.get(label))
             for label, row in rows.items()}
     work = [(label, row, seed) for seed in range(args.seeds) for label, row in rows.items()]
@@ -359,9 +377,6 @@ def main() -> None:
         units = [unit(label, row, seed, args) for label, row, seed in work]
     records = summarise(rows, base, units)
     info = card()
-    # a rewrite keeps the run's env.json (where and at what commit it ran)
-    out = Path(args.from_json).parent if earlier is not None and args.out is None else \
-        output_folder(args.out, args.tag)
     meta = {"benchmark": "learned_placement", "backend": "sim (simulated step times)",
             "date": earlier["date"] if earlier else
             datetime.datetime.now().isoformat(timespec="seconds"),
@@ -406,12 +421,9 @@ def main() -> None:
     (out / "learned.md").write_text("\n".join(lines) + "\n")
     plot(records, out / "learned.png", "seconds",
          f"learned planners, {args.seconds:g} s budget (bars: min-max over seeds)")
-    over = sum(not r["budgets"]["seconds"][n]["all_at_most_1"] for r in records for n in LEARNED)
     write_run(out, tag=args.tag, scenarios=[f"learned:{r['row']}" for r in records],
               kind="experiment", script="scripts/bench/bench_learned.py",
-              summary=f"learned planners on {len(records)} rows x {args.seeds} seeds "
-                      f"({args.seconds:g} s): {over} (planner, row) pairs above the best "
-                      "heuristic in some seed")
+              summary=summary_line(records, args))
     print(f"wrote {out / 'learned.md'} ({time.perf_counter() - started:.0f} s)")
 
 

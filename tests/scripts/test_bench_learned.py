@@ -29,7 +29,12 @@ def test_bench_learned_quick(tmp_path):
                for u in data["units"] for n in ("seq2seq", "gnn"))
     assert row["zero_shot_time_s"]["max"] < 5.0
     table = (tmp_path / "learned.md").read_text()
-    assert "## Main table" in table and table.count("| gnmt-2-small |") == 3
+    # the two budgets' tables, where REINFORCE starts and ends, and the zero-shot table
+    assert "## Main table" in table and table.count("| gnmt-2-small |") == 4
+    assert "seq2seq start -> end" in table
+    unit = data["units"][0]["budgets"]["seconds"]
+    assert all(unit[n]["step_time_s"] <= unit[n]["start_step_time_s"] * (1 + 1e-9)
+               for n in ("seq2seq", "hierarchical", "gnn", "pretrained+finetune"))
     assert (tmp_path / "learned.png").stat().st_size > 5000
     run_json = json.loads((tmp_path / "run.json").read_text())
     assert run_json["tag"] == "learned" and run_json["summary"]
