@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from autoplace.cluster import resolve
 from autoplace.envs import InvalidActionError, PlacementEnv
-from autoplace.envs.levers import ActionLayout, Levers
+from autoplace.envs.levers import ActionLayout, Levers, compile_pays
 from autoplace.errors import AutoplaceError
 from autoplace.plan import Plan
 from autoplace.sim import simulate
@@ -132,3 +133,9 @@ def test_layout_round_trip():
     layout.check(a)
     devices, split, back = layout.decode(a, 3)
     assert devices.tolist() == [2, 1, 0] and split == (1, 0, 3) and back == lv
+
+
+def test_compile_is_offered_on_gpus_only():
+    assert compile_pays(resolve("h100x4")) and compile_pays(resolve("a100x2"))
+    assert not compile_pays(resolve("cpu-x2"))
+    assert not compile_pays(object())  # nothing described: not offered
