@@ -8,8 +8,8 @@ or 8 devices, else a policy trained from scratch), its learning printed as it tr
 update, the simulated step of the plans it samples: their mean and the fastest, and the best
 so far) -> the policy's plan exported -> the policy's plan and the best baselines executed
 for real (loss checked against unpartitioned training) -> one table, plus a Gantt chart of
-the best plan, a bar chart and the policy's learning curve (``policy_learning.png``), under
-``out``.
+the best plan, a bar chart and the policy's learning curve (``policy_learning.png``, its
+series in ``policy_learning.json``), under ``out``.
 
 The table says where the simulated and the measured orders of the executed plans
 disagree, and why (:func:`order_notes`): a simulator that contradicts the measurement
@@ -200,6 +200,8 @@ def run_demo(
                   ylabel="simulated step (ms)", title=f"{wl.name} on {cluster.name}")
     heuristic = min((r["sim_step_time_s"] for r in rows if r["plan"] is not None
                      and not r["oom"] and not r["planner"].startswith("policy:")), default=None)
+    write_json_atomic(out / "policy_learning.json", {"start": start, "history": history,
+                                                     "zero_shot_step_time_s": zero_s})
     plot_learning(history, out / "policy_learning.png", zero_shot_s=zero_s, start=start,
                   heuristic_s=heuristic, title=f"policy:{policy} learning on {wl.name}, "
                                                f"{cluster.name} (simulated)")

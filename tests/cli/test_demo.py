@@ -4,6 +4,8 @@ executed once and the planners that found it share the measurement."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from autoplace.demo import run_demo
@@ -28,6 +30,9 @@ def test_demo_on_one_device_runs_each_distinct_plan_once(tmp_path, capsys):
     assert f"{shared[0]['planner']}: the same plan as {shared[0]['same_plan_as']}" in out
     assert all(r["max_loss_rel_diff"] < 1e-5 for r in measured)
     assert (tmp_path / "best_plan.json").exists() and (tmp_path / "compare.png").exists()
+    assert (tmp_path / "policy_learning.png").exists()  # the policy's learning curve
+    learning = json.loads((tmp_path / "policy_learning.json").read_text())
+    assert len(learning["history"]["sample_mean_step_s"]) >= 1
 
 
 def test_the_policy_learning_is_printed_and_drawn(tmp_path, capsys):
