@@ -3,9 +3,19 @@
 torch.compile (inductor) leaves a piece's matmuls, convolutions, attention and recurrent
 kernels to the same libraries as eager PyTorch and fuses the rest (norms, activations,
 residual adds, casts, dropout) into few generated kernels that read and write each
-tensor once. The simulator prices that with one factor on the device time and the host
-time of the fused ops (:data:`COMPILED_FUSED_TIME`); the heavy kernels keep their
-profiled or estimated times.
+tensor once. The heavy kernels keep their profiled or estimated times. The fused ops:
+
+- **Chains** (:func:`fused_chains`): a chain is a connected run of fused ops of one group
+  (a piece); inductor makes it one kernel that reads the tensors entering the chain and
+  writes those leaving it, once. Its forward is priced at those bytes over the device's
+  memory bandwidth, its backward at twice the entering bytes (saved inputs and their
+  gradients) plus the leaving ones (their gradients), each at least a launch and never
+  more than the chain's eager time, shared among its ops in proportion to their eager
+  times. Nothing fitted: the device's bandwidth and launch overhead. Host times: one
+  factor (:data:`COMPILED_FUSED_TIME`) on the fused ops' eager issue time.
+- **Profiled** (a device kind whose profile has a compiled block,
+  :mod:`autoplace.executor.profile_block`): the measured factor on the fused ops' device
+  and host times instead.
 
 Memory: inductor's partitioner keeps for backward the inputs of a chain of fused ops
 and recomputes the chain's inside, where eager PyTorch keeps what every op of the chain
@@ -17,11 +27,12 @@ chain before it). Checked on two models, nothing fitted: kept memory falls by 0 
 gpt-1b (measured 0.5) and by 21.8 GiB on a GPT-2-medium-size Hugging Face model
 (measured 18.0; 1x H200: docs/simulator.md, compiled pieces).
 
-The factor comes from kernel traces on one NVIDIA H200 (torch 2.11, bf16 autocast):
+The host factor comes from kernel traces on one NVIDIA H200 (torch 2.11, bf16 autocast):
 gpt-1b with each block compiled by hand spent 18 ms a step in kernels other than
-matmuls, attention and the optimizer's against 34 ms eagerly (the loss and embedding,
-never compiled, taken out of both). It is checked on models it was not fitted on in the
-levers benchmark (docs/simulator.md, compiled pieces).
+matmuls, attention and the optimizer's against 34 ms eagerly. The chains are checked on
+the levers benchmark's runs (docs/simulator.md, compiled pieces): the GPT-2-medium-size
+model's float32 ``gelu_new`` chain, one kernel compiled, is what one factor on eager
+costs could not price.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from autoplace.plan import Plan
 from autoplace.sim.model import CostTables, GraphArrays
 
 __all__ = ["COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "filled_host",
-           "fused_times"]
+           "fused_chains", "fused_times", "profiled_kinds"]
 
 #: device and host time of a fused (non-matmul) op in a compiled piece over its eager time
 COMPILED_FUSED_TIME = 0.55
@@ -50,22 +61,110 @@ def fused_times(graph: OpGraph, kinds: list[str]) -> np.ndarray:
         "fused_time", COMPILED_FUSED_TIME)) for k in kinds])
 
 
+def profiled_kinds(graph: OpGraph, kinds: list[str]) -> np.ndarray:
+    """bool per device kind: whether the graph's profile has a compiled block for it."""
+    info = getattr(graph, "profile_info", None) or {}
+    return np.array([bool((info.get(k) or {}).get("compiled")) for k in kinds], dtype=bool)
+
+
+def fused_chains(graph: OpGraph, ga: GraphArrays, plan: Plan
+                 ) -> tuple[np.ndarray, dict[int, float], dict[int, float]]:
+    """The chains of fused ops of ``plan``'s pieces: per op its chain (a root op index, -1
+    for an op that is not fused), and per chain the bytes entering it (each producer
+    counted once) and leaving it (each op's output read outside the chain, or the
+    graph's output)."""
+    kinds = graph.__dict__.get("_sim_kinds")
+    if kinds is None or len(kinds) != ga.n:
+        kinds = graph.__dict__["_sim_kinds"] = [op.kind for op in graph.ops]
+    fused = ~ga.saved & np.array([k not in ("input", "param", "output") for k in kinds])
+    group = np.array([plan.groups.get(name, -1) for name in ga.names])
+    parent = list(range(ga.n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    src, dst = ga.edge_src.tolist(), ga.edge_dst.tolist()
+    for u, v in zip(src, dst):
+        if fused[u] and fused[v] and group[u] == group[v]:
+            parent[find(u)] = find(v)
+    root = np.array([find(i) if fused[i] else -1 for i in range(ga.n)], dtype=np.int64)
+    entering: dict[int, float] = {}
+    leaving: dict[int, float] = {}
+    seen_in: set[tuple[int, int]] = set()
+    seen_out: set[int] = set()
+    for u, v, b in zip(src, dst, ga.edge_bytes.tolist()):
+        cu, cv = int(root[u]), int(root[v])
+        if cv >= 0 and cu != cv and (u, cv) not in seen_in:
+            seen_in.add((u, cv))
+            entering[cv] = entering.get(cv, 0.0) + b
+        if cu >= 0 and cu != cv and u not in seen_out:
+            seen_out.add(u)
+            leaving[cu] = leaving.get(cu, 0.0) + float(ga.out_bytes[u])
+    for i in np.nonzero(root >= 0)[0].tolist():
+        if not ga.succs[i] and i not in seen_out:
+            leaving[int(root[i])] = leaving.get(int(root[i]), 0.0) + float(ga.out_bytes[i])
+    return root, entering, leaving
+
+
+def _chain_device_times(tables: CostTables, chains: tuple, kinds: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """fwd, bwd and their fixed parts with every chain priced by its bytes on the device
+    kinds ``kinds`` (bool per kind; see the module docstring)."""
+    root, entering, leaving = chains
+    fwd, bwd = tables.fwd.copy(), tables.bwd.copy()
+    fwd_fixed, bwd_fixed = tables.fwd_fixed.copy(), tables.bwd_fixed.copy()
+    members = {r: np.nonzero(root == r)[0] for r in np.unique(root[root >= 0]).tolist()}
+    for k in np.nonzero(kinds)[0].tolist():
+        devs = tables.kind_of_device == k
+        if not devs.any():
+            continue
+        bw, launch = float(tables.mem_bandwidth[devs].max()), float(tables.overhead[devs].max())
+        for r, ops in members.items():
+            e_in, e_out = entering.get(r, 0.0), leaving.get(r, 0.0)
+            for t, fixed, nbytes in ((fwd, fwd_fixed, e_in + e_out),
+                                     (bwd, bwd_fixed, 2 * e_in + e_out)):
+                eager = t[k, ops]
+                total = float(eager.sum())
+                if total <= 0:
+                    continue
+                t[k, ops] = eager / total * min(total, max(launch, nbytes / bw))
+                fixed[k, ops] = np.minimum(np.nan_to_num(fixed[k, ops], nan=launch), t[k, ops])
+    return fwd, bwd, fwd_fixed, bwd_fixed
+
+
 def compiled_tables(tables: CostTables, ga: GraphArrays,
-                    fused_time: float | np.ndarray = COMPILED_FUSED_TIME) -> CostTables:
+                    fused_time: float | np.ndarray = COMPILED_FUSED_TIME, *,
+                    graph: OpGraph | None = None, plan: Plan | None = None) -> CostTables:
     """``tables`` with the ops a compiled piece fuses (those not in
     :data:`autoplace.lowering.SELECTIVE_SAVED_KINDS`) at ``fused_time`` of their eager
     device and host times (one factor, or one per device kind of ``tables.kinds``:
-    :func:`fused_times`). Host times the profile lacks (NaN: the device's
+    :func:`fused_times`). With ``graph`` and ``plan``, the device times on the kinds
+    without a profiled compiled block (:func:`profiled_kinds`) are priced by chain
+    instead (:func:`fused_chains`). Host times the profile lacks (NaN: the device's
     ``host_dispatch_s``) are filled in first, so the fused ops' issue cost falls too."""
     per_kind = np.broadcast_to(np.asarray(fused_time, dtype=np.float64),
                                (len(tables.kinds),))[:, None]
     scale = np.where(ga.saved[None, :], 1.0, per_kind)
     host_fwd, host_bwd = filled_host(tables)
-    return replace(
+    out = replace(
         tables, fwd=tables.fwd * scale, bwd=tables.bwd * scale,
         fwd_fixed=tables.fwd_fixed * scale, bwd_fixed=tables.bwd_fixed * scale,
         host_fwd=host_fwd * scale, host_bwd=host_bwd * scale,
         host_fwd_fixed=tables.host_fwd_fixed * scale, host_bwd_fixed=tables.host_bwd_fixed * scale)
+    if graph is None or plan is None:
+        return out
+    by_chain = ~profiled_kinds(graph, tables.kinds)
+    if not by_chain.any():
+        return out
+    fwd, bwd, fwd_fixed, bwd_fixed = _chain_device_times(
+        tables, fused_chains(graph, ga, plan), by_chain)
+    keep = by_chain[:, None]
+    return replace(out, fwd=np.where(keep, fwd, out.fwd), bwd=np.where(keep, bwd, out.bwd),
+                   fwd_fixed=np.where(keep, fwd_fixed, out.fwd_fixed),
+                   bwd_fixed=np.where(keep, bwd_fixed, out.bwd_fixed))
 
 
 def filled_host(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:

@@ -153,7 +153,8 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     ga = graph_arrays(graph)
     tables = cost_tables(graph, cluster)
     if plan.parallel.compile:  # compiled pieces fuse their cheap ops (sim/compiled.py)
-        tables = compiled_tables(tables, ga, fused_times(graph, tables.kinds))
+        tables = compiled_tables(tables, ga, fused_times(graph, tables.kinds), graph=graph,
+                                 plan=plan)
         ga = compiled_arrays(graph, ga, plan)
     # checkpointing's host time and CUDA graphs' device time, profiled on the card
     tables = block_tables(graph, tables, ga, plan)  # (sim/block_profile.py)

@@ -234,10 +234,13 @@ def test_the_one_device_plan_and_the_hand_written_options_are_measured_past_the_
     from autoplace.planners.manual import hand_written
     from autoplace.search.auto import MANUAL_WITHIN
 
-    graph, cluster = setup
+    _, cluster = setup
+    # gpt-small: on gpt-tiny's launch-sized ops compiling saves so much (chains of fused ops
+    # at one launch each) that no eager hand-written option is near the compiled best
+    graph = capture_workload(workloads.get("gpt-small", device="meta"))
     log: list = []
     # a zero budget: only what is always measured runs
-    plan = auto_plan("gpt-tiny", cluster, budget=0, graph=graph, planners=PLANNERS,
+    plan = auto_plan("gpt-small", cluster, budget=0, graph=graph, planners=PLANNERS,
                      measure=fake_measure(graph, cluster, log), progress=False,
                      cache_dir=tmp_path)
     manual = hand_written(graph, cluster, levers=False)  # the per-block recipes compete
@@ -500,7 +503,9 @@ def test_a_sharded_plan_near_the_cap_is_measured_with_a_unit_per_module(setup, t
 
     plan, log = run(0.97)
     assert plan.parallel.shard == "fsdp" and plan.parallel.shard_units == "modules"
-    assert family(plan) == "dp-fsdp+modules" and plan.planner["chosen"].endswith("by modules")
+    # (its compiled twin may be the one measured: compiling is priced apart from the units)
+    assert family(plan).removesuffix("+compile") == "dp-fsdp+modules"
+    assert plan.planner["chosen"].endswith("by modules")
     i = next(i for i, p in enumerate(log) if p.parallel.shard == "fsdp")
     assert log[i].parallel.shard_units == "blocks"
     assert log[i + 1].parallel.shard_units == "modules" and log[i + 1].groups == log[i].groups

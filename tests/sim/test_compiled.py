@@ -12,7 +12,13 @@ from autoplace.cluster import preset
 from autoplace.lowering import block_groups
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.sim import simulate, simulate_batch
-from autoplace.sim.compiled import COMPILED_FUSED_TIME, compiled_arrays, compiled_tables
+from autoplace.sim.compiled import (
+    COMPILED_FUSED_TIME,
+    compiled_arrays,
+    compiled_tables,
+    fused_chains,
+    fused_times,
+)
 from autoplace.sim.model import cost_tables, ensure_costs, graph_arrays
 from autoplace.workloads import Workload
 
@@ -80,3 +86,39 @@ def test_a_compiled_chain_of_fused_ops_keeps_only_its_input():
     peak = {c: max(simulate(graph, Plan.single(graph, parallel=ParallelConfig(compile=c)),
                             cluster).peak_memory_bytes) for c in (False, True)}
     assert peak[True] < peak[False]
+
+
+def test_a_chain_is_priced_by_the_bytes_entering_and_leaving_it():
+    """The tanh-GELU chain (seven fused ops between two matmuls) is one chain: it reads
+    the first matmul's output and writes the second's input, once each; its compiled
+    forward costs those bytes over the bandwidth, at least a launch, at most eager, and a
+    profiled factor replaces the chain pricing on its device kind."""
+    wl = Workload(name="gelu-mlp", model=_TanhGeluMLP(), batch_size=4096,
+                  make_batch=lambda bs, dev: ((torch.randn(bs, 64, device=dev),),
+                                              torch.randn(bs, 64, device=dev)),
+                  loss_fn=torch.nn.functional.mse_loss)
+    graph = capture_workload(wl)
+    cluster = preset("h200x1")
+    ensure_costs(graph, cluster)
+    ga = graph_arrays(graph)
+    plan = Plan.single(graph, parallel=ParallelConfig(compile=True))
+    root, entering, leaving = fused_chains(graph, ga, plan)
+    chain_ops = np.nonzero(root >= 0)[0]
+    roots = set(root[chain_ops].tolist())
+    gelu = max(roots, key=lambda r: (root == r).sum())
+    members = np.nonzero(root == gelu)[0]
+    assert len(members) >= 5
+    up = graph.index["up"]
+    assert entering[gelu] == pytest.approx(ga.out_bytes[up])  # the matmul's output, once
+    assert leaving[gelu] > 0
+    eager = cost_tables(graph, cluster)
+    comp = compiled_tables(eager, ga, graph=graph, plan=plan)
+    dev = cluster.devices[0]
+    want = max(dev.launch_overhead_s, (entering[gelu] + leaving[gelu]) / dev.memory_bandwidth)
+    got = comp.fwd[0, members].sum()
+    assert got == pytest.approx(min(want, eager.fwd[0, members].sum()))
+    assert got < eager.fwd[0, members].sum()
+    np.testing.assert_allclose(comp.fwd[:, ga.saved], eager.fwd[:, ga.saved])
+    graph.profile_info = {"h200": {"compiled": {"fused_time": 0.9}}}
+    prof = compiled_tables(eager, ga, fused_times(graph, eager.kinds), graph=graph, plan=plan)
+    np.testing.assert_allclose(prof.fwd[0, members], 0.9 * eager.fwd[0, members])
