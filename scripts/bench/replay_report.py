@@ -4,7 +4,8 @@
 
 Replays (``replay_suite.py``) every stored suite whose run folder keeps its per-op profiles
 (``profiles/``), and simulates every option of every one-GPU levers run (``levers.json``,
-``bench_levers.py --replay`` on a copy: recompute and compiled plans, estimated op costs).
+``bench_levers.py --replay`` on a copy: recompute and compiled plans, estimated op costs,
+or the run's own ``profile/`` where it kept one).
 Writes to ``--out`` (or a new ``<date>-cpux1-sim-replay`` folder):
 
 * ``replay.md``: per scenario the median |simulated - measured| / measured step time and
@@ -128,7 +129,10 @@ def replay_levers(root: Path) -> list[dict[str, Any]]:
         tmp = Path(tempfile.mkdtemp(prefix="autoplace-levers-"))
         try:
             shutil.copy(f, tmp / "levers.json")
-            bench_levers.replay(tmp)
+            if (f.parent / "plans").is_dir():  # auto's own plan, where it was kept
+                shutil.copytree(f.parent / "plans", tmp / "plans")
+            profile = f.parent / "profile"  # the run's op profile (and first block), if kept
+            bench_levers.replay(tmp, str(profile) if profile.is_dir() else None)
             check = json.loads((tmp / "sim-check.json").read_text())
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
