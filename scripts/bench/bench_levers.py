@@ -380,6 +380,7 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
     from autoplace.costs.profile import apply_cached
     from autoplace.plan import Plan
     from autoplace.planners.manual import lever_plans
+    from autoplace.search.families import family
     from autoplace.sim import simulate
 
     out = json.loads((folder / "levers.json").read_text())
@@ -412,6 +413,7 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
                 continue
             sim = simulate(graph, plans[recipe], cluster)
             row = {"case": c["name"], "option": key, "recipe": recipe,
+                   "family": family(plans[recipe]),
                    "measured_ms": r["step_time_s"] and r["step_time_s"] * 1e3,
                    "measured_oom": r["oom"], "sim_ms": sim.step_time_s * 1e3,
                    "sim_oom": sim.oom, "measured_peak_gib": r["peak_memory_bytes"]

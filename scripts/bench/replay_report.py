@@ -139,7 +139,8 @@ def replay_levers(root: Path) -> list[dict[str, Any]]:
         for r in check["rows"]:
             if r["measured_ms"] and not r["measured_oom"]:
                 rows.append({**r, "run": f.parent.name,
-                             "family": recipe_family(r["recipe"])})
+                             "family": recipe_family(r["recipe"]) if r["recipe"] != "auto"
+                             else report_family(r["family"])})
     return rows
 
 
