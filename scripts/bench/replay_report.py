@@ -196,7 +196,8 @@ def markdown(scs, pts, skipped, levers, before: str | None) -> str:
              "Every suite that kept its per-op profiles replayed (`scripts/bench/replay_suite.py`:"
              " plans rebuilt by the deterministic planners from the suite's profiles, links and "
              "cap) and every one-GPU levers run's options simulated (`bench_levers.py --replay`,"
-             " estimated op costs), on a CPU, against what the GPUs measured. Step time: "
+             " estimated op costs, or the ops and first block profiled on the card where the run"
+             " kept its profile), on a CPU, against what the GPUs measured. Step time: "
              "|simulated - measured| / measured, median over a scenario's distinct measured "
              f"plans, and Kendall tau; *before*: {before or 'no earlier replay'}.", "",
              "| suite | scenario | devices | plans | median error before | now | "
