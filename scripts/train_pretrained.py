@@ -89,6 +89,10 @@ FAMILY: list[tuple[str, str, str, dict[str, Any]]] = [
     ("rnnlm-L4-h512", "rnn", "rnnlm", {"layers": 4, "hidden": 512, "seq_len": 35,
                                        "vocab_size": 10000}),
     ("rnnlm-L6-h1024", "rnn", "rnnlm", {"layers": 6, "hidden": 1024, "batch_size": 32}),
+    ("rnnlm-L3-h1536", "rnn", "rnnlm", {"layers": 3, "hidden": 1536, "vocab_size": 10000,
+                                        "batch_size": 64}),
+    ("rnnlm-L4-h3072", "rnn", "rnnlm", {"layers": 4, "hidden": 3072, "vocab_size": 20000,
+                                        "seq_len": 30, "batch_size": 32}),
 ]
 #: (label, ops, seed) of the random layered DAGs trained on
 DAGS = [(f"dag{n}-s{s}", n, s) for n, s in ((30, 0), (60, 1), (100, 2), (150, 3), (80, 4))]
