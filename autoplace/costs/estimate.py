@@ -52,8 +52,8 @@ __all__ = ["estimate_costs", "op_cost", "op_traffic", "OpTraffic", "BWD_FACTOR_P
 #: grad of input and grad of weight)
 BWD_FACTOR_PARAM = 2.0
 #: attention kernels' FLOP rate / the device's ``peak_flops`` (a GEMM reaches about the
-#: preset's figure): gpt-1b's causal FlashAttention on an H200 (profile in
-#: bench/results/2026-11-27-h200x4-suite-gpt1b) did 387 TFLOP/s of the work it does
+#: preset's figure): gpt-1b's causal FlashAttention on an H200 (its stored 4x H200 suite
+#: profile, docs/simulator.md: estimated op costs) did 387 TFLOP/s of the work it does
 #: (half the scores) against the preset's 600, its Linears 620-725
 ATTENTION_EFFICIENCY = 0.64
 #: backward / forward time of attention: five matmuls to two (2.5x the FLOPs; Dao et al.
