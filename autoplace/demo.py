@@ -273,7 +273,8 @@ def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
         last = sum(means[-k:]) / k
         lines.append(f"  policy: sampled plans' mean step {first * 1e3:.1f} ms before training"
                      f" -> {last * 1e3:.1f} ms over the last tenth of the updates "
-                     f"({(1 - last / first) * 100:+.1f}%)")
+                     f"({abs(1 - last / first) * 100:.1f}% "
+                     f"{'faster' if last <= first else 'slower'})")
     return lines
 
 
