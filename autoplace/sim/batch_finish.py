@@ -1,6 +1,6 @@
 """End of a batched step: DDP's gradient buckets, the AdamW update and memory per device.
 
-The same formulas as ``local.finish_step`` and ``local.local_memory`` (whose memory
+The same formulas as ``local.finish_step`` and ``replica_memory.local_memory`` (whose memory
 timeline, ``sim.memory``, takes every plan's events at once), over ``[plans, devices]`` arrays built with one ``bincount`` / ``maximum.at`` each (never a pass per
 device: a chunk at 512 devices has 512 of them). Byte counts are whole numbers, so sums
 in another order are the same sums.
@@ -118,7 +118,7 @@ def _ddp_buckets(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, which: np.
 def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarray,
             gid: np.ndarray, rc_op: np.ndarray, pbytes: np.ndarray, d: np.ndarray,
             k_plan: np.ndarray, kk: int, m: int, order: np.ndarray) -> np.ndarray:
-    """``[P, K]`` bytes per local device at its peak, as ``local.local_memory`` (no
+    """``[P, K]`` bytes per local device at its peak, as ``replica_memory.local_memory`` (no
     sharding): the static parts, and the timeline of ``order`` ``[P, m n]`` (forward issue
     order) through :func:`autoplace.sim.memory.timeline_peak`."""
     num, n = dev.shape
@@ -126,12 +126,12 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
     pidx = np.arange(num)
     dcol = d[:, None]
     ddp = (dcol > 1) & (k_plan[:, None] == 1)  # DDP: its buckets hold the gradients
-    grads = np.where(ddp, DDP_GRAD_COPIES * pbytes, 0.0)  # (local.static_memory)
+    grads = np.where(ddp, DDP_GRAD_COPIES * pbytes, 0.0)  # (replica_memory.static_memory)
     graphed = np.array([pl.parallel.graphs for pl in plans])[:, None]
     grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
     cast = cast_copy_bytes(ga, cell, size).reshape(num, kk)
-    kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep  # [P, n] (local.op_memory)
+    kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep  # [P, n] (replica_memory.op_memory)
     fwd_out = ga.out_bytes - ga.loss_keep
     back = np.broadcast_to(ga.back_bytes, (num, n))
     shared = shared_save_bytes(ga, cell, ~rc_op, size)

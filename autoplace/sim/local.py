@@ -31,9 +31,7 @@ from autoplace.cluster import Cluster
 from autoplace.lowering import issue_order_items
 from autoplace.plan import Plan
 from autoplace.sim.fsdp import FsdpStreams
-from autoplace.sim.memory import Peak, cast_copy_bytes, replica_events, timeline_peak
 from autoplace.sim.model import (
-    BUCKET_BYTES,
     CostTables,
     Event,
     GraphArrays,
@@ -42,21 +40,17 @@ from autoplace.sim.model import (
     bucket_ids,
     coll_resource,
     collective_time,
-    fsdp_units,
     grad_reduction,
-    graphed_grad_bytes,
     graphed_host,
     host_times,
-    recompute_boundary_bytes,
     recomputed_ops,
     replica_group,
     replicas_identical,
     scaled,
     shard_degree,
-    shared_save_bytes,
-    state_memory,
     update_time,
 )
+from autoplace.sim.replica_memory import local_memory
 
 
 @dataclass
@@ -474,114 +468,3 @@ def buckets_of(ga, dev: list[int], j: int, last_bwd) -> list[tuple[int, float, f
             ready = max(last_bwd[ops[x]] for x in np.flatnonzero(sel))
             out.append((b, float(pb[sel].sum()), float(ready)))
     return out
-
-
-def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
-    """Per op, what :mod:`autoplace.sim.memory`'s events read (``kept``, ``back``,
-    ``fwd_out``, ``grad``), and per local device the saved copies held beside the op that
-    counts them (``shared``).
-
-    A recomputed op keeps nothing; its group keeps the tensors it reads from outside
-    (counted on the group's first op, freed when its backward ends) and holds its
-    activations again while its backward runs, the larger of that and the op's output
-    gradient being the transient. The output op keeps what the loss saves
-    (``GraphArrays.loss_keep``), its workspace beyond that being its transient in forward
-    and the gradients its backward makes its transient in backward
-    (``GraphArrays.back_bytes``).
-    Gradients are made by the backward, whole or as their shard
-    (:func:`made_grad_share`; the rest ``state_memory`` counts)."""
-    group = np.asarray(lp.group)
-    rc_op = recomputed_ops(ga, lp.group, lp.recompute, lp.selective)
-    kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep
-    for g, b in recompute_boundary_bytes(ga, lp.group, lp.recompute | lp.selective).items():
-        kept[int(np.argmax(group == g))] += b
-    gact = np.zeros(int(group.max()) + 1 if len(group) else 1)
-    np.add.at(gact, group[rc_op], ga.act_bytes[rc_op])
-    has_rc = np.zeros_like(gact, dtype=bool)
-    has_rc[group[rc_op]] = True
-    fwd_out = ga.out_bytes - ga.loss_keep
-    back = np.maximum(ga.back_bytes, np.where(has_rc[group], gact[group], 0.0))
-    grad = ga.param_bytes * made_grad_share(lp, plan)
-    shared = shared_save_bytes(ga, np.asarray(lp.dev), ~rc_op, lp.k)
-    once = None
-    if lp.d > 1 and lp.shard != "none":
-        # a unit's reduce-scatter, after its backward (its first op's): its unsharded
-        # gradients at the gather dtype and their fp32 copy FSDP2 reduces
-        fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units)
-        unit = np.asarray(fu.unit_of)
-        once = np.zeros(ga.n)
-        for u, b in enumerate(fu.unit_bytes):
-            once[int(np.argmax(unit == u))] = b * (1.0 + ga.gather_scale)
-    return {"kept": kept, "back": back, "fwd_out": fwd_out, "grad": grad, "shared": shared,
-            "once": once}
-
-
-def made_grad_share(lp: LocalPlan, plan: Plan) -> float:
-    """Share of its parameters' bytes an op's first backward allocates as gradient, after
-    ``zero_grad(set_to_none=True)`` freed the last: all of them in one process; the shard
-    (``1 / shard_degree``) under FSDP2 and ZeRO-2, made by each unit's reduce-scatter;
-    none under DDP (``gradient_as_bucket_view=True``: the gradients are views of its
-    buckets, which live from its construction) or offloaded (the shards go to the host)."""
-    if plan.parallel.offload:
-        return 0.0
-    if lp.d > 1 and lp.shard != "none":
-        return 1.0 / shard_degree(plan)
-    return 1.0 if lp.d == 1 or lp.k > 1 else 0.0
-
-
-def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
-    """Per local device, the memory a step holds throughout: parameters (and autocast's
-    weight copies where they are not sharded), AdamW state, and the gradients that are not
-    made by the backward (sharded ones, DDP's buckets, a graphed plan's static buffers)."""
-    k, m = lp.k, lp.m
-    dev = np.asarray(lp.dev)
-    max_unit = [0.0] * k
-    root = [0.0] * k
-    if lp.shard == "fsdp":  # the gathered units it holds (zero2 holds all of them)
-        fu = fsdp_units(ga, lp.dev, k, plan.parallel.shard_units)
-        for b, j, is_root in zip(fu.unit_bytes, fu.unit_dev, fu.root):
-            if is_root:
-                root[j] += b
-            else:
-                max_unit[j] = max(max_unit[j], b)
-    pb = np.bincount(dev, weights=ga.param_bytes, minlength=k)[:k]
-    sharded = lp.shard != "none" and lp.d > 1
-    # FSDP2 gathers at the autocast dtype: autocast then has nothing to cast
-    cast = np.zeros(k) if sharded else cast_copy_bytes(ga, dev, k)
-    out = []
-    for j in range(k):
-        mem = state_memory(pb[j], shard_degree(plan), lp.shard, max_unit[j], ga.gather_scale,
-                           replica_devices=k, root_bytes=root[j])
-        mem.params += cast[j]
-        mem.grads -= pb[j] * made_grad_share(lp, plan)  # the ops' ``grad`` events count it
-        if sharded:  # the unsharded gradients: each unit's reduce-scatter (op_memory)
-            mem.grads -= min(float(BUCKET_BYTES), pb[j])
-        if plan.parallel.graphs:
-            mem.grads += graphed_grad_bytes(pb[j], m)
-        out.append(mem)
-    return out
-
-
-def local_memory(ga, lp: LocalPlan, plan: Plan, order: list[int] | None = None
-                 ) -> list[MemoryModel]:
-    """Memory of each local device of one replica at its peak: :func:`static_memory` and
-    the running activations, gradients and transients of its forward in issue order
-    (``order``: ``lowering.issue_order_items``) and its backward in the reverse order
-    (:func:`autoplace.sim.memory.replica_events`)."""
-    if order is None:
-        prio = [plan.priority[g] for g in lp.group] if plan.priority else None
-        order = issue_order_items(ga.preds, lp.dev, lp.m, prio)
-    per = op_memory(ga, lp, plan)
-    events = replica_events(ga.n, np.asarray(lp.dev)[None, :], np.asarray(order)[None, :],
-                            per["kept"], per["back"], per["fwd_out"], per["grad"],
-                            np.array([1.0 / (lp.m * lp.d)]), per["once"])
-    return with_peak(static_memory(ga, lp, plan), timeline_peak(*events, lp.k), per["shared"])
-
-
-def with_peak(mems: list[MemoryModel], peak: Peak, shared: np.ndarray) -> list[MemoryModel]:
-    """``mems`` (static parts per local device) with the timeline's peak added."""
-    for j, mem in enumerate(mems):
-        mem.activations = float(peak.activations[j] + shared[j])
-        mem.grads += float(peak.grads[j])
-        mem.transient = float(peak.transient[j])
-    return mems

@@ -34,7 +34,7 @@ from autoplace.cluster import Cluster
 from autoplace.lowering import issue_order_items
 from autoplace.plan import Plan
 from autoplace.sim.fsdp import FsdpStreams
-from autoplace.sim.local import backward_issue, local_memory, local_plan, op_times
+from autoplace.sim.local import backward_issue, local_plan, op_times
 from autoplace.sim.model import (
     OPTIMIZER_STATE_PER_PARAM_BYTE,
     UPDATE_TRAFFIC_PER_PARAM_BYTE,
@@ -48,6 +48,7 @@ from autoplace.sim.model import (
     host_times,
     replicas_identical,
 )
+from autoplace.sim.replica_memory import local_memory
 
 __all__ = ["OffloadStreams", "host_bytes", "host_copy_s", "offload_memory", "shard_count",
            "simulate_offload"]

@@ -24,14 +24,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.lowering import pipeline_actions
 from autoplace.plan import Plan
-from autoplace.sim.local import (
-    finish_step,
-    local_plan,
-    op_memory,
-    op_times,
-    static_memory,
-    with_peak,
-)
+from autoplace.sim.local import finish_step, local_plan, op_times
 from autoplace.sim.memory import stage_events, timeline_peak
 from autoplace.sim.model import (
     CostTables,
@@ -45,6 +38,7 @@ from autoplace.sim.model import (
     replica_group,
     replicas_identical,
 )
+from autoplace.sim.replica_memory import op_memory, static_memory, with_peak
 
 __all__ = ["simulate_pipeline"]
 
