@@ -6,23 +6,17 @@ float32 copy and what it keeps. Measured here on a real step of the executor on 
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
-import torch
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoplace import workloads
 from autoplace.cluster import Cluster, Device, resolve
-from autoplace.executor import build
-from autoplace.executor.runner import capture_graph, global_batch, workload_optimizer
+from autoplace.executor.runner import capture_graph
 from autoplace.graph import OpGraph, OpNode
 from autoplace.plan import Plan
 from autoplace.planners.manual import lever_plans
 from autoplace.sim import simulate, simulate_batch
 from autoplace.sim.memory import loss_backward_bytes, loss_keep_bytes
+from autoplace.tools.step_memory import measure_step
 
 MiB = 2**20
 
@@ -76,61 +70,6 @@ def test_float32_logits_and_a_larger_captured_workspace():
     assert loss_keep_bytes(none, none["output"]) == loss_backward_bytes(none, none["output"]) == 0
 
 
-class _LiveStorages(TorchDispatchMode):
-    """Bytes of the tensor storages made under the mode and still alive, op by op (a
-    storage dies when its last tensor does, whoever holds it: autograd's saved tensors
-    too), their peak and what was alive there. ``known``: storages not counted (made
-    before the step)."""
-
-    def __init__(self, known: list[torch.Tensor]) -> None:
-        super().__init__()
-        self.live: dict[int, tuple[StorageWeakRef, int, str]] = {}
-        for t in known:
-            s = t.untyped_storage()
-            self.live[s._cdata] = (StorageWeakRef(s), 0, "before")
-        self.total = self.peak = 0
-        self.at_peak: tuple[str, list[tuple[int, str]]] = ("", [])
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        for k in [k for k, (ref, _, _) in self.live.items() if ref.expired()]:
-            self.total -= self.live.pop(k)[1]
-        out = func(*args, **(kwargs or {}))
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in self.live:
-                s = t.untyped_storage()
-                self.live[s._cdata] = (StorageWeakRef(s), s.nbytes(), f"{t.dtype} {func}")
-                self.total += s.nbytes()
-        if self.total > self.peak:
-            self.peak = self.total
-            self.at_peak = (str(func), [(n, what) for _, n, what in self.live.values() if n])
-        return out
-
-
-def _measured_step(wl, graph, plan, cluster, autocast: str | None):
-    """Peak bytes of the executor's second step (AdamW state made by the first) on the
-    CPU: parameters, optimizer state and batch, and the most the step holds at once;
-    with what was alive there. Autocast as the executor's loop has it on GPUs (one region
-    over forward and backward, its cast cache on), here on the CPU."""
-    built = build.build_rank(wl, graph, plan, cluster, 0, wl.batch_size)
-    params = [p for p in built.model.parameters() if p.requires_grad]
-    opt = workload_optimizer(params, wl, built.devices[0])
-    region = (lambda: torch.autocast("cpu", dtype=getattr(torch, autocast))) if autocast \
-        else contextlib.nullcontext
-    for step in range(2):
-        inputs, targets = global_batch(wl, step, 0)
-        before = [*params, *inputs, targets,
-                  *(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))]
-        mode = _LiveStorages(before)
-        with mode:
-            with region():
-                built.step(inputs, targets)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    static = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes()
-                  for t in before}.values())
-    return static + mode.peak, mode.at_peak
-
-
 @pytest.mark.parametrize("autocast", [None, "bfloat16"])
 @pytest.mark.parametrize("recipe", ["single", "checkpoint-blocks"])
 def test_simulated_peak_matches_a_measured_step_whose_logits_dominate(autocast, recipe):
@@ -142,7 +81,8 @@ def test_simulated_peak_matches_a_measured_step_whose_logits_dominate(autocast, 
     graph = capture_graph(wl)
     cluster = resolve("cpu-x1")
     plan = {"single": Plan.single(graph, cluster=cluster), **lever_plans(graph, cluster)}[recipe]
-    measured, (at, alive) = _measured_step(wl, graph, plan, cluster, autocast)
+    step = measure_step(wl, graph, plan, cluster, autocast)
+    measured, at, alive = step["measured_bytes"], step["peak_op"], step["alive_at_peak"]
     f32 = 4 * 64 * 4096 * 4
     assert "_log_softmax_backward_data" in at
     assert sum(n == f32 and what.startswith("torch.float32") for n, what in alive) == 3
