@@ -39,17 +39,35 @@ import numpy as np
 
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim.compiled import filled_host
 from autoplace.sim.model import CostTables, GraphArrays
 
-__all__ = ["block_tables", "needs_scalar", "graphed_tables", "recompute_host_tables"]
+__all__ = ["block_tables", "block_values", "filled_host", "graphed_tables", "needs_scalar",
+           "profiled", "recompute_host_tables"]
 
 
-def _per_kind(graph: OpGraph, kinds: list[str], part: str, key: str,
-              default: float) -> np.ndarray:
+def block_values(graph: OpGraph, kinds: list[str], part: str, key: str,
+                 default: float) -> np.ndarray:
+    """Per device kind of ``kinds``, ``profile_info[kind][part][key]`` of the graph's
+    profiled block (``part``: compiled, recompute or graphs), else ``default``."""
     info = getattr(graph, "profile_info", None) or {}
     return np.array([float(((info.get(k) or {}).get(part) or {}).get(key, default))
                      for k in kinds])
+
+
+def profiled(graph: OpGraph, kinds: list[str], part: str) -> np.ndarray:
+    """bool per device kind of ``kinds``: whether the graph's profiled block has ``part``."""
+    info = getattr(graph, "profile_info", None) or {}
+    return np.array([bool((info.get(k) or {}).get(part)) for k in kinds], dtype=bool)
+
+
+def filled_host(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward host times per kind and op, those the profile lacks (NaN)
+    filled in with the device's ``host_dispatch_s`` (what the simulator uses for them)."""
+    host_of_kind = np.array([
+        tables.host[tables.kind_of_device == k].max() if (tables.kind_of_device == k).any()
+        else 0.0 for k in range(len(tables.kinds))])[:, None]
+    return (np.where(np.isnan(tables.host_fwd), host_of_kind, tables.host_fwd),
+            np.where(np.isnan(tables.host_bwd), host_of_kind, tables.host_bwd))
 
 
 def _has(graph: OpGraph, part: str) -> bool:
@@ -75,7 +93,7 @@ def graphed_tables(graph: OpGraph, tables: CostTables, plan: Plan) -> CostTables
     replayed as CUDA graphs (see the module docstring)."""
     if not (plan.parallel.graphs and _has(graph, "graphs")):
         return tables
-    share = np.clip(_per_kind(graph, tables.kinds, "graphs", "device_share", 1.0),
+    share = np.clip(block_values(graph, tables.kinds, "graphs", "device_share", 1.0),
                     0.01, 1.0)[:, None]
     return replace(tables, fwd=tables.fwd * share, bwd=tables.bwd * share,
                    fwd_fixed=tables.fwd_fixed * share, bwd_fixed=tables.bwd_fixed * share)
@@ -88,11 +106,11 @@ def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
     if not (plan.recompute or plan.selective) or not _has(graph, "recompute"):
         return tables
     if plan.parallel.compile:  # the checkpoint traced into the compiled piece's graph
-        full = _per_kind(graph, tables.kinds, "recompute", "compiled_full_host_s", 0.0)
+        full = block_values(graph, tables.kinds, "recompute", "compiled_full_host_s", 0.0)
         full, sel = full[:, None], np.zeros((len(tables.kinds), 1))
     else:
-        full = _per_kind(graph, tables.kinds, "recompute", "full_host_s", 0.0)[:, None]
-        sel = _per_kind(graph, tables.kinds, "recompute", "selective_host_s", 0.0)[:, None]
+        full = block_values(graph, tables.kinds, "recompute", "full_host_s", 0.0)[:, None]
+        sel = block_values(graph, tables.kinds, "recompute", "selective_host_s", 0.0)[:, None]
     group = np.array([plan.groups.get(name, -1) for name in ga.names])
     rec = np.isin(group, list(plan.recompute))[None, :]
     sel_ops = np.isin(group, list(plan.selective))[None, :]

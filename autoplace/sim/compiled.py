@@ -43,10 +43,11 @@ import numpy as np
 
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
+from autoplace.sim.block_profile import block_values, filled_host, profiled
 from autoplace.sim.model import CostTables, GraphArrays
 
-__all__ = ["COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "filled_host",
-           "fused_chains", "fused_times", "profiled_kinds"]
+__all__ = ["COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "fused_chains",
+           "fused_times", "profiled_kinds"]
 
 #: device and host time of a fused (non-matmul) op in a compiled piece over its eager time
 COMPILED_FUSED_TIME = 0.55
@@ -56,15 +57,20 @@ def fused_times(graph: OpGraph, kinds: list[str]) -> np.ndarray:
     """Per device kind, the fused ops' factor: measured on the machine where the graph's
     profile has a compiled block (``profile_info[kind]["compiled"]["fused_time"]``,
     :mod:`autoplace.executor.profile_block`), else :data:`COMPILED_FUSED_TIME`."""
-    info = getattr(graph, "profile_info", None) or {}
-    return np.array([float(((info.get(k) or {}).get("compiled") or {}).get(
-        "fused_time", COMPILED_FUSED_TIME)) for k in kinds])
+    return block_values(graph, kinds, "compiled", "fused_time", COMPILED_FUSED_TIME)
 
 
 def profiled_kinds(graph: OpGraph, kinds: list[str]) -> np.ndarray:
     """bool per device kind: whether the graph's profile has a compiled block for it."""
-    info = getattr(graph, "profile_info", None) or {}
-    return np.array([bool((info.get(k) or {}).get("compiled")) for k in kinds], dtype=bool)
+    return profiled(graph, kinds, "compiled")
+
+
+def _op_kinds(graph: OpGraph, n: int) -> list[str]:
+    """The graph's op kinds in order (cached on the graph)."""
+    kinds = graph.__dict__.get("_sim_kinds")
+    if kinds is None or len(kinds) != n:
+        kinds = graph.__dict__["_sim_kinds"] = [op.kind for op in graph.ops]
+    return kinds
 
 
 def fused_chains(graph: OpGraph, ga: GraphArrays, plan: Plan
@@ -73,9 +79,7 @@ def fused_chains(graph: OpGraph, ga: GraphArrays, plan: Plan
     for an op that is not fused), and per chain the bytes entering it (each producer
     counted once) and leaving it (each op's output read outside the chain, or the
     graph's output)."""
-    kinds = graph.__dict__.get("_sim_kinds")
-    if kinds is None or len(kinds) != ga.n:
-        kinds = graph.__dict__["_sim_kinds"] = [op.kind for op in graph.ops]
+    kinds = _op_kinds(graph, ga.n)
     fused = ~ga.saved & np.array([k not in ("input", "param", "output") for k in kinds])
     group = np.array([plan.groups.get(name, -1) for name in ga.names])
     parent = list(range(ga.n))
@@ -116,22 +120,25 @@ def _chain_device_times(tables: CostTables, chains: tuple, kinds: np.ndarray
     root, entering, leaving = chains
     fwd, bwd = tables.fwd.copy(), tables.bwd.copy()
     fwd_fixed, bwd_fixed = tables.fwd_fixed.copy(), tables.bwd_fixed.copy()
-    members = {r: np.nonzero(root == r)[0] for r in np.unique(root[root >= 0]).tolist()}
+    ops = np.nonzero(root >= 0)[0]
+    if not len(ops):
+        return fwd, bwd, fwd_fixed, bwd_fixed
+    roots, chain = np.unique(root[ops], return_inverse=True)  # chain index of each op
+    e_in = np.array([entering.get(int(r), 0.0) for r in roots])
+    e_out = np.array([leaving.get(int(r), 0.0) for r in roots])
     for k in np.nonzero(kinds)[0].tolist():
         devs = tables.kind_of_device == k
         if not devs.any():
             continue
         bw, launch = float(tables.mem_bandwidth[devs].max()), float(tables.overhead[devs].max())
-        for r, ops in members.items():
-            e_in, e_out = entering.get(r, 0.0), leaving.get(r, 0.0)
-            for t, fixed, nbytes in ((fwd, fwd_fixed, e_in + e_out),
-                                     (bwd, bwd_fixed, 2 * e_in + e_out)):
-                eager = t[k, ops]
-                total = float(eager.sum())
-                if total <= 0:
-                    continue
-                t[k, ops] = eager / total * min(total, max(launch, nbytes / bw))
-                fixed[k, ops] = np.minimum(np.nan_to_num(fixed[k, ops], nan=launch), t[k, ops])
+        for t, fixed, nbytes in ((fwd, fwd_fixed, e_in + e_out),
+                                 (bwd, bwd_fixed, 2 * e_in + e_out)):
+            eager = t[k, ops]
+            total = np.bincount(chain, weights=eager, minlength=len(roots))
+            priced = np.minimum(total, np.maximum(launch, nbytes / bw))
+            share = np.divide(priced, total, out=np.ones_like(total), where=total > 0)
+            t[k, ops] = eager * share[chain]
+            fixed[k, ops] = np.minimum(np.nan_to_num(fixed[k, ops], nan=launch), t[k, ops])
     return fwd, bwd, fwd_fixed, bwd_fixed
 
 
@@ -167,22 +174,10 @@ def compiled_tables(tables: CostTables, ga: GraphArrays,
                    bwd_fixed=np.where(keep, bwd_fixed, out.bwd_fixed))
 
 
-def filled_host(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward host times per kind and op, those the profile lacks (NaN)
-    filled in with the device's ``host_dispatch_s`` (what the simulator uses for them)."""
-    host_of_kind = np.array([
-        tables.host[tables.kind_of_device == k].max() if (tables.kind_of_device == k).any()
-        else 0.0 for k in range(len(tables.kinds))])[:, None]
-    return (np.where(np.isnan(tables.host_fwd), host_of_kind, tables.host_fwd),
-            np.where(np.isnan(tables.host_bwd), host_of_kind, tables.host_bwd))
-
-
 def compiled_arrays(graph: OpGraph, ga: GraphArrays, plan: Plan) -> GraphArrays:
     """``ga`` with the activations a compiled plan's pieces keep (see the module
     docstring): a fused op inside a chain of fused ops of its own group keeps none."""
-    kinds = graph.__dict__.get("_sim_kinds")
-    if kinds is None or len(kinds) != ga.n:
-        kinds = graph.__dict__["_sim_kinds"] = [op.kind for op in graph.ops]
+    kinds = _op_kinds(graph, ga.n)
     norm = np.array(["norm" in k.lower() for k in kinds], dtype=bool)
     source = ga.saved | np.array([k in ("input", "param") for k in kinds], dtype=bool)
     group = np.array([plan.groups.get(name, -1) for name in ga.names], dtype=np.int64)
