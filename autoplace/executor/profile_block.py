@@ -51,6 +51,7 @@ from torch.utils import _pytree as pytree
 from autoplace.capture import fetch_attr, program_inputs
 from autoplace.costs.profile import device_kind
 from autoplace.costs.profile_cache import record_block
+from autoplace.costs.timing import _grad_outputs, _sync, _time_call
 from autoplace.errors import AutoplaceError
 from autoplace.executor.graphs import _Graphed
 from autoplace.executor.pieces import COMPILE_BACKEND_ENV, canonical_piece, piece
@@ -226,8 +227,7 @@ def _fwd_bwd(module: torch.nn.Module, values: list[Any]) -> Callable[[], None]:
            else v for v in values]
 
     def step() -> None:
-        out = [o for o in pytree.tree_leaves(module(*ins))
-               if isinstance(o, torch.Tensor) and o.requires_grad]
+        out = _grad_outputs(module(*ins))
         if out:
             torch.autograd.backward(out, [torch.ones_like(o) for o in out])
 
@@ -237,29 +237,17 @@ def _fwd_bwd(module: torch.nn.Module, values: list[Any]) -> Callable[[], None]:
 def _timed_pair(fns: Sequence[Callable[[], None]], dev: torch.device,
                 repeats: int) -> list[float]:
     """Seconds per call of each of ``fns``, timed in turn (interleaved, so drift in the
-    machine's speed falls on both): each warmed up (at least 5 calls and 0.2 s), then
-    ``repeats`` samples each, a sample a loop of calls lasting about 2 ms; the fastest
-    sample on a GPU, the median on a CPU."""
-    cuda = dev.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
-    calls = []
+    machine's speed falls on all of them): each warmed up (at least 5 calls and 0.2 s),
+    then ``repeats`` rounds of one sample each (:func:`autoplace.costs.timing._time_call`);
+    the fastest sample on a GPU, the median on a CPU."""
     for fn in fns:
         t0, n = time.perf_counter(), 0
         while n < 5 or time.perf_counter() - t0 < 0.2:
             fn()
-            sync()
+            _sync(dev)
             n += 1
-        t1 = time.perf_counter()
-        fn()
-        sync()
-        calls.append(max(1, min(50, int(2e-3 / max(time.perf_counter() - t1, 1e-6)))))
     samples: list[list[float]] = [[] for _ in fns]
     for _ in range(max(1, repeats)):
-        for fn, k, out in zip(fns, calls, samples):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(k):
-                fn()
-            sync()
-            out.append((time.perf_counter() - t0) / k)
-    return [min(x) if cuda else statistics.median(x) for x in samples]
+        for fn, out in zip(fns, samples):
+            out.append(_time_call(fn, dev, 1))
+    return [min(x) if dev.type == "cuda" else statistics.median(x) for x in samples]
