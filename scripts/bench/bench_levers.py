@@ -55,6 +55,11 @@ TWINS = {"compile-blocks": "compile", "checkpoint-blocks": "checkpoint",
 TARGET = 0.97  # autoplace's throughput over the same recipe's by hand
 
 
+def slug_of(name: str) -> str:
+    """A case's or model's name as file names use it (``gpt-1b @22GiB`` -> ``gpt-1b-22gib``)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
 def say(msg: str) -> None:
     print(f"[levers {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -238,7 +243,7 @@ def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
     except Exception as e:  # noqa: BLE001 - a search that fails is a result
         case["auto"] = {"error": f"{type(e).__name__}: {e}"}
         say(f"  auto failed: {e}")
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    slug = slug_of(name)
     paths = {k: ctx["folder"] / "plans" / f"{slug}-{k.replace('+', '-')}.json" for k in plans}
     for k, plan in plans.items():
         plan.save(paths[k])
@@ -401,7 +406,7 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
     for c in out["cases"]:
         cluster = resolve(f"{card}x1", memory_cap=c["memory_cap_bytes"])
         plans = {"eager": Plan.single(graph), **lever_plans(graph, cluster)}
-        slug = re.sub(r"[^a-z0-9]+", "-", c["name"].lower()).strip("-")
+        slug = slug_of(c["name"])
         auto_file = folder / "plans" / f"{slug}-auto.json"
         if auto_file.exists():  # auto's own plan (not one of the recipes)
             plans["auto"] = Plan.load(auto_file)
@@ -541,7 +546,7 @@ def main() -> int:
     # a stopped driver (timeout's SIGTERM) stops its running worker too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     card = torch.cuda.get_device_name(0) if cuda else "cpu"
-    tag = "levers-" + re.sub(r"[^a-z0-9]+", "-", meta.name.lower()).strip("-")
+    tag = "levers-" + slug_of(meta.name)
     folder = output_folder(a.out, tag, card=card, gpus=1)
     (folder / "plans").mkdir(exist_ok=True)
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
