@@ -24,9 +24,15 @@ timed loops after warm-up (the median on a CPU).
   (:mod:`autoplace.sim.block_profile`). On a device-bound model it is about the forward's
   device time, which the issuing thread then spends in parallel with the device.
 
-- CUDA graphs (on a GPU): the block replayed as a CUDA graph (the executor's
-  :class:`~autoplace.executor.graphs._Graphed`) over eager, ``device_share`` (at most 1):
-  what is left of the eager op times when nothing is issued op by op.
+- CUDA graphs (on a GPU): the first block, and the first :data:`GRAPHED_BLOCKS` blocks as
+  one piece, replayed as a CUDA graph (the executor's
+  :class:`~autoplace.executor.graphs._Graphed`). A replay has a fixed cost (the autograd
+  call, copies into the static inputs, two graph launches) that a plan's piece pays once,
+  however many blocks it holds; so ``device_share`` (at most 1), what is left of the
+  profiled op times when nothing is issued op by op, is the graph's time per added block
+  (the two graphs' difference over the blocks added) over those blocks' profiled op
+  times. One block on its own (the graph has one) gives the single block's graph over its
+  eager time.
 
 The results are written into the graph's cached profile record (``"compiled"``,
 ``"recompute"``, ``"graphs"``) and so reach every later simulation of this graph on this device kind;
@@ -61,20 +67,20 @@ from autoplace.lowering import SELECTIVE_SAVED_KINDS, block_group_ids, block_gro
 __all__ = ["block_ops", "describe", "profile_block"]
 
 FUSED_TIME_RANGE = (0.05, 2.0)
+#: blocks replayed as one CUDA graph beside the first block alone (fewer where the graph
+#: has fewer)
+GRAPHED_BLOCKS = 8
 #: the parts of a record the profile cache keeps
 PARTS = ("compiled", "recompute", "graphs")
 
 
-def block_ops(graph: OpGraph) -> list[str]:
-    """The ops of the graph's first block that do work (no inputs or parameter fetches),
-    in graph order; empty when the graph has no blocks."""
+def block_ops(graph: OpGraph, blocks: int = 1) -> list[str]:
+    """The ops of the graph's first ``blocks`` blocks that do work (no inputs or parameter
+    fetches), in graph order; empty when the graph has no blocks."""
     groups = block_groups(graph)
-    ids = block_group_ids(graph, groups)
-    if not ids:
-        return []
-    first = min(ids)
+    ids = set(sorted(block_group_ids(graph, groups))[:blocks])
     return [op.name for op in graph.ops
-            if groups[op.name] == first and op.kind not in ("input", "param", "output")]
+            if groups[op.name] in ids and op.kind not in ("input", "param", "output")]
 
 
 def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
@@ -101,12 +107,7 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
     # graph capture requires it)
     cast = (torch.autocast(dev.type, dtype=getattr(torch, autocast_dtype), cache_enabled=False)
             if autocast_dtype and dev.type == "cuda" else contextlib.nullcontext())
-    sub, ext = _cut(gm, set(names))
-    with cast:
-        values = _values_of(gm, flat, ext)
-    attrs = {n.target: fetch_attr(gm, n.target) for n in sub.nodes
-             if n.op in ("call_module", "get_attr")}
-    sub_gm, code = canonical_piece(sub, attrs)
+    sub_gm, code, values = _block_piece(gm, flat, names, cast)
     forms = {"eager": piece(sub_gm, None, False, "profiled block"),
              "full": piece(sub_gm, "full", False, "profiled block"),
              "selective": piece(sub_gm, "selective", False, "profiled block")}
@@ -121,10 +122,15 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
             _fwd_bwd(both, values)()
             if not both.failed:
                 forms["compiled_full"] = both
+        many = block_ops(graph, GRAPHED_BLOCKS) if dev.type == "cuda" else []
         if dev.type == "cuda":
             forms["graphed"] = _Graphed(sub_gm, dev)
-        times = dict(zip(forms, _timed_pair([_fwd_bwd(m, values) for m in forms.values()],
-                                            dev, repeats)))
+        if len(many) > len(names):
+            many_gm, _, many_values = _block_piece(gm, flat, many, cast)
+            forms["graphed_many"] = _Graphed(many_gm, dev)
+        times = dict(zip(forms, _timed_pair(
+            [_fwd_bwd(m, many_values if name == "graphed_many" else values)
+             for name, m in forms.items()], dev, repeats)))
     eager_s = times["eager"]
     graphed = forms.get("graphed")
     rec: dict[str, Any] = {"compiled": None, "graphs": None, "recompute": {
@@ -136,9 +142,18 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
         rec["recompute"]["compiled_full_s"] = times["compiled_full"]
         rec["recompute"]["compiled_full_host_s"] = max(
             0.0, times["compiled_full"] - times["compiled"]) / len(names)
-    if graphed is not None and graphed.failed is None and graphed._replay is not None:
+    if _replayed(graphed):
         rec["graphs"] = {"graphed_s": times["graphed"], "eager_s": eager_s,
-                         "device_share": min(1.0, times["graphed"] / eager_s)}
+                         "device_share": min(1.0, times["graphed"] / eager_s), "blocks": 1}
+        if _replayed(forms.get("graphed_many")):
+            added = [n for n in many if n not in set(names)]
+            op_s = sum(graph[n].fwd_time_s.get(kind, 0.0) + graph[n].bwd_time_s.get(kind, 0.0)
+                       for n in added)
+            per = max(0.0, times["graphed_many"] - times["graphed"])
+            rec["graphs"].update({
+                "blocks": min(GRAPHED_BLOCKS, len(block_group_ids(graph, block_groups(graph)))),
+                "graphed_blocks_s": times["graphed_many"], "added_ops_s": op_s,
+                "device_share": min(1.0, per / op_s) if op_s > 0 else 1.0})
     elif graphed is not None:
         rec["graphs_failed"] = graphed.failed or "the block was never captured"
     if "compiled" in times:
@@ -177,8 +192,28 @@ def describe(rec: dict[str, Any] | None) -> str:
                 f"{c['compiled_s'] * ms:.3f} compiled (fused ops at {c['fused_time']:.2f}x "
                 f"eager; compiled in {c['compile_s']:.1f} s)" if c else
                 "compile failed (compiled plans priced at the default factor)") + (
-                f", {g['graphed_s'] * ms:.3f} as a CUDA graph" if g else
+                f", {g['graphed_s'] * ms:.3f} as a CUDA graph" + (
+                    f" ({g['graphed_blocks_s'] * ms:.3f} for {g['blocks']} blocks: "
+                    f"{g['device_share']:.2f} of their op times)" if "graphed_blocks_s" in g
+                    else "") if g else
                 f", no CUDA graph ({rec['graphs_failed']})" if rec.get("graphs_failed") else ""))
+
+
+def _replayed(graphed: _Graphed | None) -> bool:
+    return graphed is not None and graphed.failed is None and graphed._replay is not None
+
+
+def _block_piece(gm: fx.GraphModule, flat: Sequence[Any], names: list[str],
+                 cast: Any) -> tuple[fx.GraphModule, str, list[Any]]:
+    """The ops ``names`` of ``gm`` cut out as the executor's piece (its module and code key)
+    and the values it receives in a forward of ``gm`` on ``flat``."""
+    sub, ext = _cut(gm, set(names))
+    with cast:
+        values = _values_of(gm, flat, ext)
+    attrs = {n.target: fetch_attr(gm, n.target) for n in sub.nodes
+             if n.op in ("call_module", "get_attr")}
+    sub_gm, code = canonical_piece(sub, attrs)
+    return sub_gm, code, values
 
 
 def _cut(gm: fx.GraphModule, names: set[str]) -> tuple[fx.Graph, list[fx.Node]]:

@@ -14,7 +14,13 @@ from autoplace.cluster import resolve
 from autoplace.costs.profile import apply_cached, profile
 from autoplace.errors import AutoplaceError
 from autoplace.executor.pieces import COMPILE_BACKEND_ENV
-from autoplace.executor.profile_block import _cut, _values_of, block_ops, profile_block
+from autoplace.executor.profile_block import (
+    GRAPHED_BLOCKS,
+    _cut,
+    _values_of,
+    block_ops,
+    profile_block,
+)
 from autoplace.graph import OpGraph, random_dag
 from autoplace.plan import Plan
 from autoplace.planners.manual import lever_plans
@@ -37,6 +43,10 @@ def test_block_is_the_first_block_and_runs_as_in_the_model(profiled):
     assert names and all(graph[n].module_path.startswith("blocks.0") or
                          not graph[n].module_path for n in names)
     assert any(graph[n].module_path.startswith("blocks.0.attn") for n in names)
+    two = block_ops(graph, 2)  # the first two blocks, for the CUDA-graph comparison
+    assert two[:len(names)] == names and len(two) == 2 * len(names)
+    assert {graph[n].module_path.split(".")[1] for n in two[len(names):]
+            if graph[n].module_path} == {"1"}
     sub, ext = _cut(graph.module, set(names))
     assert [n.op for n in sub.nodes].count("placeholder") == len(ext) == 1
     from autoplace.capture import program_inputs
@@ -149,6 +159,11 @@ def test_block_on_a_gpu(tmp_path):
     assert got["compiled"] is not None and got["compiled"]["backend"] == "inductor"
     assert got["graphs"] is not None, got.get("graphs_failed")
     assert 0 < got["graphs"]["device_share"] <= 1
+    # gpt-tiny's blocks: the first one graphed alone and the first two as one graph, whose
+    # extra block costs less than the lone block's replay (no second fixed cost)
+    g = got["graphs"]
+    assert g["blocks"] == min(GRAPHED_BLOCKS, 2) and g["added_ops_s"] > 0
+    assert g["graphed_s"] < g["graphed_blocks_s"] < 2 * g["graphed_s"]
     assert got["recompute"]["full_s"] > 0
     fresh = capture_workload(workloads.get("gpt-tiny", device="meta",
                                            autocast_dtype="bfloat16"))
