@@ -2,14 +2,15 @@
 
 capture -> the ops profiled on the devices present (so the simulator ranks plans with
 this machine's op times, not estimates) -> every baseline planner on the simulator -> the
-placement policy: the pre-trained GNN shipped with autoplace places the graph zero-shot and
-is fine-tuned on it briefly (warm start from the best heuristic plan, then REINFORCE; on 2, 4
-or 8 devices, else a policy trained from scratch), its learning printed as it trains (per
-update, the simulated step of the plans it samples: their mean and the fastest, and the best
-so far) -> the policy's plan exported -> the policy's plan and the best baselines executed
-for real (loss checked against unpartitioned training) -> one table, plus a Gantt chart of
-the best plan, a bar chart and the policy's learning curve (``policy_learning.png``, its
-series in ``policy_learning.json``), under ``out``.
+pre-trained GNN shipped with autoplace places the graph zero-shot (its own row, on 2, 4 or
+8 devices) -> a placement policy trained from random weights on the simulator, its learning
+printed as it trains (update 0: the untrained policy's samples; then the warm start, which
+imitates the best heuristic plan the env reaches; then REINFORCE, per update the simulated
+step of the plans it samples: their mean and the fastest, and the best so far) -> the
+policy's plan exported -> the policy's plan and the best other plans executed for real (loss
+checked against unpartitioned training) -> one table, plus a Gantt chart of the best plan, a
+bar chart and the policy's learning curve (``policy_learning.png``, its series in
+``policy_learning.json``), under ``out``.
 
 The table says where the simulated and the measured orders of the executed plans
 disagree, and why (:func:`order_notes`): a simulator that contradicts the measurement
@@ -21,20 +22,35 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from autoplace.cluster import Cluster
+from autoplace.envs.levers import compile_pays
 from autoplace.errors import AutoplaceError
 from autoplace.files import write_json_atomic
+from autoplace.graph import OpGraph
+from autoplace.plan import SHARD_MODES, Plan
+from autoplace.policies.api import default_env_options
+from autoplace.policies.reinforce import ReinforceConfig, ReinforceResult, parse_budget, reinforce
+from autoplace.policies.stages import TrainingRun
+from autoplace.sim import simulate
 
-__all__ = ["run_demo", "DEFAULT_PLANNERS", "LivePrinter", "order_notes", "plot_learning",
-           "progress_lines", "update_line"]
+__all__ = ["run_demo", "DEFAULT_PLANNERS", "LivePrinter", "ZERO_SHOT", "order_notes",
+           "plot_learning", "progress_lines", "train_fresh", "update_line", "with_best_shard"]
 
 #: The baselines the demo compares (the full list is ``autoplace plan --list``).
 DEFAULT_PLANNERS = ("single", "expert", "hash", "critical-path", "mincut", "m-etf",
                     "hybrid-dp", "ddp", "pipeline")
+#: the table's row of the shipped pre-trained GNN's zero-shot plan
+ZERO_SHOT = "pretrained:zero-shot"
+#: groups the demo's fresh policy places (the graph coarsened to this many)
+DEMO_GROUPS = 16
+#: a sampled plans' mean this close to the start's is reported as unchanged
+UNCHANGED = 0.005
 
 
 def _say(msg: str) -> None:
@@ -62,12 +78,12 @@ def run_demo(
         memory_cap: cap every device (``"16GB"``).
         options: workload options.
         out_dir: where plans, reports and plots go.
-        policy: policy trained with REINFORCE (seq2seq, hierarchical, gnn: the pre-trained
-            GNN, fine-tuned, where it places on the cluster's device count).
-        budget: its training (or fine-tuning) budget (``60s``, ``500ep``).
+        policy: policy trained from random weights (seq2seq, hierarchical, gnn) with warm
+            start and REINFORCE (:func:`train_fresh`).
+        budget: its training budget (``60s``, ``500ep``).
         steps: real training steps per executed plan (warm-up included).
-        execute_top: baselines executed for real beside the policy's plan (fastest
-            simulated first; ``single`` always).
+        execute_top: other plans (baselines and the zero-shot plan) executed for real beside
+            the policy's plan (fastest simulated first; ``single`` always).
         profile_ops: measure the ops on the first device before ranking (kept in
             ``out/profile``, reused by the next demo); False: estimated op costs.
     """
@@ -76,11 +92,9 @@ def run_demo(
     from autoplace.cluster import resolve
     from autoplace.costs.profile import profile
     from autoplace.executor.launch import run_plan
-    from autoplace.policies import train
-    from autoplace.policies.pretrained import DEVICE_COUNTS, finetune_pretrained
+    from autoplace.policies.pretrained import DEVICE_COUNTS, WEIGHTS_PATH, place_pretrained
     from autoplace.search.auto import signature
     from autoplace.search.compare import compare, format_table
-    from autoplace.sim import simulate
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,52 +114,36 @@ def run_demo(
             _say(f"profiling failed ({str(e).splitlines()[0][:120]}): op costs estimated")
 
     rows = compare(graph, cluster, list(DEFAULT_PLANNERS), progress=True)
+    if cluster.num_devices in DEVICE_COUNTS and WEIGHTS_PATH.is_file():
+        # the shipped GNN places the graph zero-shot (no training on it): a row of its own
+        t0 = time.perf_counter()
+        shipped = place_pretrained(graph, cluster, seed=0)
+        if not shipped.planner.get("failed"):
+            rows.append(_plan_row(ZERO_SHOT, shipped, graph, cluster, t0))
+            _say(f"pre-trained gnn, zero-shot: {rows[-1]['sim_step_time_s'] * 1e3:.1f} ms "
+                 f"({shipped.split()}, {rows[-1]['search_time_s']:.2f} s)")
 
     t0 = time.perf_counter()
-    if policy == "gnn" and cluster.num_devices in DEVICE_COUNTS:
-        # the shipped GNN places the graph zero-shot, then trains on it: warm start (the
-        # best heuristic plan the env reaches) and REINFORCE from the pre-trained weights
-        _say(f"pre-trained gnn: zero-shot, then fine-tuned for {budget} on the simulator "
-             "(per update: the simulated step of the plans it samples, mean and fastest)")
-        tuned = finetune_pretrained(graph, cluster, budget=budget, seed=0,
-                                    on_update=LivePrinter(budget))
-        policy_plan = tuned.plan
-        history = tuned.history
-        start = tuned.start_samples
-        for line in progress_lines(tuned.history, tuned.zero_shot_step_time_s,
-                                   tuned.warm_start, start):
-            _say(line)
-        _say(f"  policy: chosen {tuned.step_time_s * 1e3:.3f} ms ({policy_plan.split()}, "
-             f"from the {tuned.plan.planner.get('source')} plan)")
-        zero_s = tuned.zero_shot_step_time_s
-    else:
-        _say(f"training a {policy} policy for {budget} on the simulator")
-        # a fresh policy every demo: the demo's own folder, replaced each time it runs
-        res = train(graph, cluster, policy=policy, backend="sim", budget=budget,
-                    out_dir=str(out / "policy"), seed=0, max_groups=16, progress=True,
-                    force=True)
-        policy_plan = res.best_plan
-        history, zero_s, start = res.history, None, None
-        for line in progress_lines(res.history, None, res.warm_start):
-            _say(line)
-    sim_res = simulate(graph, policy_plan, cluster)
-    policy_plan = policy_plan.with_predicted({"step_time_s": sim_res.step_time_s,
-                                              "peak_memory_bytes": sim_res.peak_memory_bytes,
-                                              "oom": sim_res.oom})
-    policy_plan.save(out / "policy_plan.json")
-    rows.append({"planner": f"policy:{policy}", "plan": policy_plan,
-                 "parallel": policy_plan.split(),
-                 "sim_step_time_s": sim_res.step_time_s,
-                 "peak_memory_bytes": sim_res.peak_memory_bytes, "oom": sim_res.oom,
-                 "search_time_s": time.perf_counter() - t0, "error": None,
-                 "lower_bound_s": sim_res.lower_bound_s,
-                 "ratio_to_lower_bound": sim_res.step_time_s / sim_res.lower_bound_s
-                 if sim_res.lower_bound_s else None})
+    _say(f"training a {policy} policy from random weights for {budget} on the simulator "
+         "(update 0: its untrained samples; then a warm start imitating the best heuristic "
+         "plan the env reaches, then REINFORCE; per update the simulated step of the plans "
+         "it samples: mean and fastest, and the best so far)")
+    res = train_fresh(graph, cluster, policy, budget, on_update=LivePrinter(budget))
+    history, start, warm = res.history, res.start_samples, res.warm_start
+    for line in progress_lines(history, warm, start):
+        _say(line)
+    chosen = with_best_shard(res.best_plan, graph, cluster)
+    policy_row = _plan_row(f"policy:{policy}", chosen, graph, cluster, t0)
+    sharded = f"; its shard mode, {chosen.parallel.shard}, chosen after it on the simulator " \
+        f"(from {res.best_step_time_s * 1e3:.1f} ms)" if chosen is not res.best_plan else ""
+    _say(f"  policy: chosen {policy_row['sim_step_time_s'] * 1e3:.1f} ms ({chosen.split()}, "
+         f"found by its {res.best_plan.planner.get('trainer', 'training')}{sharded})")
+    policy_row["plan"].save(out / "policy_plan.json")
+    rows.append(policy_row)
 
     feasible = sorted((r for r in rows if r["plan"] is not None and not r["oom"]
-                       and r["planner"] != f"policy:{policy}"),
-                      key=lambda r: r["sim_step_time_s"])
-    to_run = [rows[-1]] + feasible[:execute_top]
+                       and r is not policy_row), key=lambda r: r["sim_step_time_s"])
+    to_run = [policy_row] + feasible[:execute_top]
     to_run += [r for r in rows if r["planner"] == "single" and r not in to_run]
     # a plan is run once: planners that found the same one (every plan on one device, say)
     # share its measurement instead of showing run-to-run noise as differences between them
@@ -199,14 +197,77 @@ def run_demo(
     viz.bar_chart(rows, out / "compare.png", value="sim_step_time_s", scale=1e3,
                   ylabel="simulated step (ms)", title=f"{wl.name} on {cluster.name}")
     heuristic = min((r["sim_step_time_s"] for r in rows if r["plan"] is not None
-                     and not r["oom"] and not r["planner"].startswith("policy:")), default=None)
-    write_json_atomic(out / "policy_learning.json", {"start": start, "history": history,
-                                                     "zero_shot_step_time_s": zero_s})
-    plot_learning(history, out / "policy_learning.png", zero_shot_s=zero_s, start=start,
-                  heuristic_s=heuristic, title=f"policy:{policy} learning on {wl.name}, "
-                                               f"{cluster.name} (simulated)")
+                     and not r["oom"] and r["planner"] in DEFAULT_PLANNERS), default=None)
+    write_json_atomic(out / "policy_learning.json", {
+        "start": start, "history": history, "warm_start": _warm_target(warm),
+        "chosen_step_time_s": policy_row["sim_step_time_s"],
+        "best_heuristic_step_time_s": heuristic})
+    plot_learning(history, out / "policy_learning.png", start=start, heuristic_s=heuristic,
+                  warm_s=(_warm_target(warm) or {}).get("step_time_s"),
+                  chosen_s=policy_row["sim_step_time_s"],
+                  title=f"policy:{policy} from random weights on {wl.name}, {cluster.name} "
+                        "(simulated)")
     print(f"\nplans, reports and plots in {out}/ ({time.perf_counter() - t_start:.0f} s)")
     return rows
+
+
+def train_fresh(graph: OpGraph, cluster: Cluster, policy: str, budget: str | int, *,
+                seed: int = 0, on_update: Any = None, **options: Any) -> ReinforceResult:
+    """A ``policy`` from random weights trained on ``graph`` with the simulator: the trainer
+    of :func:`autoplace.policies.train` (its envs, policy and REINFORCE with warm start)
+    with nothing written, and ``on_update`` seeing update 0, the untrained policy's samples
+    (kept in ``start_samples``). ``options``: fields of :class:`ReinforceConfig`."""
+    cfg = ReinforceConfig(budget=budget, seed=seed, progress=False, tensorboard=False,
+                          checkpoint_every=0, **options)
+    env_options = {**default_env_options(cluster.num_devices, compile=compile_pays(cluster)),
+                   "max_groups": DEMO_GROUPS, "mode": "oneshot"}
+    run = TrainingRun([graph], cluster, env_options, cfg, policy, None, None, None)
+    envs = run.envs("sim", cfg.batch_size)
+    try:
+        return reinforce(envs, run.policy, cfg, on_update=on_update)
+    finally:
+        for env in envs:
+            env.close()
+
+
+def with_best_shard(plan: Plan, graph: OpGraph, cluster: Cluster) -> Plan:
+    """``plan`` or, for a data-parallel plan without sharding, the same plan with ZeRO-2 or
+    FSDP where the simulator finds it faster and it fits: the env's actions have no shard
+    mode, so it is chosen after the policy (as for the pre-trained GNN's plans)."""
+    if plan.parallel.data < 2 or plan.parallel.shard != "none":
+        return plan
+    best, best_s = plan, simulate(graph, plan, cluster).step_time_s
+    for shard in SHARD_MODES[1:]:
+        try:
+            variant = plan.with_parallel(shard=shard)
+            res = simulate(graph, variant, cluster)
+        except AutoplaceError:  # a split this shard mode does not combine with
+            continue
+        if not res.oom and res.step_time_s < best_s:
+            best, best_s = variant, res.step_time_s
+    if best is plan:
+        return plan
+    return replace(best, planner={**best.planner, "shard": "chosen on the simulator after "
+                                                           "the policy"})
+
+
+def _plan_row(planner: str, plan: Plan, graph: OpGraph, cluster: Cluster,
+              t0: float) -> dict[str, Any]:
+    """A table row (as :func:`autoplace.search.compare.compare` makes) of a plan made here."""
+    res = simulate(graph, plan, cluster)
+    plan = plan.with_predicted({"step_time_s": res.step_time_s,
+                                "peak_memory_bytes": res.peak_memory_bytes, "oom": res.oom})
+    return {"planner": planner, "plan": plan, "parallel": plan.split(),
+            "sim_step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
+            "oom": res.oom, "search_time_s": time.perf_counter() - t0, "error": None,
+            "lower_bound_s": res.lower_bound_s,
+            "ratio_to_lower_bound": res.step_time_s / res.lower_bound_s
+            if res.lower_bound_s else None}
+
+
+def _warm_target(warm: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan the warm start imitated (``source``, ``step_time_s``), if it ran."""
+    return next(iter((warm.get("targets") or {}).values()), None)
 
 
 def _ms(seconds: float) -> str:
@@ -216,13 +277,13 @@ def _ms(seconds: float) -> str:
 def update_line(update: int, row: dict[str, float]) -> str:
     """One update of the policy's training: the simulated step of the plans it sampled
     (mean of its own choices that ran and their share, fastest of the batch) and the best
-    plan so far; update 0 is the policy before any training on the graph."""
+    plan so far; update 0 is the policy before any training."""
     ran = row.get("sample_ran_frac")
     share = f" ({ran:.0%} ran)" if ran is not None and ran < 1 else ""
     samples = (f"sampled plans mean {_ms(row.get('sample_mean_step_s', math.inf))}{share}, "
                f"fastest {_ms(row.get('sample_best_step_s', math.inf))}")
     if update == 0:
-        return f"  policy: before training on this graph: {samples}"
+        return f"  policy: update 0 (untrained): {samples}"
     return (f"  policy: update {update} ({row['elapsed_s']:.0f} s): {samples}; best so far "
             f"{_ms(row['best_step_time_s'])}")
 
@@ -232,8 +293,6 @@ class LivePrinter:
     about every ``budget / 8`` (a wall-time budget; else every 8th of a 25-update span)."""
 
     def __init__(self, budget: str | int) -> None:
-        from autoplace.policies.reinforce import parse_budget
-
         unit, amount = parse_budget(budget)
         self.every_s = amount / 8 if unit == "seconds" else None
         self.next_s = 0.0
@@ -247,22 +306,18 @@ class LivePrinter:
                 self.next_s = row["elapsed_s"] + self.every_s
 
 
-def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
-                   warm: dict[str, Any], start: dict[str, float] | None = None) -> list[str]:
-    """How the policy learned: its zero-shot plan (pre-trained), its sampled plans before
-    training (``start``), the plan the warm start imitated, then the first update of
-    REINFORCE and the updates at a quarter, half, three quarters and the end
-    (:func:`update_line`; the env's step times: the zero-shot plan's may also have had its
-    shard mode chosen), and how far the sampled plans' mean came from the start to the end."""
-    lines = []
-    if zero_shot_s is not None:
-        lines.append(f"  policy: pre-trained zero-shot plan {zero_shot_s * 1e3:.3f} ms")
-    if start:
-        lines.append(update_line(0, start))
-    for target in (warm.get("targets") or {}).values():
+def progress_lines(history: dict[str, list[float]], warm: dict[str, Any],
+                   start: dict[str, float] | None = None) -> list[str]:
+    """How the policy learned: its sampled plans before training (``start``, update 0), the
+    plan the warm start imitated, then the first update of REINFORCE and the updates at a
+    quarter, half, three quarters and the end (:func:`update_line`), and how far the sampled
+    plans' mean came from the start to the end: the percent faster or slower, or
+    ``unchanged`` within :data:`UNCHANGED`."""
+    lines = [update_line(0, start)] if start else []
+    target = _warm_target(warm)
+    if target is not None:
         lines.append(f"  policy: warm start imitates {target['source']}'s plan, "
                      f"{target['step_time_s'] * 1e3:.3f} ms")
-        break
     n = len(history.get("best_step_time_s", []))
     for i in sorted({0} | {max(0, (n * k) // 4 - 1) for k in (1, 2, 3, 4)} if n else ()):
         lines.append(update_line(i + 1, {k: v[i] for k, v in history.items() if len(v) == n}))
@@ -271,19 +326,24 @@ def progress_lines(history: dict[str, list[float]], zero_shot_s: float | None,
     if means and math.isfinite(first):
         k = max(1, len(means) // 10)  # the last tenth of the updates, averaged
         last = sum(means[-k:]) / k
+        change = 1 - last / first
+        how = "unchanged" if abs(change) <= UNCHANGED else \
+            f"{abs(change) * 100:.1f}% {'faster' if change > 0 else 'slower'}"
         lines.append(f"  policy: sampled plans' mean step {first * 1e3:.1f} ms before training"
-                     f" -> {last * 1e3:.1f} ms over the last tenth of the updates "
-                     f"({abs(1 - last / first) * 100:.1f}% "
-                     f"{'faster' if last <= first else 'slower'})")
+                     f" -> {last * 1e3:.1f} ms over the last tenth of the updates ({how})")
     return lines
 
 
 def plot_learning(history: dict[str, list[float]], path: Path, *,
-                  zero_shot_s: float | None, heuristic_s: float | None, title: str,
-                  start: dict[str, float] | None = None) -> None:
+                  heuristic_s: float | None, title: str, start: dict[str, float] | None = None,
+                  warm_s: float | None = None, chosen_s: float | None = None) -> None:
     """The policy's learning curve: per update, the sampled plans' mean and fastest
     simulated step and the best so far (update 0: ``start``, the samples before any
-    training), against the zero-shot plan and the best baseline."""
+    training; the warm start between 0 and 1, its imitated plan ``warm_s`` marked there),
+    the plan chosen at the end (``chosen_s``, where it differs from the best so far: its
+    shard mode chosen after the policy), against the best baseline. Past 50 updates the
+    update axis is logarithmic beyond 1, so update 0, the warm start and the first updates
+    stay apart."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -303,13 +363,22 @@ def plot_learning(history: dict[str, list[float]], path: Path, *,
             at_start = [start.get("sample_best_step_s" if key == "best_step_time_s" else key,
                                   math.inf)] if start else []
             ax.plot(x, ms(at_start + history[key]), style, label=label,
-                    markersize=3 if key == "sample_mean_step_s" else None)
-    for value, label, colour in ((zero_shot_s, "pre-trained zero-shot", "grey"),
-                                 (heuristic_s, "best baseline", "k")):
-        if value is not None and math.isfinite(value):
-            ax.axhline(value * 1e3, color=colour, linestyle="--", linewidth=1, label=label)
-    ax.set_xlabel("update (0: before training on the graph; 1 on: REINFORCE after the "
-                  "warm start)")
+                    markersize=3 if key == "sample_mean_step_s" and n <= 50 else 0)
+    if warm_s is not None and math.isfinite(warm_s):
+        ax.axvline(0.5, color="tab:green", linewidth=0.8, alpha=0.5)
+        ax.plot([0.5], [warm_s * 1e3], "*", color="tab:green", markersize=10,
+                label="warm start: the plan imitated")
+    best_end = (history.get("best_step_time_s") or [math.inf])[-1]
+    if chosen_s is not None and math.isfinite(chosen_s) and chosen_s < best_end:
+        ax.plot([max(n, 1)], [chosen_s * 1e3], "D", color="tab:red", markersize=6,
+                label="the policy's plan, shard mode chosen after it")
+    if heuristic_s is not None and math.isfinite(heuristic_s):
+        ax.axhline(heuristic_s * 1e3, color="k", linestyle="--", linewidth=1,
+                   label="best baseline")
+    if n > 50:
+        ax.set_xscale("symlog", linthresh=1.0, linscale=0.5)
+    ax.set_xlim(first - 0.3, (1.5 * n if n > 50 else n) + 0.3)
+    ax.set_xlabel("update (0: untrained; then the warm start; 1 on: REINFORCE)")
     ax.set_ylabel("simulated step (ms)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)

@@ -1,15 +1,30 @@
-"""The main job of the README's first command, on a one-device cluster (a machine with one
-GPU): every planner's plan is the whole model on that device, so each distinct plan is
-executed once and the planners that found it share the measurement."""
+"""The demo: the main job of the README's first command. Its table (each distinct plan
+executed once; the shipped GNN's zero-shot plan as a row of its own) and its policy row, a
+policy trained from random weights whose learning is printed and drawn from update 0 (the
+untrained samples) through the warm start and REINFORCE."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from autoplace.demo import run_demo
+from autoplace import workloads
+from autoplace.capture import capture_workload
+from autoplace.cluster import resolve
+from autoplace.demo import (
+    ZERO_SHOT,
+    LivePrinter,
+    plot_learning,
+    progress_lines,
+    run_demo,
+    train_fresh,
+    with_best_shard,
+)
+from autoplace.plan import Plan
 from autoplace.search.auto import signature
+from autoplace.sim import simulate
 
 
 @pytest.mark.slow
@@ -33,29 +48,78 @@ def test_demo_on_one_device_runs_each_distinct_plan_once(tmp_path, capsys):
     assert (tmp_path / "policy_learning.png").exists()  # the policy's learning curve
     learning = json.loads((tmp_path / "policy_learning.json").read_text())
     assert len(learning["history"]["sample_mean_step_s"]) >= 1
+    assert ZERO_SHOT not in {r["planner"] for r in rows}  # the shipped GNN places on 2, 4, 8
 
 
-def test_the_policy_learning_is_printed_and_drawn(tmp_path, capsys):
-    """The demo's policy row: the pre-trained GNN's samples before training, then per update
-    (printed as it trains), the summary lines and the learning curve."""
-    from autoplace import workloads
-    from autoplace.capture import capture_workload
-    from autoplace.demo import LivePrinter, plot_learning, progress_lines
-    from autoplace.policies.pretrained import finetune_pretrained
+@pytest.mark.slow
+def test_demo_on_two_devices_shows_the_zero_shot_plan_and_an_untrained_start(tmp_path,
+                                                                           capsys):
+    rows = run_demo("gpt-tiny", "cpu-x2", out_dir=tmp_path, budget="3", steps=3,
+                    execute_top=0, profile_ops=False)
+    by_name = {r["planner"]: r for r in rows}
+    zero_shot = by_name[ZERO_SHOT]  # the shipped model's plan, simulated, in the table
+    assert zero_shot["plan"].planner["name"] == "pretrained"
+    assert 0 < zero_shot["sim_step_time_s"] < math.inf and zero_shot["search_time_s"] < 5
+    assert f"| {ZERO_SHOT} |" in capsys.readouterr().out
+    learning = json.loads((tmp_path / "policy_learning.json").read_text())
+    assert learning["start"]["sample_mean_step_s"] > 0  # update 0: the untrained samples
+    assert len(learning["history"]["sample_mean_step_s"]) == 3
+    assert learning["chosen_step_time_s"] == by_name["policy:gnn"]["sim_step_time_s"]
+    assert by_name["policy:gnn"]["measured_step_time_s"] > 0
 
-    graph = capture_workload(workloads.get("gpt-tiny", device="meta"))
-    tuned = finetune_pretrained(graph, "cpu-x2", budget="4", seed=0, batch_size=4,
-                                on_update=LivePrinter("4"))
+
+def test_a_fresh_policy_learns_from_its_untrained_start_on_the_demo_default(tmp_path,
+                                                                          capsys):
+    """The demo's default model and cluster (op costs estimated): update 0's sampled plans
+    are slower than the end's, the warm start's plan starts the best so far, the lines
+    printed as it trains and after say so, and the curve is drawn."""
+    cluster = resolve("cpu-x2")
+    graph = capture_workload(workloads.get("gpt-small", device="meta"))
+    res = train_fresh(graph, cluster, "gnn", "4", batch_size=8, on_update=LivePrinter("4"))
     live = capsys.readouterr().err
-    assert "before training on this graph: sampled plans mean" in live
+    assert "policy: update 0 (untrained): sampled plans mean" in live
     assert "policy: update 1 (" in live
-    start = tuned.start_samples
-    assert 0 < start["sample_best_step_s"] <= start["sample_mean_step_s"] < float("inf")
-    assert len(tuned.history["sample_mean_step_s"]) == 4
-    lines = progress_lines(tuned.history, tuned.zero_shot_step_time_s, tuned.warm_start, start)
-    assert lines[1].startswith("  policy: before training on this graph")
-    assert "warm start imitates" in lines[2] and "update 4 (" in lines[-2]
-    assert "ms before training -> " in lines[-1]
-    plot_learning(tuned.history, tmp_path / "learning.png", zero_shot_s=tuned.step_time_s,
-                  heuristic_s=tuned.step_time_s, start=start, title="gpt-tiny")
+    start, history = res.start_samples, res.history
+    end = history["sample_mean_step_s"][-1]
+    assert 0 < start["sample_best_step_s"] <= start["sample_mean_step_s"] < math.inf
+    assert end < start["sample_mean_step_s"]  # the untrained policy samples slower plans
+    target = res.warm_start["targets"][next(iter(res.warm_start["targets"]))]
+    assert history["best_step_time_s"][0] <= target["step_time_s"]
+    assert res.best_step_time_s <= target["step_time_s"]
+    lines = progress_lines(history, res.warm_start, start)
+    assert lines[0].startswith("  policy: update 0 (untrained)")
+    assert "warm start imitates" in lines[1] and "update 4 (" in lines[-2]
+    assert "ms before training -> " in lines[-1] and "faster)" in lines[-1]
+    chosen = with_best_shard(res.best_plan, graph, cluster)
+    plot_learning(history, tmp_path / "learning.png", heuristic_s=target["step_time_s"],
+                  start=start, warm_s=target["step_time_s"],
+                  chosen_s=simulate(graph, chosen, cluster).step_time_s, title="gpt-small")
     assert (tmp_path / "learning.png").stat().st_size > 1000
+
+
+def _history(means: list[float]) -> dict[str, list[float]]:
+    n = len(means)
+    return {"sample_mean_step_s": means, "sample_best_step_s": means,
+            "best_step_time_s": [min(means)] * n, "elapsed_s": [float(i) for i in range(n)]}
+
+
+@pytest.mark.parametrize(("end", "says"), [(0.1003, "(unchanged)"), (0.0997, "(unchanged)"),
+                                           (0.09, "(10.0% faster)"), (0.11, "(10.0% slower)")])
+def test_the_summary_says_unchanged_within_half_a_percent(end, says):
+    start = {"sample_mean_step_s": 0.1, "sample_best_step_s": 0.1, "sample_ran_frac": 1.0}
+    last = progress_lines(_history([0.1] * 9 + [end]), {}, start)[-1]
+    assert last.endswith(says), last
+
+
+def test_the_policys_plan_gets_the_shard_mode_the_simulator_finds_fastest():
+    cluster = resolve("cpu-x2")
+    graph = capture_workload(workloads.get("gpt-small", device="meta"))
+    ddp = Plan.single(graph, cluster=cluster).with_parallel(data=2)
+    chosen = with_best_shard(ddp, graph, cluster)
+    times = {shard: simulate(graph, ddp.with_parallel(shard=shard), cluster).step_time_s
+             for shard in ("none", "zero2", "fsdp")}
+    assert simulate(graph, chosen, cluster).step_time_s == min(times.values())
+    if chosen is not ddp:
+        assert chosen.planner["shard"].startswith("chosen on the simulator")
+    single = Plan.single(graph, cluster=cluster)
+    assert with_best_shard(single, graph, cluster) is single  # no data parallelism to shard
