@@ -45,7 +45,7 @@ GRAPH_FORMAT = "autoplace.graph/1"
 #: left under CUDA graphs, and the part of ``profile_info[kind]`` each belongs to
 BLOCK_PROFILE_KEYS = {"fused_time": "compiled", "full_host_s": "recompute",
                       "selective_host_s": "recompute", "compiled_full_host_s": "recompute",
-                      "device_share": "graphs"}
+                      "device_share": "graphs", "blocks": "graphs"}
 
 
 @dataclass(kw_only=True)

@@ -31,7 +31,7 @@ timed loops after warm-up (the median on a CPU).
   however many blocks it holds; so ``device_share`` (at most 1), what is left of the
   profiled op times when nothing is issued op by op, is the graph's time per added block
   (the two graphs' difference over the blocks added) over those blocks' profiled op
-  times. One block on its own (the graph has one) gives the single block's graph over its
+  times (each block at the mean of the graph's blocks of its structure). One block on its own (the graph has one) gives the single block's graph over its
   eager time.
 
 The results are written into the graph's cached profile record (``"compiled"``,
@@ -146,9 +146,7 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
         rec["graphs"] = {"graphed_s": times["graphed"], "eager_s": eager_s,
                          "device_share": min(1.0, times["graphed"] / eager_s), "blocks": 1}
         if _replayed(forms.get("graphed_many")):
-            added = [n for n in many if n not in set(names)]
-            op_s = sum(graph[n].fwd_time_s.get(kind, 0.0) + graph[n].bwd_time_s.get(kind, 0.0)
-                       for n in added)
+            op_s = _typical_ops_s(graph, kind, [n for n in many if n not in set(names)])
             per = max(0.0, times["graphed_many"] - times["graphed"])
             rec["graphs"].update({
                 "blocks": min(GRAPHED_BLOCKS, len(block_group_ids(graph, block_groups(graph)))),
@@ -197,6 +195,27 @@ def describe(rec: dict[str, Any] | None) -> str:
                     f"{g['device_share']:.2f} of their op times)" if "graphed_blocks_s" in g
                     else "") if g else
                 f", no CUDA graph ({rec['graphs_failed']})" if rec.get("graphs_failed") else ""))
+
+
+def _typical_ops_s(graph: OpGraph, kind: str, names: list[str]) -> float:
+    """Profiled seconds (forward + backward) of the blocks holding ``names``, each block
+    taken at the mean of every block of the graph with its structure (op kinds and output
+    shapes): launch-bound op profiles scatter by tens of percent between copies of one
+    block, and the graphed share is applied to all of them."""
+    groups = block_groups(graph)
+    ids = block_group_ids(graph, groups)
+    ops: dict[int, list[Any]] = {}
+    for op in graph.ops:
+        if groups[op.name] in ids and op.kind not in ("input", "param", "output"):
+            ops.setdefault(groups[op.name], []).append(op)
+    by_sig: dict[tuple, list[float]] = {}
+    sig_of = {}
+    for g, members in ops.items():
+        sig_of[g] = tuple((op.kind, op.output_shapes) for op in members)
+        by_sig.setdefault(sig_of[g], []).append(sum(
+            op.fwd_time_s.get(kind, 0.0) + op.bwd_time_s.get(kind, 0.0) for op in members))
+    wanted = {groups[n] for n in names}
+    return sum(statistics.fmean(by_sig[sig_of[g]]) for g in wanted)
 
 
 def _replayed(graphed: _Graphed | None) -> bool:

@@ -24,11 +24,15 @@ tables are left as they are.
 
 CUDA graphs. Per-op times are profiled eagerly: on a launch-bound model an op's measured
 time is mostly the time to issue it, and a plan replayed as CUDA graphs
-(``parallel.graphs``) does not pay it (the same MLP: 21 ms a step graphed). The block
-graphed against eager (``profile_info[kind]["graphs"]["device_share"]``, the graphed
-block's time over the eager one, at most 1) scales every op's device time in a graphed
-plan (:func:`graphed_tables`): a device-bound model measures about 1 and keeps its times.
-The share of one block stands for the whole model's ops.
+(``parallel.graphs``) does not pay it (the same MLP: 21-24 ms a step graphed). The
+profiled graph share (``profile_info[kind]["graphs"]["device_share"]``, at most 1: a graph
+of several blocks' time per added block over those blocks' profiled op times, or one
+block's graph over its eager time where the model has one block) scales every op's device
+time in a graphed plan (:func:`graphed_tables`): a device-bound model measures about 1 and
+keeps its times. The profiled blocks stand for the whole model's ops. Measured over several
+blocks the share also holds their parameters' replay work (the autograd call's inputs, the
+gradients' accumulation), which a graphed piece otherwise adds per parameter tensor
+(``GRAPH_PARAM_HOST_S``); the simulator then adds only the piece's fixed cost.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import numpy as np
 
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim.model import CostTables, GraphArrays
+from autoplace.sim.model import GRAPH_PARAM_HOST_S, CostTables, GraphArrays
 
 __all__ = ["block_tables", "block_values", "filled_host", "graphed_tables", "needs_scalar",
            "profiled", "recompute_host_tables"]
@@ -95,8 +99,11 @@ def graphed_tables(graph: OpGraph, tables: CostTables, plan: Plan) -> CostTables
         return tables
     share = np.clip(block_values(graph, tables.kinds, "graphs", "device_share", 1.0),
                     0.01, 1.0)[:, None]
+    # a share timed on a graph of several blocks holds their parameters' replay work too
+    blocks = block_values(graph, tables.kinds, "graphs", "blocks", 1.0)
     return replace(tables, fwd=tables.fwd * share, bwd=tables.bwd * share,
-                   fwd_fixed=tables.fwd_fixed * share, bwd_fixed=tables.bwd_fixed * share)
+                   fwd_fixed=tables.fwd_fixed * share, bwd_fixed=tables.bwd_fixed * share,
+                   graph_param_host=np.where(blocks > 1, 0.0, GRAPH_PARAM_HOST_S))
 
 
 def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,

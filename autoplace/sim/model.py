@@ -157,6 +157,9 @@ class CostTables:
     usable_memory: np.ndarray  # [N] bytes
     alpha: np.ndarray  # [N, N] link latency
     inv_bw: np.ndarray  # [N, N] seconds per byte (0 on the diagonal)
+    #: [num_kinds] host seconds per parameter tensor of a graphed piece's replay
+    #: (GRAPH_PARAM_HOST_S; 0 where a profiled graph of several blocks already holds it)
+    graph_param_host: np.ndarray | None = None
 
 
 def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
@@ -216,15 +219,18 @@ GRAPH_PIECE_HOST_S = 50e-6
 GRAPH_PARAM_HOST_S = 9e-6
 
 
-def graphed_host(dev: np.ndarray, param_count: np.ndarray) -> np.ndarray:
+def graphed_host(dev: np.ndarray, param_count: np.ndarray,
+                 per_param: np.ndarray | float = GRAPH_PARAM_HOST_S) -> np.ndarray:
     """Host seconds per op of a plan whose runs of ops on one device (consecutive in
     program order) each replay as one CUDA graph: a piece's whole cost on its first op,
-    zero on the others."""
+    zero on the others. ``per_param``: seconds per parameter tensor, per op (the op's
+    device kind's, ``CostTables.graph_param_host``) or one for all."""
     dev = np.asarray(dev)
     start = np.r_[True, dev[1:] != dev[:-1]]
     piece = np.cumsum(start) - 1
-    params = np.bincount(piece, weights=np.asarray(param_count, dtype=float))
-    return np.where(start, GRAPH_PIECE_HOST_S + GRAPH_PARAM_HOST_S * params[piece], 0.0)
+    params = np.bincount(piece, weights=np.asarray(param_count, dtype=float)
+                         * np.broadcast_to(per_param, dev.shape))
+    return np.where(start, GRAPH_PIECE_HOST_S + params[piece], 0.0)
 
 
 def graphed_grad_bytes(param_bytes: np.ndarray | float, m: int) -> np.ndarray | float:

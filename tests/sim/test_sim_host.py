@@ -412,6 +412,31 @@ def test_graphed_plans_pay_host_time_per_piece_not_per_op():
     want = [GRAPH_PIECE_HOST_S + 3 * GRAPH_PARAM_HOST_S, 0, 0,
             GRAPH_PIECE_HOST_S + 3 * GRAPH_PARAM_HOST_S, 0, GRAPH_PIECE_HOST_S + 4 * GRAPH_PARAM_HOST_S]
     np.testing.assert_allclose(graphed_host(dev, params), want)
+    # a per-op rate (each op's device kind's): a profiled graph of several blocks holds
+    # the parameters' replay work, so its kind adds only the piece's fixed cost
+    rate = np.where(dev == 1, 0.0, GRAPH_PARAM_HOST_S)
+    np.testing.assert_allclose(graphed_host(dev, params, rate),
+                               [want[0], 0, 0, GRAPH_PIECE_HOST_S, 0, want[5]])
+
+
+def test_graphed_share_over_several_blocks_drops_the_per_parameter_constant():
+    """With a graph profile of one block the graphed plan pays 9 us per parameter tensor
+    on top of the shared device time; timed over several blocks it does not."""
+    from autoplace.sim.model import GRAPH_PARAM_HOST_S
+
+    graph = zoo_graph("gpt-small")
+    cluster = preset("h200x2")
+    plan = split(graph, 1).with_parallel(graphs=True)
+    kind = cluster.devices[0].kind
+    tensors = sum(len(op.param_names) for op in graph)
+    steps, before = {}, getattr(graph, "profile_info", None)
+    try:
+        for blocks in (1, 8):
+            graph.profile_info = {kind: {"graphs": {"device_share": 0.5, "blocks": blocks}}}
+            steps[blocks] = simulate(graph, plan, cluster).step_time_s
+    finally:
+        graph.profile_info = before
+    assert 0 < steps[1] - steps[8] <= 2 * tensors * GRAPH_PARAM_HOST_S * (1 + 1e-9)
 
 
 def test_backward_threads_take_the_latest_ready_node_first():
