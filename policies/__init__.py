@@ -5,7 +5,9 @@
   :func:`get` / :func:`make`;
 * :func:`reinforce`: one trainer for all of them, over any env that follows the
   ``PlacementEnv`` observation/action contract;
-* :func:`train` / :func:`place`: what the CLI calls.
+* :func:`train` / :func:`place`: what the CLI calls;
+* :func:`best_shard_variant`: a policy's plan with the shard mode (and compilation) its
+  actions lack, chosen after it on the simulator.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from .hierarchical import HierarchicalPolicy
 from .registry import get, make, names
 from .reinforce import ReinforceConfig, ReinforceResult, reinforce
 from .seq2seq import Seq2SeqPolicy
+from .shard_variant import best_shard_variant
 
 __all__ = [
     "GNNPolicy", "HierarchicalPolicy", "PlacementPolicy", "PolicyOutput", "Seq2SeqPolicy",
-    "ReinforceConfig", "ReinforceResult", "TrainResult", "batch_obs", "describe_spaces", "get",
-    "make", "names", "place", "reinforce", "train",
+    "ReinforceConfig", "ReinforceResult", "TrainResult", "batch_obs", "best_shard_variant",
+    "describe_spaces", "get", "make", "names", "place", "reinforce", "train",
 ]

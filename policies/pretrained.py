@@ -42,12 +42,13 @@ from autoplace.envs import PlacementEnv
 from autoplace.envs.levers import compile_pays
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
-from autoplace.plan import SHARD_MODES, Plan
+from autoplace.plan import Plan
 from autoplace.sim import simulate
 
 from .base import batch_obs
 from .gnn import GNNPolicy
 from .reinforce import ReinforceConfig, _outcome, reinforce
+from .shard_variant import best_shard_variant
 
 __all__ = ["CARD_PATH", "DEVICE_COUNTS", "EXTRA_FEATURES", "FineTuneResult", "MemoryPressure",
            "WEIGHTS_PATH", "card", "env_options", "finetune_pretrained", "load_pretrained",
@@ -206,7 +207,7 @@ def _best_sharded(env: MemoryPressure, outcomes: list[tuple]) -> tuple:
     ones, the same plan with ZeRO-2 or FSDP sharding (data-parallel plans) and, on GPUs
     (:func:`~autoplace.envs.levers.compile_pays`), compiled: the shipped policy's action
     space has neither a shard mode nor the compile lever, so both are chosen here on the
-    simulator."""
+    simulator (:func:`~autoplace.policies.shard_variant.best_shard_variant`)."""
     e = env.unwrapped
     ranked = sorted(outcomes, key=lambda o: o[0])
     best = ranked[0]
@@ -215,20 +216,10 @@ def _best_sharded(env: MemoryPressure, outcomes: list[tuple]) -> tuple:
         if rank[0] or plan is None:
             continue
         base = plan if isinstance(plan, Plan) else Plan.from_json(plan)
-        shards = SHARD_MODES if base.parallel.data > 1 and base.parallel.shard == "none" \
-            else (base.parallel.shard,)
-        for shard, compiled in ((s, c) for s in shards for c in dict.fromkeys((False, compiles))):
-            if shard == base.parallel.shard and compiled == base.parallel.compile:
-                continue
-            try:
-                variant = base.with_parallel(shard=shard, compile=compiled or
-                                             base.parallel.compile)
-                res = simulate(e.graph, variant, e.cluster)
-            except AutoplaceError:  # a split the shard mode does not combine with
-                continue
-            if not res.oom and (False, res.step_time_s) < tuple(best[0][:2]):
-                best = ((False, float(res.step_time_s), 0.0), float(res.step_time_s),
-                        variant, False)
+        variant, step = best_shard_variant(e.graph, base, e.cluster, compile=compiles,
+                                           beat_s=math.inf if best[0][0] else best[1])
+        if variant is not base:
+            best = ((False, step, 0.0), step, variant, False)
     return best
 
 
