@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,9 @@ class TrainResult:
             simulator stage's best plan, simulated and measured), ``real`` (the best plan
             sampled on the devices, measured), ``best`` (``best_plan``, the faster of
             them), ``faster`` (``"sim"`` or ``"real"``) and ``why``; else empty.
+        start_samples: the new policy's sampled plans before any training: their mean and
+            fastest step and the share that ran (``ReinforceResult.start_samples``; empty
+            for a run continued from a checkpoint).
     """
 
     best_plan: Any
@@ -67,6 +71,7 @@ class TrainResult:
     elapsed_s: float = 0.0
     warm_start: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, Any] = field(default_factory=dict)
+    start_samples: dict[str, float] = field(default_factory=dict)
 
 
 def default_env_options(num_devices: int, *, compile: bool = False) -> dict[str, Any]:
@@ -141,6 +146,7 @@ def train(
     real_batch_size: int = 4,
     real_top_plans: int = 3,
     oom_margin: float | None = 1.25,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
     **reinforce_options: Any,
 ) -> TrainResult:
     """Train a placement policy with REINFORCE and return the best plan it found.
@@ -158,7 +164,8 @@ def train(
         budget: updates (``"200"``), episodes (``"2000ep"``) or wall time (``"5m"``); with
             ``sim,real`` the whole run's, shared between the stages in its unit.
         out_dir: where checkpoint.pt, tb/, best_plan.json and curve.png go; ``sim,real``
-            puts the simulator stage's in ``sim/`` and writes ``finetune.json``.
+            puts the simulator stage's in ``sim/`` and writes ``finetune.json``. None:
+            nothing is written (the policy and its plans are kept in memory only).
         seed: seeds the policy's weights, its sampling and the env resets.
         max_groups: groups each graph is coarsened to, or ``"auto"``: the largest
             :func:`autoplace.grouping.auto_group_count` of the graphs (16 for a chain, more
@@ -188,6 +195,9 @@ def train(
         real_top_plans: plans of the simulator stage measured at the switch, its best first.
         oom_margin: measured stages never run a plan the simulator puts above this many
             times a device's usable memory: it is reported out of memory (None: all run).
+        on_update: the trainer's per-update callback (:func:`reinforce`): update 0 with
+            the new policy's samples before any training, then every update with its
+            history row (each stage's updates from 1).
         **reinforce_options: fields of :class:`ReinforceConfig` (``batch_size``, ``lr``...).
     """
     if backend not in BACKENDS:
@@ -225,7 +235,8 @@ def train(
     cfg = ReinforceConfig(budget=budget, seed=seed, resume=resume, progress=progress,
                           out_dir=str(out_dir) if out_dir is not None else None,
                           warm_start=warm_start and data is None, **reinforce_options)
-    run = TrainingRun(specs, cl, env_opts, cfg, policy, policy_options, data, init)
+    run = TrainingRun(specs, cl, env_opts, cfg, policy, policy_options, data, init,
+                      on_update=on_update)
     if backend == "sim":
         result = run.stage("sim", cfg, start=data)
         stages: dict[str, Any] = {}
@@ -244,7 +255,8 @@ def train(
     return TrainResult(best_plan=result.best_plan, best_step_time_s=result.best_step_time_s,
                        history=history, checkpoint_path=result.checkpoint_path,
                        best_plans=plans, elapsed_s=run.elapsed_s + result.elapsed_s,
-                       warm_start=run.warm or result.warm_start, stages=stages)
+                       warm_start=run.warm or result.warm_start, stages=stages,
+                       start_samples=run.start_samples)
 
 
 def _plot(history: dict[str, list[float]], path: Path, title: str) -> None:

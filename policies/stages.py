@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,8 @@ class TrainingRun:
     def __init__(self, specs: list[Any], cluster: Any, env_options: dict[str, Any],
                  config: ReinforceConfig, policy: str | None,
                  policy_options: dict[str, Any] | None, init: dict[str, Any] | None,
-                 init_path: Any) -> None:
+                 init_path: Any, *,
+                 on_update: Callable[[int, dict[str, float]], None] | None = None) -> None:
         self.specs, self.cluster, self.env_options, self.config = specs, cluster, \
             env_options, config
         self.names = [_describe_spec(s) for s in specs]
@@ -85,6 +87,8 @@ class TrainingRun:
         self.policy: Any = None
         self.elapsed_s = 0.0  # of the stages before the last
         self.warm: dict[str, Any] = {}
+        self.start_samples: dict[str, float] = {}  # the first stage's, before any training
+        self.on_update = on_update  # every stage's per-update callback
         self.earlier: dict[str, list[float]] | None = None  # the simulator stage's history
 
     # ------------------------------------------------------------------ pieces
@@ -133,12 +137,13 @@ class TrainingRun:
             envs = self.envs(backend, copies, **more)
         try:
             result = reinforce(envs, self.policy, config, extra=self._extra(backend, envs),
-                               start=start)
+                               start=start, on_update=self.on_update)
         finally:
             if own:
                 for env in envs:
                     env.close()
         self.warm = self.warm or result.warm_start
+        self.start_samples = self.start_samples or result.start_samples
         return result
 
     def real_config(self, config: ReinforceConfig, budget: str | int,

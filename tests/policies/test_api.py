@@ -12,9 +12,16 @@ from autoplace.policies import TrainResult, place, train  # noqa: E402
 
 
 def test_train_writes_its_outputs_and_resumes(tmp_path):
+    seen: list[tuple[int, dict]] = []
     r = train("gpt-tiny", "h100x2", policy="seq2seq", budget=4, out_dir=tmp_path, seed=1,
-              max_groups=8, progress=False, batch_size=4, policy_options={"hidden": 16})
+              max_groups=8, progress=False, batch_size=4, policy_options={"hidden": 16},
+              on_update=lambda update, row: seen.append((update, row)))
     assert isinstance(r, TrainResult) and r.checkpoint_path == tmp_path / "checkpoint.pt"
+    # on_update sees update 0 (the untrained policy's samples, kept in start_samples), then 1-4
+    assert [u for u, _ in seen] == [0, 1, 2, 3, 4]
+    assert 0 < r.start_samples["sample_best_step_s"] <= r.start_samples["sample_mean_step_s"]
+    assert seen[0][1]["sample_mean_step_s"] == r.start_samples["sample_mean_step_s"]
+    assert seen[-1][1]["best_step_time_s"] == r.history["best_step_time_s"][-1]
     for name in ("checkpoint.pt", "best_plan.json", "curve.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert list((tmp_path / "tb").iterdir())
@@ -25,8 +32,9 @@ def test_train_writes_its_outputs_and_resumes(tmp_path):
     # resume with a larger budget continues the same run
     r2 = train("gpt-tiny", "h100x2", policy="seq2seq", budget=6, out_dir=tmp_path, seed=1,
                max_groups=8, progress=False, batch_size=4, policy_options={"hidden": 16},
-               resume=True)
+               resume=True, on_update=lambda update, row: seen.append((update, row)))
     assert r2.history["reward_mean"][:4] == r.history["reward_mean"]
+    assert [u for u, _ in seen[5:]] == [5, 6] and r2.start_samples == {}  # no untrained start
     assert len(r2.history["reward_mean"]) == 6 and r2.best_step_time_s <= r.best_step_time_s
 
 
