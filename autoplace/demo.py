@@ -10,7 +10,7 @@ step of the plans it samples: their mean and the fastest, and the best so far) -
 policy's plan exported -> the policy's plan and the best other plans executed for real (loss
 checked against unpartitioned training) -> one table, plus a Gantt chart of the best plan, a
 bar chart and the policy's learning curve (``policy_learning.png``, its series in
-``policy_learning.json``), under ``out``.
+``policy_learning.json``: :mod:`autoplace.demo_learning`), under ``out``.
 
 The table says where the simulated and the measured orders of the executed plans
 disagree, and why (:func:`order_notes`): a simulator that contradicts the measurement
@@ -19,28 +19,22 @@ beside it is never shown as if it agreed.
 
 from __future__ import annotations
 
-import math
-import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from autoplace.cluster import Cluster
-from autoplace.envs.levers import compile_pays
+from autoplace.demo_learning import LivePrinter, progress_lines, say, write_learning
 from autoplace.errors import AutoplaceError
 from autoplace.files import write_json_atomic
 from autoplace.graph import OpGraph
-from autoplace.plan import SHARD_MODES, Plan
-from autoplace.policies.api import default_env_options
-from autoplace.policies.reinforce import ReinforceConfig, ReinforceResult, parse_budget, reinforce
-from autoplace.policies.stages import TrainingRun
+from autoplace.plan import Plan
+from autoplace.policies import best_shard_variant, train
 from autoplace.sim import simulate
 
-__all__ = ["run_demo", "DEFAULT_PLANNERS", "LivePrinter", "ZERO_SHOT", "order_notes",
-           "plot_learning", "progress_lines", "train_fresh", "update_line", "with_best_shard"]
+__all__ = ["run_demo", "DEFAULT_PLANNERS", "DEMO_GROUPS", "ZERO_SHOT", "order_notes"]
 
 #: The baselines the demo compares (the full list is ``autoplace plan --list``).
 DEFAULT_PLANNERS = ("single", "expert", "hash", "critical-path", "mincut", "m-etf",
@@ -49,12 +43,6 @@ DEFAULT_PLANNERS = ("single", "expert", "hash", "critical-path", "mincut", "m-et
 ZERO_SHOT = "pretrained:zero-shot"
 #: groups the demo's fresh policy places (the graph coarsened to this many)
 DEMO_GROUPS = 16
-#: a sampled plans' mean this close to the start's is reported as unchanged
-UNCHANGED = 0.005
-
-
-def _say(msg: str) -> None:
-    print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
 
 def run_demo(
@@ -79,7 +67,8 @@ def run_demo(
         options: workload options.
         out_dir: where plans, reports and plots go.
         policy: policy trained from random weights (seq2seq, hierarchical, gnn) with warm
-            start and REINFORCE (:func:`train_fresh`).
+            start and REINFORCE on the simulator (:func:`autoplace.policies.train`, nothing
+            written; its learning: :mod:`autoplace.demo_learning`).
         budget: its training budget (``60s``, ``500ep``).
         steps: real training steps per executed plan (warm-up included).
         execute_top: other plans (baselines and the zero-shot plan) executed for real beside
@@ -102,16 +91,16 @@ def run_demo(
     cluster = resolve(cluster_spec, memory_cap)
     wl = workloads.get(model, device="meta", **(options or {}))
     graph = capture_workload(wl)
-    _say(f"{wl.name}: {len(graph)} ops, {graph.param_bytes / 2**20:.1f} MiB params; "
+    say(f"{wl.name}: {len(graph)} ops, {graph.param_bytes / 2**20:.1f} MiB params; "
          f"cluster {cluster.name} ({cluster.num_devices} x {','.join(cluster.device_kinds)})")
     if profile_ops:
         device = cluster.devices[0].name
-        _say(f"profiling its ops on {device} (the simulator's op times for this machine)")
+        say(f"profiling its ops on {device} (the simulator's op times for this machine)")
         try:
             graph = profile(workloads.get(model, **(options or {})), [device], repeats=3,
                             cache_dir=out / "profile")
         except (AutoplaceError, torch.OutOfMemoryError) as e:  # the simulator estimates
-            _say(f"profiling failed ({str(e).splitlines()[0][:120]}): op costs estimated")
+            say(f"profiling failed ({str(e).splitlines()[0][:120]}): op costs estimated")
 
     rows = compare(graph, cluster, list(DEFAULT_PLANNERS), progress=True)
     if cluster.num_devices in DEVICE_COUNTS and WEIGHTS_PATH.is_file():
@@ -120,23 +109,26 @@ def run_demo(
         shipped = place_pretrained(graph, cluster, seed=0)
         if not shipped.planner.get("failed"):
             rows.append(_plan_row(ZERO_SHOT, shipped, graph, cluster, t0))
-            _say(f"pre-trained gnn, zero-shot: {rows[-1]['sim_step_time_s'] * 1e3:.1f} ms "
+            say(f"pre-trained gnn, zero-shot: {rows[-1]['sim_step_time_s'] * 1e3:.1f} ms "
                  f"({shipped.split()}, {rows[-1]['search_time_s']:.2f} s)")
 
     t0 = time.perf_counter()
-    _say(f"training a {policy} policy from random weights for {budget} on the simulator "
+    say(f"training a {policy} policy from random weights for {budget} on the simulator "
          "(update 0: its untrained samples; then a warm start imitating the best heuristic "
          "plan the env reaches, then REINFORCE; per update the simulated step of the plans "
          "it samples: mean and fastest, and the best so far)")
-    res = train_fresh(graph, cluster, policy, budget, on_update=LivePrinter(budget))
+    # no out_dir: the policy, its checkpoint and its plans stay in memory
+    res = train(graph, cluster, policy, budget=budget, max_groups=DEMO_GROUPS, progress=False,
+                on_update=LivePrinter(budget), checkpoint_every=0)
     history, start, warm = res.history, res.start_samples, res.warm_start
     for line in progress_lines(history, warm, start):
-        _say(line)
-    chosen = with_best_shard(res.best_plan, graph, cluster)
+        say(line)
+    # the env's actions have no shard mode: it is chosen after the policy
+    chosen, _ = best_shard_variant(graph, res.best_plan, cluster)
     policy_row = _plan_row(f"policy:{policy}", chosen, graph, cluster, t0)
     sharded = f"; its shard mode, {chosen.parallel.shard}, chosen after it on the simulator " \
         f"(from {res.best_step_time_s * 1e3:.1f} ms)" if chosen is not res.best_plan else ""
-    _say(f"  policy: chosen {policy_row['sim_step_time_s'] * 1e3:.1f} ms ({chosen.split()}, "
+    say(f"  policy: chosen {policy_row['sim_step_time_s'] * 1e3:.1f} ms ({chosen.split()}, "
          f"found by its {res.best_plan.planner.get('trainer', 'training')}{sharded})")
     policy_row["plan"].save(out / "policy_plan.json")
     rows.append(policy_row)
@@ -156,7 +148,7 @@ def run_demo(
                 r[k] = first.get(k)
             r["same_plan_as"] = first["planner"]
             continue
-        _say(f"executing {r['planner']} ({plan.split()}) for {steps} steps")
+        say(f"executing {r['planner']} ({plan.split()}) for {steps} steps")
         report = run_plan(plan, wl.spec, cluster=cluster, steps=steps, warmup=2,
                           reference=True)
         report.save(out / f"report-{r['planner'].replace(':', '-')}.json")
@@ -198,57 +190,12 @@ def run_demo(
                   ylabel="simulated step (ms)", title=f"{wl.name} on {cluster.name}")
     heuristic = min((r["sim_step_time_s"] for r in rows if r["plan"] is not None
                      and not r["oom"] and r["planner"] in DEFAULT_PLANNERS), default=None)
-    write_json_atomic(out / "policy_learning.json", {
-        "start": start, "history": history, "warm_start": _warm_target(warm),
-        "chosen_step_time_s": policy_row["sim_step_time_s"],
-        "best_heuristic_step_time_s": heuristic})
-    plot_learning(history, out / "policy_learning.png", start=start, heuristic_s=heuristic,
-                  warm_s=(_warm_target(warm) or {}).get("step_time_s"),
-                  chosen_s=policy_row["sim_step_time_s"],
-                  title=f"policy:{policy} from random weights on {wl.name}, {cluster.name} "
-                        "(simulated)")
+    write_learning(out, history, start=start, warm=warm, heuristic_s=heuristic,
+                   chosen_s=policy_row["sim_step_time_s"],
+                   title=f"policy:{policy} from random weights on {wl.name}, {cluster.name} "
+                         "(simulated)")
     print(f"\nplans, reports and plots in {out}/ ({time.perf_counter() - t_start:.0f} s)")
     return rows
-
-
-def train_fresh(graph: OpGraph, cluster: Cluster, policy: str, budget: str | int, *,
-                seed: int = 0, on_update: Any = None, **options: Any) -> ReinforceResult:
-    """A ``policy`` from random weights trained on ``graph`` with the simulator: the trainer
-    of :func:`autoplace.policies.train` (its envs, policy and REINFORCE with warm start)
-    with nothing written, and ``on_update`` seeing update 0, the untrained policy's samples
-    (kept in ``start_samples``). ``options``: fields of :class:`ReinforceConfig`."""
-    cfg = ReinforceConfig(budget=budget, seed=seed, progress=False, tensorboard=False,
-                          checkpoint_every=0, **options)
-    env_options = {**default_env_options(cluster.num_devices, compile=compile_pays(cluster)),
-                   "max_groups": DEMO_GROUPS, "mode": "oneshot"}
-    run = TrainingRun([graph], cluster, env_options, cfg, policy, None, None, None)
-    envs = run.envs("sim", cfg.batch_size)
-    try:
-        return reinforce(envs, run.policy, cfg, on_update=on_update)
-    finally:
-        for env in envs:
-            env.close()
-
-
-def with_best_shard(plan: Plan, graph: OpGraph, cluster: Cluster) -> Plan:
-    """``plan`` or, for a data-parallel plan without sharding, the same plan with ZeRO-2 or
-    FSDP where the simulator finds it faster and it fits: the env's actions have no shard
-    mode, so it is chosen after the policy (as for the pre-trained GNN's plans)."""
-    if plan.parallel.data < 2 or plan.parallel.shard != "none":
-        return plan
-    best, best_s = plan, simulate(graph, plan, cluster).step_time_s
-    for shard in SHARD_MODES[1:]:
-        try:
-            variant = plan.with_parallel(shard=shard)
-            res = simulate(graph, variant, cluster)
-        except AutoplaceError:  # a split this shard mode does not combine with
-            continue
-        if not res.oom and res.step_time_s < best_s:
-            best, best_s = variant, res.step_time_s
-    if best is plan:
-        return plan
-    return replace(best, planner={**best.planner, "shard": "chosen on the simulator after "
-                                                           "the policy"})
 
 
 def _plan_row(planner: str, plan: Plan, graph: OpGraph, cluster: Cluster,
@@ -263,129 +210,6 @@ def _plan_row(planner: str, plan: Plan, graph: OpGraph, cluster: Cluster,
             "lower_bound_s": res.lower_bound_s,
             "ratio_to_lower_bound": res.step_time_s / res.lower_bound_s
             if res.lower_bound_s else None}
-
-
-def _warm_target(warm: dict[str, Any]) -> dict[str, Any] | None:
-    """The plan the warm start imitated (``source``, ``step_time_s``), if it ran."""
-    return next(iter((warm.get("targets") or {}).values()), None)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if math.isfinite(seconds) else "none ran"
-
-
-def update_line(update: int, row: dict[str, float]) -> str:
-    """One update of the policy's training: the simulated step of the plans it sampled
-    (mean of its own choices that ran and their share, fastest of the batch) and the best
-    plan so far; update 0 is the policy before any training."""
-    ran = row.get("sample_ran_frac")
-    share = f" ({ran:.0%} ran)" if ran is not None and ran < 1 else ""
-    samples = (f"sampled plans mean {_ms(row.get('sample_mean_step_s', math.inf))}{share}, "
-               f"fastest {_ms(row.get('sample_best_step_s', math.inf))}")
-    if update == 0:
-        return f"  policy: update 0 (untrained): {samples}"
-    return (f"  policy: update {update} ({row['elapsed_s']:.0f} s): {samples}; best so far "
-            f"{_ms(row['best_step_time_s'])}")
-
-
-class LivePrinter:
-    """The trainer's ``on_update``: prints :func:`update_line` for the first update and then
-    about every ``budget / 8`` (a wall-time budget; else every 8th of a 25-update span)."""
-
-    def __init__(self, budget: str | int) -> None:
-        unit, amount = parse_budget(budget)
-        self.every_s = amount / 8 if unit == "seconds" else None
-        self.next_s = 0.0
-
-    def __call__(self, update: int, row: dict[str, float]) -> None:
-        due = update <= 1 or (row["elapsed_s"] >= self.next_s if self.every_s
-                              else update % 25 == 0)
-        if due:
-            _say(update_line(update, row))
-            if self.every_s:
-                self.next_s = row["elapsed_s"] + self.every_s
-
-
-def progress_lines(history: dict[str, list[float]], warm: dict[str, Any],
-                   start: dict[str, float] | None = None) -> list[str]:
-    """How the policy learned: its sampled plans before training (``start``, update 0), the
-    plan the warm start imitated, then the first update of REINFORCE and the updates at a
-    quarter, half, three quarters and the end (:func:`update_line`), and how far the sampled
-    plans' mean came from the start to the end: the percent faster or slower, or
-    ``unchanged`` within :data:`UNCHANGED`."""
-    lines = [update_line(0, start)] if start else []
-    target = _warm_target(warm)
-    if target is not None:
-        lines.append(f"  policy: warm start imitates {target['source']}'s plan, "
-                     f"{target['step_time_s'] * 1e3:.3f} ms")
-    n = len(history.get("best_step_time_s", []))
-    for i in sorted({0} | {max(0, (n * k) // 4 - 1) for k in (1, 2, 3, 4)} if n else ()):
-        lines.append(update_line(i + 1, {k: v[i] for k, v in history.items() if len(v) == n}))
-    means = [m for m in history.get("sample_mean_step_s", []) if math.isfinite(m)]
-    first = (start or {}).get("sample_mean_step_s", math.inf)
-    if means and math.isfinite(first):
-        k = max(1, len(means) // 10)  # the last tenth of the updates, averaged
-        last = sum(means[-k:]) / k
-        change = 1 - last / first
-        how = "unchanged" if abs(change) <= UNCHANGED else \
-            f"{abs(change) * 100:.1f}% {'faster' if change > 0 else 'slower'}"
-        lines.append(f"  policy: sampled plans' mean step {first * 1e3:.1f} ms before training"
-                     f" -> {last * 1e3:.1f} ms over the last tenth of the updates ({how})")
-    return lines
-
-
-def plot_learning(history: dict[str, list[float]], path: Path, *,
-                  heuristic_s: float | None, title: str, start: dict[str, float] | None = None,
-                  warm_s: float | None = None, chosen_s: float | None = None) -> None:
-    """The policy's learning curve: per update, the sampled plans' mean and fastest
-    simulated step and the best so far (update 0: ``start``, the samples before any
-    training; the warm start between 0 and 1, its imitated plan ``warm_s`` marked there),
-    the plan chosen at the end (``chosen_s``, where it differs from the best so far: its
-    shard mode chosen after the policy), against the best baseline. Past 50 updates the
-    update axis is logarithmic beyond 1, so update 0, the warm start and the first updates
-    stay apart."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    def ms(values: list[float]) -> list[float]:
-        return [v * 1e3 if math.isfinite(v) else float("nan") for v in values]
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    n = len(history.get("best_step_time_s", []))
-    first = 0 if start else 1
-    x = list(range(first, n + 1))
-    for key, label, style in (("sample_mean_step_s", "sampled plans, mean", "o-"),
-                              ("sample_best_step_s", "sampled plans, fastest", ":"),
-                              ("best_step_time_s", "best so far", "-")):
-        if len(history.get(key, [])) == n:
-            at_start = [start.get("sample_best_step_s" if key == "best_step_time_s" else key,
-                                  math.inf)] if start else []
-            ax.plot(x, ms(at_start + history[key]), style, label=label,
-                    markersize=3 if key == "sample_mean_step_s" and n <= 50 else 0)
-    if warm_s is not None and math.isfinite(warm_s):
-        ax.axvline(0.5, color="tab:green", linewidth=0.8, alpha=0.5)
-        ax.plot([0.5], [warm_s * 1e3], "*", color="tab:green", markersize=10,
-                label="warm start: the plan imitated")
-    best_end = (history.get("best_step_time_s") or [math.inf])[-1]
-    if chosen_s is not None and math.isfinite(chosen_s) and chosen_s < best_end:
-        ax.plot([max(n, 1)], [chosen_s * 1e3], "D", color="tab:red", markersize=6,
-                label="the policy's plan, shard mode chosen after it")
-    if heuristic_s is not None and math.isfinite(heuristic_s):
-        ax.axhline(heuristic_s * 1e3, color="k", linestyle="--", linewidth=1,
-                   label="best baseline")
-    if n > 50:
-        ax.set_xscale("symlog", linthresh=1.0, linscale=0.5)
-    ax.set_xlim(first - 0.3, (1.5 * n if n > 50 else n) + 0.3)
-    ax.set_xlabel("update (0: untrained; then the warm start; 1 on: REINFORCE)")
-    ax.set_ylabel("simulated step (ms)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 #: measured step times this close (6 steps on a shared machine) are a tie, not an order

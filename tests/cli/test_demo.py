@@ -13,16 +13,16 @@ import pytest
 from autoplace import workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import resolve
-from autoplace.demo import (
-    ZERO_SHOT,
+from autoplace.demo import DEMO_GROUPS, ZERO_SHOT, run_demo
+from autoplace.demo_learning import (
+    MOST_POINTS,
     LivePrinter,
     plot_learning,
     progress_lines,
-    run_demo,
-    train_fresh,
-    with_best_shard,
+    thin_updates,
+    write_learning,
 )
-from autoplace.plan import Plan
+from autoplace.policies import best_shard_variant, train
 from autoplace.search.auto import signature
 from autoplace.sim import simulate
 
@@ -69,13 +69,17 @@ def test_demo_on_two_devices_shows_the_zero_shot_plan_and_an_untrained_start(tmp
 
 
 def test_a_fresh_policy_learns_from_its_untrained_start_on_the_demo_default(tmp_path,
-                                                                          capsys):
-    """The demo's default model and cluster (op costs estimated): update 0's sampled plans
-    are slower than the end's, the warm start's plan starts the best so far, the lines
-    printed as it trains and after say so, and the curve is drawn."""
+                                                                          capsys, monkeypatch):
+    """The demo's default model and cluster (op costs estimated), trained as the demo trains
+    (nothing written): update 0's sampled plans are slower than the end's, the warm start's
+    plan starts the best so far, the lines printed as it trains and after say so, and the
+    curve is drawn."""
     cluster = resolve("cpu-x2")
     graph = capture_workload(workloads.get("gpt-small", device="meta"))
-    res = train_fresh(graph, cluster, "gnn", "4", batch_size=8, on_update=LivePrinter("4"))
+    monkeypatch.chdir(tmp_path)
+    res = train(graph, cluster, "gnn", budget="4", max_groups=DEMO_GROUPS, progress=False,
+                on_update=LivePrinter("4"), checkpoint_every=0, batch_size=8)
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, plan or events written
     live = capsys.readouterr().err
     assert "policy: update 0 (untrained): sampled plans mean" in live
     assert "policy: update 1 (" in live
@@ -90,7 +94,7 @@ def test_a_fresh_policy_learns_from_its_untrained_start_on_the_demo_default(tmp_
     assert lines[0].startswith("  policy: update 0 (untrained)")
     assert "warm start imitates" in lines[1] and "update 4 (" in lines[-2]
     assert "ms before training -> " in lines[-1] and "faster)" in lines[-1]
-    chosen = with_best_shard(res.best_plan, graph, cluster)
+    chosen, _ = best_shard_variant(graph, res.best_plan, cluster)
     plot_learning(history, tmp_path / "learning.png", heuristic_s=target["step_time_s"],
                   start=start, warm_s=target["step_time_s"],
                   chosen_s=simulate(graph, chosen, cluster).step_time_s, title="gpt-small")
@@ -111,15 +115,28 @@ def test_the_summary_says_unchanged_within_half_a_percent(end, says):
     assert last.endswith(says), last
 
 
-def test_the_policys_plan_gets_the_shard_mode_the_simulator_finds_fastest():
-    cluster = resolve("cpu-x2")
-    graph = capture_workload(workloads.get("gpt-small", device="meta"))
-    ddp = Plan.single(graph, cluster=cluster).with_parallel(data=2)
-    chosen = with_best_shard(ddp, graph, cluster)
-    times = {shard: simulate(graph, ddp.with_parallel(shard=shard), cluster).step_time_s
-             for shard in ("none", "zero2", "fsdp")}
-    assert simulate(graph, chosen, cluster).step_time_s == min(times.values())
-    if chosen is not ddp:
-        assert chosen.planner["shard"].startswith("chosen on the simulator")
-    single = Plan.single(graph, cluster=cluster)
-    assert with_best_shard(single, graph, cluster) is single  # no data parallelism to shard
+def test_the_curve_file_keeps_the_first_updates_the_last_and_an_even_stride_between(
+        tmp_path):
+    """A minute's training makes thousands of updates: the file and the plot keep at most
+    MOST_POINTS of them, numbered in ``updates``; the printed summary reads them all."""
+    assert thin_updates(7) == list(range(1, 8))
+    kept = thin_updates(5886)
+    assert len(kept) <= MOST_POINTS and kept[:100] == list(range(1, 101)) and kept[-1] == 5886
+    strides = {b - a for a, b in zip(kept[100:], kept[101:], strict=False)}
+    assert strides == {14, 15}, strides  # even: updates 101 to 5,886 in 399 strides
+    n = 5886
+    means = [0.2 - 0.1 * i / n for i in range(n)]
+    history = {**_history(means), "best_step_time_s": [0.1] * n}
+    start = {"sample_mean_step_s": 0.2, "sample_best_step_s": 0.15, "sample_ran_frac": 0.5}
+    write_learning(tmp_path, history, start=start, warm={}, chosen_s=0.1, heuristic_s=0.1,
+                   title="thinned")
+    saved = json.loads((tmp_path / "policy_learning.json").read_text())
+    assert saved["updates"] == kept and saved["updates_total"] == n
+    assert "the first 100, the last and an even stride" in saved["thinned"]
+    for key, series in saved["history"].items():
+        assert series == [history[key][u - 1] for u in kept], key
+    assert (tmp_path / "policy_learning.json").stat().st_size < 100_000
+    assert (tmp_path / "policy_learning.png").stat().st_size > 1000
+    last = progress_lines(history, {}, start)[-1]  # the summary from every update
+    assert last.endswith("200.0 ms before training -> 105.0 ms over the last tenth of the "
+                         "updates (47.5% faster)"), last
