@@ -20,7 +20,7 @@ from typing import Any
 from autoplace.files import write_json_atomic
 from autoplace.policies.reinforce import parse_budget
 
-__all__ = ["FIRST_POINTS", "MOST_POINTS", "UNCHANGED", "LivePrinter", "plot_learning",
+__all__ = ["CURVE_SERIES", "FIRST_POINTS", "MOST_POINTS", "UNCHANGED", "LivePrinter", "plot_learning",
            "progress_lines", "say", "thin_updates", "update_line", "warm_target",
            "write_learning"]
 
@@ -30,6 +30,10 @@ UNCHANGED = 0.005
 MOST_POINTS = 500
 #: of them, the first updates, all kept (the warm start's effect and REINFORCE's start)
 FIRST_POINTS = 100
+#: the trainer's history series the curve file keeps: those drawn, their share that ran and
+#: the time of each update
+CURVE_SERIES = ("sample_mean_step_s", "sample_best_step_s", "sample_ran_frac",
+                "best_step_time_s", "elapsed_s")
 
 
 def say(msg: str) -> None:
@@ -190,12 +194,13 @@ def write_learning(out: Path, history: dict[str, list[float]], *, start: dict[st
                    warm: dict[str, Any], chosen_s: float, heuristic_s: float | None,
                    title: str) -> None:
     """``out/policy_learning.json`` and ``out/policy_learning.png``: the curve's series
-    thinned to at most :data:`MOST_POINTS` updates (``updates`` numbers those kept), the
-    untrained policy's samples (``start``), the plan the warm start imitated, the policy's
-    chosen plan's and the best heuristic's simulated step."""
+    (:data:`CURVE_SERIES`) thinned to at most :data:`MOST_POINTS` updates (``updates``
+    numbers those kept), the untrained policy's samples (``start``), the plan the warm start
+    imitated, the policy's chosen plan's and the best heuristic's simulated step."""
     n = len(history.get("best_step_time_s", []))
     kept = thin_updates(n)
-    thinned = {k: [v[u - 1] for u in kept] for k, v in history.items() if len(v) == n}
+    thinned = {k: [history[k][u - 1] for u in kept] for k in CURVE_SERIES
+               if len(history.get(k, [])) == n}
     target = warm_target(warm)
     write_json_atomic(out / "policy_learning.json", {
         "updates_total": n,

@@ -126,13 +126,14 @@ def test_the_curve_file_keeps_the_first_updates_the_last_and_an_even_stride_betw
     assert strides == {14, 15}, strides  # even: updates 101 to 5,886 in 399 strides
     n = 5886
     means = [0.2 - 0.1 * i / n for i in range(n)]
-    history = {**_history(means), "best_step_time_s": [0.1] * n}
+    history = {**_history(means), "best_step_time_s": [0.1] * n, "entropy": [1.0] * n}
     start = {"sample_mean_step_s": 0.2, "sample_best_step_s": 0.15, "sample_ran_frac": 0.5}
     write_learning(tmp_path, history, start=start, warm={}, chosen_s=0.1, heuristic_s=0.1,
                    title="thinned")
     saved = json.loads((tmp_path / "policy_learning.json").read_text())
     assert saved["updates"] == kept and saved["updates_total"] == n
     assert "the first 100, the last and an even stride" in saved["thinned"]
+    assert set(saved["history"]) == set(history) - {"entropy"}  # the curve's series only
     for key, series in saved["history"].items():
         assert series == [history[key][u - 1] for u in kept], key
     assert (tmp_path / "policy_learning.json").stat().st_size < 100_000
