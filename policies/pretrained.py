@@ -13,8 +13,9 @@ whole graph's one-device peak memory compares with a device's usable memory, so 
 weights place a graph differently under a memory cap.
 
 * :func:`place_pretrained`: zero-shot. The greedy plan, the greedy placement under every
-  valid hybrid split and a few sampled plans are scored on the simulator; the fastest
-  that fits is returned (no gradient step on the graph). The env's action space has no
+  valid hybrid split and the policy's sampled plans (under every split in turn, for
+  :data:`ZERO_SHOT_S`) are scored on the simulator; the fastest that fits is returned (no
+  gradient step on the graph). The env's action space has no
   shard mode, so the best data-parallel plans are also tried with ZeRO-2 and FSDP.
 * :func:`finetune_pretrained`: the same policy trained further on the graph
   (REINFORCE from the pre-trained weights; warm start keeps the best heuristic plan the env
@@ -66,6 +67,8 @@ SPLIT_SAMPLES = 2
 AUTO_FINETUNE_UPDATES = 40
 #: data-parallel plans among the best this many also tried with ZeRO-2 and FSDP sharding
 SHARD_TOP = 4
+#: seconds a zero-shot placement scores the policy's plans for
+ZERO_SHOT_S = 0.6
 #: features :class:`MemoryPressure` appends to the env's group features
 EXTRA_FEATURES = ("log2_one_device_memory_ratio", "fits_one_device")
 
@@ -176,9 +179,12 @@ def _policy_for(env: MemoryPressure, weights: str | Path | None) -> GNNPolicy:
 def _zero_shot(env: MemoryPressure, policy: GNNPolicy, samples: int, seed: int,
                time_limit_s: float) -> tuple[tuple, float, Any, int]:
     """Best ``(rank, step_time_s, plan JSON, scored)`` of the greedy plan, the greedy
-    placement under every valid split, ``samples`` sampled plans, and a sampled placement
-    under every valid split per ``SPLIT_SAMPLES``, scored in that order until
-    ``time_limit_s`` (the greedy plan always)."""
+    placement under every valid split, ``samples`` sampled plans and a sampled placement
+    under every valid split per ``SPLIT_SAMPLES`` (all of them scored), then further
+    sampled placements under every valid split in turn until ``time_limit_s``: on a small
+    graph a plan scores in well under a millisecond, so the time left buys thousands of the
+    policy's samples. With ``samples=0`` only the greedy plans, until ``time_limit_s``
+    (the first always)."""
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=seed)
     splits = torch.tensor(env.unwrapped.valid_splits(), dtype=torch.long)
@@ -192,12 +198,22 @@ def _zero_shot(env: MemoryPressure, policy: GNNPolicy, samples: int, seed: int,
             actions.append(policy(batch_obs([obs] * len(forced)), generator=generator,
                                   hybrid=forced).action)
     outcomes: list[tuple] = []
-    for row in torch.cat(actions).numpy():
-        if outcomes and time.perf_counter() - t0 > time_limit_s:
-            break
-        env.reset(seed=seed)
-        _, reward, _, _, info = env.step(row)
-        outcomes.append(_outcome(info, reward))
+
+    def score(rows: torch.Tensor, limited: bool = True) -> bool:
+        for row in rows.numpy():
+            if limited and outcomes and time.perf_counter() - t0 > time_limit_s:
+                return False
+            env.reset(seed=seed)
+            _, reward, _, _, info = env.step(row)
+            outcomes.append(_outcome(info, reward))
+        return True
+
+    more = score(torch.cat(actions), limited=not samples)
+    while samples and more:  # the time left: more samples, every split in turn
+        with torch.no_grad():
+            batch = policy(batch_obs([obs] * len(splits)), generator=generator,
+                           hybrid=splits).action
+        more = score(batch)
     rank, step, plan, _ = _best_sharded(env, outcomes)
     return rank, step, plan, len(outcomes)
 
@@ -235,7 +251,7 @@ def place_pretrained(
     memory_cap: str | int | None = None,
     samples: int = 16,
     seed: int = 0,
-    time_limit_s: float = 0.8,
+    time_limit_s: float = ZERO_SHOT_S,
     weights: str | Path | None = None,
 ) -> Plan:
     """Place a graph with the pre-trained GNN, without training on it (zero-shot).
@@ -244,9 +260,12 @@ def place_pretrained(
         graph_or_workload: OpGraph, Workload or zoo name.
         cluster: preset name, JSON path, ``"detect"`` or a Cluster of 2, 4 or 8 devices.
         memory_cap: cap every device's memory.
-        samples: sampled plans scored beside the greedy ones.
+        samples: sampled plans scored beside the greedy ones before the rest of
+            ``time_limit_s`` goes to more of them (0: the greedy plans only).
         seed: seed of the sampling.
-        time_limit_s: stop scoring plans after this long (the greedy plan is always scored).
+        time_limit_s: score further samples until this long after the start of scoring
+            (the greedy plans and ``samples`` always; loading the weights and the shard and
+            compile variants take about 0.2 s more).
         weights: another weights file (default: the shipped one).
 
     Returns:
@@ -331,7 +350,7 @@ def finetune_pretrained(
                       for _ in range(cfg.batch_size - 1)]
     try:
         policy = _policy_for(first, weights)
-        rank0, step0, plan0, _ = _zero_shot(first, policy, 16, seed, math.inf)
+        rank0, step0, plan0, _ = _zero_shot(first, policy, 16, seed, ZERO_SHOT_S)
         torch.manual_seed(seed)
         result = reinforce(envs, policy, cfg, on_update=on_update)
     finally:

@@ -67,6 +67,12 @@ def test_zero_shot_is_valid_and_under_a_second(graph):
     plan.validate(graph, cluster)
     res = simulate(graph, plan, cluster)
     assert not res.oom and res.step_time_s == pytest.approx(plan.predicted["step_time_s"])
+    # the time left after the fixed plans goes to more of the policy's samples: a longer
+    # limit scores more plans, and the greedy plans alone are far fewer
+    short = place_pretrained(graph, cluster, seed=1, time_limit_s=0.0)
+    greedy = place_pretrained(graph, cluster, seed=1, samples=0)
+    assert greedy.planner["scored"] < short.planner["scored"] < plan.planner["scored"]
+    assert plan.predicted["step_time_s"] <= short.predicted["step_time_s"]
 
 
 def test_memory_pressure_features_follow_the_cap(graph):
