@@ -74,13 +74,17 @@ def run_demo(
         execute_top: other plans (baselines and the zero-shot plan) executed for real beside
             the policy's plan (fastest simulated first; ``single`` always).
         profile_ops: measure the ops on the first device before ranking (kept in
-            ``out/profile``, reused by the next demo); False: estimated op costs.
+            ``out/profile``, reused by the next demo), and on a GPU the first block under
+            the levers (:func:`autoplace.executor.profile_block.profile_block`); False:
+            estimated op costs.
     """
     from autoplace import viz, workloads
     from autoplace.capture import capture_workload
     from autoplace.cluster import resolve
     from autoplace.costs.profile import profile
     from autoplace.executor.launch import run_plan
+    from autoplace.executor.profile_block import describe as describe_block
+    from autoplace.executor.profile_block import profile_block
     from autoplace.policies.pretrained import DEVICE_COUNTS, WEIGHTS_PATH, place_pretrained
     from autoplace.search.auto import signature
     from autoplace.search.compare import compare, format_table
@@ -97,8 +101,15 @@ def run_demo(
         device = cluster.devices[0].name
         say(f"profiling its ops on {device} (the simulator's op times for this machine)")
         try:
-            graph = profile(workloads.get(model, **(options or {})), [device], repeats=3,
-                            cache_dir=out / "profile")
+            real = workloads.get(model, **(options or {}))
+            graph = profile(real, [device], repeats=3, cache_dir=out / "profile")
+            if device.startswith("cuda"):  # compiled, checkpointed and graphed blocks
+                say("timing its first block eager, compiled, checkpointed and as CUDA "
+                    "graphs (what the simulator prices those levers at)")
+                rec = profile_block(graph, real.example_inputs(graph.batch_size, "cpu"),
+                                    device, autocast_dtype=real.autocast_dtype, repeats=3,
+                                    cache_dir=out / "profile")
+                say(f"  first block: {describe_block(rec)}")
         except (AutoplaceError, torch.OutOfMemoryError) as e:  # the simulator estimates
             say(f"profiling failed ({str(e).splitlines()[0][:120]}): op costs estimated")
 
