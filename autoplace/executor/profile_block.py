@@ -17,7 +17,12 @@ timed loops after warm-up (the median on a CPU).
   is ``(ratio - heavy) / (1 - heavy)``, clipped to ``[0.05, 2]``.
 - Recomputed: what a checkpoint adds to the block's step beyond eager, per op of the block
   (``full_host_s``, ``selective_host_s``), and inside a compiled piece beyond the compiled
-  block (``compiled_full_host_s``). On a launch-bound model that is host time (the
+  block (``compiled_full_host_s``). Where the model has several blocks, the first
+  :data:`GRAPHED_BLOCKS` also run in turn, a piece each as a plan runs them, in every form:
+  these figures (and the compiled ratio below) are then what the added blocks cost, so the
+  fixed cost of one forward + backward call, which one block timed alone carries in every
+  form, does not count as checkpointing's or compiling's (the residual MLP's block
+  checkpointed alone added 1.75 ms, 1.07 ms a block in the model). On a launch-bound model that is host time (the
   forward issued again, and ``torch.utils.checkpoint``'s hooks; a selective policy also runs
   every op of the region through a Python dispatch mode, forward and recompute): the
   simulator adds it to the issuing thread's time of every recomputed op
@@ -51,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from autoplace.capture import fetch_attr, program_inputs
@@ -122,15 +127,20 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
             _fwd_bwd(both, values)()
             if not both.failed:
                 forms["compiled_full"] = both
-        many = block_ops(graph, GRAPHED_BLOCKS) if dev.type == "cuda" else []
+        many = block_ops(graph, GRAPHED_BLOCKS)
         if dev.type == "cuda":
             forms["graphed"] = _Graphed(sub_gm, dev)
+        chained: dict[str, nn.Module] = {}
         if len(many) > len(names):
             many_gm, _, many_values = _block_piece(gm, flat, many, cast)
-            forms["graphed_many"] = _Graphed(many_gm, dev)
-        times = dict(zip(forms, _timed_pair(
-            [_fwd_bwd(m, many_values if name == "graphed_many" else values)
-             for name, m in forms.items()], dev, repeats)))
+            if dev.type == "cuda":
+                chained["graphed"] = _Graphed(many_gm, dev)
+            chained.update(_chains(gm, graph, many, [m for m in forms if m != "graphed"]))
+        fns = [_fwd_bwd(m, values) for m in forms.values()] + \
+            [_fwd_bwd(m, many_values) for m in chained.values()]
+        measured = _timed_pair(fns, dev, repeats)
+        times = dict(zip(forms, measured))
+        many_times = dict(zip(chained, measured[len(forms):]))
     eager_s = times["eager"]
     graphed = forms.get("graphed")
     rec: dict[str, Any] = {"compiled": None, "graphs": None, "recompute": {
@@ -142,15 +152,28 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
         rec["recompute"]["compiled_full_s"] = times["compiled_full"]
         rec["recompute"]["compiled_full_host_s"] = max(
             0.0, times["compiled_full"] - times["compiled"]) / len(names)
+    blocks = min(GRAPHED_BLOCKS, len(block_group_ids(graph, block_groups(graph))))
+    added = len(many) - len(names)
+    # the first blocks chained as a plan runs them (a piece each): what each added block
+    # costs, without the fixed cost of one forward + backward call that one block alone
+    # also carries
+    delta = {m: many_times[m] - times[m] for m in many_times if m != "graphed"}
+    if "eager" in delta and added > 0:
+        r = rec["recompute"]
+        r.update({"blocks": blocks, **{f"{m}_blocks_s": many_times[m] for m in delta}})
+        for m, base in (("full", "eager"), ("selective", "eager"),
+                        ("compiled_full", "compiled")):
+            if m in delta and base in delta:
+                r[f"{m}_host_s"] = max(0.0, delta[m] - delta[base]) / added
     if _replayed(graphed):
         rec["graphs"] = {"graphed_s": times["graphed"], "eager_s": eager_s,
                          "device_share": min(1.0, times["graphed"] / eager_s), "blocks": 1}
-        if _replayed(forms.get("graphed_many")):
+        if _replayed(chained.get("graphed")) if len(many) > len(names) else False:
             op_s = _typical_ops_s(graph, kind, [n for n in many if n not in set(names)])
-            per = max(0.0, times["graphed_many"] - times["graphed"])
+            per = max(0.0, many_times["graphed"] - times["graphed"])
             rec["graphs"].update({
-                "blocks": min(GRAPHED_BLOCKS, len(block_group_ids(graph, block_groups(graph)))),
-                "graphed_blocks_s": times["graphed_many"], "added_ops_s": op_s,
+                "blocks": blocks, "graphed_blocks_s": many_times["graphed"],
+                "added_ops_s": op_s,
                 "device_share": min(1.0, per / op_s) if op_s > 0 else 1.0})
     elif graphed is not None:
         rec["graphs_failed"] = graphed.failed or "the block was never captured"
@@ -163,12 +186,16 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
             heavy += t if op.kind in SELECTIVE_SAVED_KINDS else 0.0
         share = heavy / tot if tot > 0 else 0.0
         ratio = times["compiled"] / eager_s
+        if "compiled" in delta and delta.get("eager", 0.0) > 0:  # per added block
+            ratio = max(0.0, delta["compiled"]) / delta["eager"]
         fused = (ratio - share) / (1.0 - share) if share < 0.95 else ratio
         lo, hi = FUSED_TIME_RANGE
         rec["compiled"] = {
             "fused_time": min(max(fused, lo), hi), "ratio": ratio, "heavy_share": share,
             "eager_s": eager_s, "compiled_s": times["compiled"], "compile_s": compile_s,
             "block_ops": len(names),
+            **({"blocks": blocks, "compiled_blocks_s": many_times["compiled"],
+                "eager_blocks_s": many_times["eager"]} if "compiled" in delta else {}),
             "backend": os.environ.get(COMPILE_BACKEND_ENV) or "inductor"}
     info = dict(getattr(graph, "profile_info", None) or {})
     info[kind] = {**info.get(kind, {}), **{k: v for k, v in rec.items()
@@ -185,6 +212,11 @@ def describe(rec: dict[str, Any] | None) -> str:
         return "not measured (no blocks in the graph, or no op profile on this device)"
     r, c, g = rec["recompute"], rec.get("compiled"), rec.get("graphs")
     ms = 1e3
+    chain = (f"; the first {r['blocks']} blocks in turn: {r['eager_blocks_s'] * ms:.3f} "
+             f"eager, {r['full_blocks_s'] * ms:.3f} checkpointed, "
+             f"{r['selective_blocks_s'] * ms:.3f} selective" + (
+                 f", {r['compiled_blocks_s'] * ms:.3f} compiled" if "compiled_blocks_s" in r
+                 else "")) if "full_blocks_s" in r and "selective_blocks_s" in r else ""
     return (f"{r['block_ops']} ops, fwd+bwd {r['eager_s'] * ms:.3f} ms eager, "
             f"{r['full_s'] * ms:.3f} checkpointed, {r['selective_s'] * ms:.3f} selective, " + (
                 f"{c['compiled_s'] * ms:.3f} compiled (fused ops at {c['fused_time']:.2f}x "
@@ -194,7 +226,62 @@ def describe(rec: dict[str, Any] | None) -> str:
                     f" ({g['graphed_blocks_s'] * ms:.3f} for {g['blocks']} blocks: "
                     f"{g['device_share']:.2f} of their op times)" if "graphed_blocks_s" in g
                     else "") if g else
-                f", no CUDA graph ({rec['graphs_failed']})" if rec.get("graphs_failed") else ""))
+                f", no CUDA graph ({rec['graphs_failed']})" if rec.get("graphs_failed") else "")
+            + chain)
+
+
+def _chains(gm: fx.GraphModule, graph: OpGraph, many: list[str],
+            modes: list[str]) -> dict[str, nn.Module]:
+    """The blocks holding ``many`` run one after another, each as the executor runs a
+    block's piece, per mode of ``modes`` (eager, full, selective, compiled,
+    compiled_full): a :class:`_Chain` each, fed the values the blocks read from outside."""
+    groups = block_groups(graph)
+    order = sorted({groups[n] for n in many})
+    wanted = set(many)
+    parts = []
+    for g in order:
+        names = [n for n in many if groups[n] == g]
+        sub, ext = _cut(gm, set(names))
+        attrs = {n.target: fetch_attr(gm, n.target) for n in sub.nodes
+                 if n.op in ("call_module", "get_attr")}
+        sub_gm, code = canonical_piece(sub, attrs)
+        outs = [n.name for n in gm.graph.nodes if n.name in set(names)
+                and any(u.name not in set(names) for u in n.users)]
+        parts.append((sub_gm, code, [a.name for a in ext], outs))
+    _, ext_all = _cut(gm, wanted)
+    final = [o for _, _, _, outs in parts for o in outs
+             if any(u.name not in wanted for u in _node(gm, o).users)]
+    settings = {"eager": (None, False), "full": ("full", False),
+                "selective": ("selective", False), "compiled": (None, True),
+                "compiled_full": ("full", True)}
+    return {m: _Chain([piece(sub_gm, settings[m][0], settings[m][1], "profiled block",
+                             kind=("profile", code) if settings[m][1] else None)
+                       for sub_gm, code, _, _ in parts],
+                      [(ins, outs) for _, _, ins, outs in parts],
+                      [a.name for a in ext_all], final)
+            for m in modes if m in settings}
+
+
+def _node(gm: fx.GraphModule, name: str) -> fx.Node:
+    return next(n for n in gm.graph.nodes if n.name == name)
+
+
+class _Chain(nn.Module):
+    """Pieces run in turn, each reading its inputs by name from the values fed in and the
+    outputs of the pieces before it; returns the values used past the last piece."""
+
+    def __init__(self, pieces: list[nn.Module], io: list[tuple[list[str], list[str]]],
+                 inputs: list[str], outputs: list[str]) -> None:
+        super().__init__()
+        self.pieces = nn.ModuleList(pieces)
+        self.io, self.inputs, self.outputs = io, inputs, outputs
+
+    def forward(self, *values: Any) -> tuple[Any, ...]:
+        env = dict(zip(self.inputs, values))
+        for p, (ins, outs) in zip(self.pieces, self.io):
+            res = p(*[env[n] for n in ins])
+            env.update(zip(outs, res if isinstance(res, (tuple, list)) else (res,)))
+        return tuple(env[n] for n in self.outputs)
 
 
 def _typical_ops_s(graph: OpGraph, kind: str, names: list[str]) -> float:

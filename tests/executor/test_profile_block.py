@@ -19,6 +19,7 @@ from autoplace.executor.profile_block import (
     _cut,
     _values_of,
     block_ops,
+    describe,
     profile_block,
 )
 from autoplace.graph import OpGraph, random_dag
@@ -66,8 +67,22 @@ def test_measurement_reaches_cache_graph_file_and_simulator(profiled, monkeypatc
     assert rec["eager_s"] > 0 and rec["compiled_s"] > 0 and 0 < rec["heavy_share"] < 1
     assert 0.05 <= rec["fused_time"] <= 2.0 and rec["backend"] == "aot_eager"
     assert rc["full_s"] > 0 and rc["selective_s"] > 0 and rc["eager_s"] > 0
-    assert rc["full_host_s"] == max(0.0, rc["full_s"] - rc["eager_s"]) / rc["block_ops"]
-    assert rc["compiled_full_host_s"] >= 0 and rc["compiled_full_s"] > 0
+    # gpt-tiny's two blocks also run in turn, a piece each: the per-op extra is what the
+    # second block adds checkpointed beyond what it adds eager (one call's fixed cost,
+    # which the lone block carries, cancels)
+    assert rc["blocks"] == 2 and rc["eager_blocks_s"] > 0 and rc["full_blocks_s"] > 0
+    added = len(block_ops(graph, 2)) - rc["block_ops"]
+    for mode, base in (("full", "eager"), ("selective", "eager"),
+                       ("compiled_full", "compiled")):
+        base_s = rec if base == "compiled" else rc
+        extra = (rc[f"{mode}_blocks_s"] - rc[f"{mode}_s"]) - \
+            (base_s[f"{base}_blocks_s"] - base_s[f"{base}_s"])
+        assert rc[f"{mode}_host_s"] == pytest.approx(max(0.0, extra) / added)
+    assert rec["blocks"] == 2 and rec["compiled_blocks_s"] > 0
+    if rec["eager_blocks_s"] > rec["eager_s"]:  # the compiled factor: per added block too
+        assert rec["ratio"] == pytest.approx(max(0.0, rec["compiled_blocks_s"] - rec[
+            "compiled_s"]) / (rec["eager_blocks_s"] - rec["eager_s"]))
+    assert "the first 2 blocks in turn" in describe(got)
 
     fresh = capture_workload(workloads.get("gpt-tiny", device="meta"))  # another process
     assert apply_cached(fresh, cache, ["cpu"]) == ["cpu"]
