@@ -22,8 +22,8 @@ timed loops after warm-up (the median on a CPU).
   these figures (and the compiled ratio below) are then what the added blocks cost, so the
   fixed cost of one forward + backward call, which one block timed alone carries in every
   form, does not count as checkpointing's or compiling's (the residual MLP's block
-  checkpointed alone added 1.75 ms, 1.07 ms a block in the model). On a launch-bound model that is host time (the
-  forward issued again, and ``torch.utils.checkpoint``'s hooks; a selective policy also runs
+  checkpointed alone added 1.75 ms, 1.07 ms a block in the model). On a launch-bound
+  model that is host time (the forward issued again, and ``torch.utils.checkpoint``'s hooks; a selective policy also runs
   every op of the region through a Python dispatch mode, forward and recompute): the
   simulator adds it to the issuing thread's time of every recomputed op
   (:mod:`autoplace.sim.block_profile`). On a device-bound model it is about the forward's
@@ -36,8 +36,8 @@ timed loops after warm-up (the median on a CPU).
   however many blocks it holds; so ``device_share`` (at most 1), what is left of the
   profiled op times when nothing is issued op by op, is the graph's time per added block
   (the two graphs' difference over the blocks added) over those blocks' profiled op
-  times (each block at the mean of the graph's blocks of its structure). One block on its own (the graph has one) gives the single block's graph over its
-  eager time.
+  times (each block at the mean of the graph's blocks of its structure). One block on its
+  own (the graph has one) gives the single block's graph over its eager time.
 
 The results are written into the graph's cached profile record (``"compiled"``,
 ``"recompute"``, ``"graphs"``) and so reach every later simulation of this graph on this device kind;
@@ -77,6 +77,9 @@ FUSED_TIME_RANGE = (0.05, 2.0)
 GRAPHED_BLOCKS = 8
 #: the parts of a record the profile cache keeps
 PARTS = ("compiled", "recompute", "graphs")
+#: the forms a block is timed in: its checkpoint mode and whether it is compiled
+FORMS = {"eager": (None, False), "full": ("full", False), "selective": ("selective", False),
+         "compiled": (None, True), "compiled_full": ("full", True)}
 
 
 def block_ops(graph: OpGraph, blocks: int = 1) -> list[str]:
@@ -113,21 +116,20 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
     cast = (torch.autocast(dev.type, dtype=getattr(torch, autocast_dtype), cache_enabled=False)
             if autocast_dtype and dev.type == "cuda" else contextlib.nullcontext())
     sub_gm, code, values = _block_piece(gm, flat, names, cast)
-    forms = {"eager": piece(sub_gm, None, False, "profiled block"),
-             "full": piece(sub_gm, "full", False, "profiled block"),
-             "selective": piece(sub_gm, "selective", False, "profiled block")}
-    compiled = piece(sub_gm, None, True, "profiled block", kind=("profile", code))
+    forms = {f: _form(sub_gm, code, f) for f in ("eager", "full", "selective")}
+    compiled = _form(sub_gm, code, "compiled")
     with cast:
         t0 = time.perf_counter()
         _fwd_bwd(compiled, values)()  # compiles forward and backward
         compile_s = time.perf_counter() - t0
         if not compiled.failed:
             forms["compiled"] = compiled
-            both = piece(sub_gm, "full", True, "profiled block", kind=("profile", code))
+            both = _form(sub_gm, code, "compiled_full")
             _fwd_bwd(both, values)()
             if not both.failed:
                 forms["compiled_full"] = both
         many = block_ops(graph, GRAPHED_BLOCKS)
+        groups = block_groups(graph)
         if dev.type == "cuda":
             forms["graphed"] = _Graphed(sub_gm, dev)
         chained: dict[str, nn.Module] = {}
@@ -135,7 +137,7 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
             many_gm, _, many_values = _block_piece(gm, flat, many, cast)
             if dev.type == "cuda":
                 chained["graphed"] = _Graphed(many_gm, dev)
-            chained.update(_chains(gm, graph, many, [m for m in forms if m != "graphed"]))
+            chained.update(_chains(gm, groups, many, [m for m in forms if m != "graphed"]))
         fns = [_fwd_bwd(m, values) for m in forms.values()] + \
             [_fwd_bwd(m, many_values) for m in chained.values()]
         measured = _timed_pair(fns, dev, repeats)
@@ -152,7 +154,7 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
         rec["recompute"]["compiled_full_s"] = times["compiled_full"]
         rec["recompute"]["compiled_full_host_s"] = max(
             0.0, times["compiled_full"] - times["compiled"]) / len(names)
-    blocks = min(GRAPHED_BLOCKS, len(block_group_ids(graph, block_groups(graph))))
+    blocks = len({groups[n] for n in many})
     added = len(many) - len(names)
     # the first blocks chained as a plan runs them (a piece each): what each added block
     # costs, without the fixed cost of one forward + backward call that one block alone
@@ -168,8 +170,9 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
     if _replayed(graphed):
         rec["graphs"] = {"graphed_s": times["graphed"], "eager_s": eager_s,
                          "device_share": min(1.0, times["graphed"] / eager_s), "blocks": 1}
-        if _replayed(chained.get("graphed")) if len(many) > len(names) else False:
-            op_s = _typical_ops_s(graph, kind, [n for n in many if n not in set(names)])
+        if _replayed(chained.get("graphed")):
+            op_s = _typical_ops_s(graph, groups, kind,
+                                  [n for n in many if n not in set(names)])
             per = max(0.0, many_times["graphed"] - times["graphed"])
             rec["graphs"].update({
                 "blocks": blocks, "graphed_blocks_s": many_times["graphed"],
@@ -230,40 +233,31 @@ def describe(rec: dict[str, Any] | None) -> str:
             + chain)
 
 
-def _chains(gm: fx.GraphModule, graph: OpGraph, many: list[str],
+def _chains(gm: fx.GraphModule, groups: dict[str, int], many: list[str],
             modes: list[str]) -> dict[str, nn.Module]:
-    """The blocks holding ``many`` run one after another, each as the executor runs a
-    block's piece, per mode of ``modes`` (eager, full, selective, compiled,
-    compiled_full): a :class:`_Chain` each, fed the values the blocks read from outside."""
-    groups = block_groups(graph)
-    order = sorted({groups[n] for n in many})
-    wanted = set(many)
+    """The blocks (``groups``: :func:`autoplace.lowering.block_groups`) holding ``many`` run
+    one after another, each as the executor runs a block's piece, per form of ``modes``
+    (:data:`FORMS`): a :class:`_Chain` each, fed the values the blocks read from outside."""
     parts = []
-    for g in order:
-        names = [n for n in many if groups[n] == g]
-        sub, ext = _cut(gm, set(names))
-        attrs = {n.target: fetch_attr(gm, n.target) for n in sub.nodes
-                 if n.op in ("call_module", "get_attr")}
-        sub_gm, code = canonical_piece(sub, attrs)
-        outs = [n.name for n in gm.graph.nodes if n.name in set(names)
-                and any(u.name not in set(names) for u in n.users)]
-        parts.append((sub_gm, code, [a.name for a in ext], outs))
-    _, ext_all = _cut(gm, wanted)
-    final = [o for _, _, _, outs in parts for o in outs
-             if any(u.name not in wanted for u in _node(gm, o).users)]
-    settings = {"eager": (None, False), "full": ("full", False),
-                "selective": ("selective", False), "compiled": (None, True),
-                "compiled_full": ("full", True)}
-    return {m: _Chain([piece(sub_gm, settings[m][0], settings[m][1], "profiled block",
-                             kind=("profile", code) if settings[m][1] else None)
-                       for sub_gm, code, _, _ in parts],
+    for g in sorted({groups[n] for n in many}):
+        names = {n for n in many if groups[n] == g}
+        sub_gm, code, ext = _piece_of(gm, names)
+        parts.append((sub_gm, code, [a.name for a in ext],
+                      [n.name for n in _used_outside(gm, names)]))
+    _, ext_all = _cut(gm, set(many))
+    final = [n.name for n in _used_outside(gm, set(many))]
+    return {m: _Chain([_form(sub_gm, code, m) for sub_gm, code, _, _ in parts],
                       [(ins, outs) for _, _, ins, outs in parts],
                       [a.name for a in ext_all], final)
-            for m in modes if m in settings}
+            for m in modes if m in FORMS}
 
 
-def _node(gm: fx.GraphModule, name: str) -> fx.Node:
-    return next(n for n in gm.graph.nodes if n.name == name)
+def _form(sub_gm: fx.GraphModule, code: str, form: str) -> nn.Module:
+    """A block's piece in one of :data:`FORMS` (compiled pieces of one code share their
+    compiled graph)."""
+    mode, compiled = FORMS[form]
+    return piece(sub_gm, mode, compiled, "profiled block",
+                 kind=("profile", code) if compiled else None)
 
 
 class _Chain(nn.Module):
@@ -284,12 +278,12 @@ class _Chain(nn.Module):
         return tuple(env[n] for n in self.outputs)
 
 
-def _typical_ops_s(graph: OpGraph, kind: str, names: list[str]) -> float:
+def _typical_ops_s(graph: OpGraph, groups: dict[str, int], kind: str,
+                   names: list[str]) -> float:
     """Profiled seconds (forward + backward) of the blocks holding ``names``, each block
     taken at the mean of every block of the graph with its structure (op kinds and output
     shapes): launch-bound op profiles scatter by tens of percent between copies of one
     block, and the graphed share is applied to all of them."""
-    groups = block_groups(graph)
     ids = block_group_ids(graph, groups)
     ops: dict[int, list[Any]] = {}
     for op in graph.ops:
@@ -313,13 +307,21 @@ def _block_piece(gm: fx.GraphModule, flat: Sequence[Any], names: list[str],
                  cast: Any) -> tuple[fx.GraphModule, str, list[Any]]:
     """The ops ``names`` of ``gm`` cut out as the executor's piece (its module and code key)
     and the values it receives in a forward of ``gm`` on ``flat``."""
-    sub, ext = _cut(gm, set(names))
+    sub_gm, code, ext = _piece_of(gm, set(names))
     with cast:
         values = _values_of(gm, flat, ext)
+    return sub_gm, code, values
+
+
+def _piece_of(gm: fx.GraphModule, names: set[str]
+              ) -> tuple[fx.GraphModule, str, list[fx.Node]]:
+    """The ops ``names`` of ``gm`` as the executor's piece (its module and code key) and
+    the outside nodes it reads (:func:`_cut`)."""
+    sub, ext = _cut(gm, names)
     attrs = {n.target: fetch_attr(gm, n.target) for n in sub.nodes
              if n.op in ("call_module", "get_attr")}
     sub_gm, code = canonical_piece(sub, attrs)
-    return sub_gm, code, values
+    return sub_gm, code, ext
 
 
 def _cut(gm: fx.GraphModule, names: set[str]) -> tuple[fx.Graph, list[fx.Node]]:
@@ -338,9 +340,14 @@ def _cut(gm: fx.GraphModule, names: set[str]) -> tuple[fx.Graph, list[fx.Node]]:
                     ext.append(a)
                     env[a] = sub.placeholder(f"in_{a.name}")
         env[n] = sub.node_copy(n, lambda x: env[x])
-    outs = [env[n] for n in inside if any(u.name not in names for u in n.users)]
-    sub.output(tuple(outs))
+    sub.output(tuple(env[n] for n in _used_outside(gm, names)))
     return sub, ext
+
+
+def _used_outside(gm: fx.GraphModule, names: set[str]) -> list[fx.Node]:
+    """The nodes ``names`` of ``gm`` whose values are used outside them, in graph order."""
+    return [n for n in gm.graph.nodes
+            if n.name in names and any(u.name not in names for u in n.users)]
 
 
 def _values_of(gm: fx.GraphModule, flat: Sequence[Any], wanted: list[fx.Node]) -> list[Any]:
