@@ -165,7 +165,9 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
             lambda devs, sh: host_times(tables, devs, ar[None, :], sh))
         for p, pl in enumerate(plans):
             if pl.parallel.graphs:  # one replay per piece (sim_local)
-                hf_t[:, p] = hb_t[:, p] = graphed_host(dev_t[:, p], ga.param_count)
+                hf_t[:, p] = hb_t[:, p] = graphed_host(
+                    dev_t[:, p], ga.param_count,
+                    tables.graph_param_host[tables.kind_of_device[dev_t[:, p]]])
         ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
         if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
             hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]

@@ -43,7 +43,7 @@ import numpy as np
 
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim.model import GRAPH_PARAM_HOST_S, CostTables, GraphArrays
+from autoplace.sim.model import CostTables, GraphArrays
 
 __all__ = ["block_tables", "block_values", "filled_host", "graphed_tables", "needs_scalar",
            "profiled", "recompute_host_tables"]
@@ -103,7 +103,7 @@ def graphed_tables(graph: OpGraph, tables: CostTables, plan: Plan) -> CostTables
     blocks = block_values(graph, tables.kinds, "graphs", "blocks", 1.0)
     return replace(tables, fwd=tables.fwd * share, bwd=tables.bwd * share,
                    fwd_fixed=tables.fwd_fixed * share, bwd_fixed=tables.bwd_fixed * share,
-                   graph_param_host=np.where(blocks > 1, 0.0, GRAPH_PARAM_HOST_S))
+                   graph_param_host=np.where(blocks > 1, 0.0, tables.graph_param_host))
 
 
 def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,

@@ -32,7 +32,6 @@ from autoplace.lowering import issue_order_items
 from autoplace.plan import Plan
 from autoplace.sim.fsdp import FsdpStreams
 from autoplace.sim.model import (
-    GRAPH_PARAM_HOST_S,
     CostTables,
     Event,
     GraphArrays,
@@ -125,8 +124,7 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
     hf_op, hb_op = host_times(tables, np.asarray(dev, dtype=np.int64) + base, np.arange(n),
                               1.0 / (m * lp.d))
     if plan.parallel.graphs:
-        per_param = (GRAPH_PARAM_HOST_S if tables.graph_param_host is None else
-                     tables.graph_param_host[tables.kind_of_device[np.asarray(dev) + base]])
+        per_param = tables.graph_param_host[tables.kind_of_device[np.asarray(dev) + base]]
         hf_op = hb_op = graphed_host(np.asarray(dev), ga.param_count, per_param)
     hf_op, hb_op = hf_op.tolist(), hb_op.tolist()
     # DDP's backward hook per parameter tensor, on the autograd thread (ZeRO-2 / FSDP:

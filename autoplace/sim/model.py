@@ -159,7 +159,7 @@ class CostTables:
     inv_bw: np.ndarray  # [N, N] seconds per byte (0 on the diagonal)
     #: [num_kinds] host seconds per parameter tensor of a graphed piece's replay
     #: (GRAPH_PARAM_HOST_S; 0 where a profiled graph of several blocks already holds it)
-    graph_param_host: np.ndarray | None = None
+    graph_param_host: np.ndarray
 
 
 def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
@@ -191,6 +191,7 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         usable_memory=np.array([d.usable_memory_bytes for d in cluster.devices], dtype=np.float64),
         alpha=alpha,
         inv_bw=inv,
+        graph_param_host=np.full(len(kinds), GRAPH_PARAM_HOST_S),
     )
 
 
@@ -223,8 +224,8 @@ def graphed_host(dev: np.ndarray, param_count: np.ndarray,
                  per_param: np.ndarray | float = GRAPH_PARAM_HOST_S) -> np.ndarray:
     """Host seconds per op of a plan whose runs of ops on one device (consecutive in
     program order) each replay as one CUDA graph: a piece's whole cost on its first op,
-    zero on the others. ``per_param``: seconds per parameter tensor, per op (the op's
-    device kind's, ``CostTables.graph_param_host``) or one for all."""
+    zero on the others. ``per_param``: seconds per parameter tensor, per op (its device
+    kind's ``CostTables.graph_param_host``) or one for all."""
     dev = np.asarray(dev)
     start = np.r_[True, dev[1:] != dev[:-1]]
     piece = np.cumsum(start) - 1
