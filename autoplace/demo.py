@@ -96,7 +96,7 @@ def run_demo(
     wl = workloads.get(model, device="meta", **(options or {}))
     graph = capture_workload(wl)
     say(f"{wl.name}: {len(graph)} ops, {graph.param_bytes / 2**20:.1f} MiB params; "
-         f"cluster {cluster.name} ({cluster.num_devices} x {','.join(cluster.device_kinds)})")
+        f"cluster {cluster.name} ({cluster.num_devices} x {','.join(cluster.device_kinds)})")
     if profile_ops:
         device = cluster.devices[0].name
         say(f"profiling its ops on {device} (the simulator's op times for this machine)")
@@ -121,13 +121,13 @@ def run_demo(
         if not shipped.planner.get("failed"):
             rows.append(_plan_row(ZERO_SHOT, shipped, graph, cluster, t0))
             say(f"pre-trained gnn, zero-shot: {rows[-1]['sim_step_time_s'] * 1e3:.1f} ms "
-                 f"({shipped.split()}, {rows[-1]['search_time_s']:.2f} s)")
+                f"({shipped.split()}, {rows[-1]['search_time_s']:.2f} s)")
 
     t0 = time.perf_counter()
     say(f"training a {policy} policy from random weights for {budget} on the simulator "
-         "(update 0: its untrained samples; then a warm start imitating the best heuristic "
-         "plan the env reaches, then REINFORCE; per update the simulated step of the plans "
-         "it samples: mean and fastest, and the best so far)")
+        "(update 0: its untrained samples; then a warm start imitating the best heuristic "
+        "plan the env reaches, then REINFORCE; per update the simulated step of the plans "
+        "it samples: mean and fastest, and the best so far)")
     # no out_dir: the policy, its checkpoint and its plans stay in memory
     res = train(graph, cluster, policy, budget=budget, max_groups=DEMO_GROUPS, progress=False,
                 on_update=LivePrinter(budget), checkpoint_every=0)
@@ -140,7 +140,7 @@ def run_demo(
     sharded = f"; its shard mode, {chosen.parallel.shard}, chosen after it on the simulator " \
         f"(from {res.best_step_time_s * 1e3:.1f} ms)" if chosen is not res.best_plan else ""
     say(f"  policy: chosen {policy_row['sim_step_time_s'] * 1e3:.1f} ms ({chosen.split()}, "
-         f"found by its {res.best_plan.planner.get('trainer', 'training')}{sharded})")
+        f"found by its {res.best_plan.planner.get('trainer', 'training')}{sharded})")
     policy_row["plan"].save(out / "policy_plan.json")
     rows.append(policy_row)
 

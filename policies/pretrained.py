@@ -15,8 +15,8 @@ weights place a graph differently under a memory cap.
 * :func:`place_pretrained`: zero-shot. The greedy plan, the greedy placement under every
   valid hybrid split and the policy's sampled plans (under every split in turn, for
   :data:`ZERO_SHOT_S`) are scored on the simulator; the fastest that fits is returned (no
-  gradient step on the graph). The env's action space has no
-  shard mode, so the best data-parallel plans are also tried with ZeRO-2 and FSDP.
+  gradient step on the graph). The env's action space has no shard mode, so the best
+  data-parallel plans are also tried with ZeRO-2 and FSDP.
 * :func:`finetune_pretrained`: the same policy trained further on the graph
   (REINFORCE from the pre-trained weights; warm start keeps the best heuristic plan the env
   can reach as a floor), never returning a plan slower than the zero-shot one.
