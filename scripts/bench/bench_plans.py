@@ -64,8 +64,10 @@ from run_folder import output_folder
 from autoplace.planners.manual import halves_name, hand_written
 
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
-MANUAL = ("single", *(halves_name(n) for n in (2, 3, 4, 8)), "ddp", "fsdp", "pipeline-gpipe",
-          "pipeline-1f1b")
+# the hand-written options: these and the lever recipes (lever_plans: per-block compile and
+# checkpointing, DDP + compile, FSDP2 + checkpointing + compile, FSDP2 + offload)
+MANUAL = {"single", *(halves_name(n) for n in (2, 3, 4, 8)), "ddp", "fsdp", "pipeline-gpipe",
+          "pipeline-1f1b"}
 
 HF = "{hf}:"  # the workload module of the hf-* scenarios: --hf-module
 
@@ -386,6 +388,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     # hand-written options, split by the analytic (FLOP) costs, not the profile
     for k, plan in hand_written(graph, cluster).items():
         plans[k], search[k] = plan, float(plan.planner.get("search_time_s", 0.0))
+        MANUAL.add(k)
     for k in ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp"):
         t = time.perf_counter()
         try:
