@@ -34,7 +34,7 @@ from autoplace.errors import PlanError
 from autoplace.executor import build
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
 from autoplace.executor.local import graphs_from_env, move_to, split_value
-from autoplace.executor.offload import offload_optimizer, on_host, one_rank_group
+from autoplace.executor.offload import host_threads, offload_optimizer, on_host, one_rank_group
 from autoplace.executor.pieces import compile_summary
 from autoplace.executor.report import RunReport
 from autoplace.executor.tensor_parallel import process_count
@@ -380,7 +380,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
 
     built = None
     tracer = None
-    group = contextlib.ExitStack()  # a one-device offloaded plan's process group of one
+    group = contextlib.ExitStack()  # an offloaded plan's process group of one, CPU threads
     t_build = time.perf_counter()
     try:
         if par.offload and not distributed:
@@ -402,6 +402,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
                 torch.cuda.reset_peak_memory_stats(d)
         params = [p for p in built.model.parameters() if p.requires_grad]
         if par.offload and params:  # the shards are on the host: AdamW steps on the CPU
+            report.extra["host_threads"] = group.enter_context(host_threads(built.devices[0]))
             opt = offload_optimizer(params, workload.lr)
         else:
             opt = workload_optimizer(params, workload, built.devices[0])
