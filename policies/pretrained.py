@@ -48,6 +48,7 @@ from autoplace.sim import simulate
 
 from .base import batch_obs
 from .gnn import GNNPolicy
+from .plan_variants import outcome_variants
 from .reinforce import ReinforceConfig, _outcome, reinforce
 from .shard_variant import best_shard_variant
 
@@ -67,8 +68,10 @@ SPLIT_SAMPLES = 2
 AUTO_FINETUNE_UPDATES = 40
 #: data-parallel plans among the best this many also tried with ZeRO-2 and FSDP sharding
 SHARD_TOP = 4
-#: seconds a zero-shot placement scores the policy's plans for
+#: seconds a zero-shot placement scores the policy's plans and their variants for
 ZERO_SHOT_S = 0.6
+#: share of that time kept for the best plans' execution-level variants (plan_variants)
+VARIANT_SHARE = 1 / 3
 #: features :class:`MemoryPressure` appends to the env's group features
 EXTRA_FEATURES = ("log2_one_device_memory_ratio", "fits_one_device")
 
@@ -181,10 +184,12 @@ def _zero_shot(env: MemoryPressure, policy: GNNPolicy, samples: int, seed: int,
     """Best ``(rank, step_time_s, plan JSON, scored)`` of the greedy plan, the greedy
     placement under every valid split, ``samples`` sampled plans and a sampled placement
     under every valid split per ``SPLIT_SAMPLES`` (all of them scored), then further
-    sampled placements under every valid split in turn until ``time_limit_s``: on a small
-    graph a plan scores in well under a millisecond, so the time left buys thousands of the
-    policy's samples. With ``samples=0`` only the greedy plans, until ``time_limit_s``
-    (the first always)."""
+    sampled placements under every valid split in turn until ``1 - VARIANT_SHARE`` of
+    ``time_limit_s`` (a small graph's plan scores in well under a millisecond: thousands of
+    the policy's samples), then the best plans' execution-level variants until
+    ``time_limit_s`` (:func:`~autoplace.policies.plan_variants.outcome_variants`: stage
+    counts and cuts the samples rarely reach, microbatch counts, compilation). With
+    ``samples=0`` only the greedy plans, until ``time_limit_s`` (the first always)."""
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=seed)
     splits = torch.tensor(env.unwrapped.valid_splits(), dtype=torch.long)
@@ -198,10 +203,11 @@ def _zero_shot(env: MemoryPressure, policy: GNNPolicy, samples: int, seed: int,
             actions.append(policy(batch_obs([obs] * len(forced)), generator=generator,
                                   hybrid=forced).action)
     outcomes: list[tuple] = []
+    sample_s = time_limit_s * (1 - VARIANT_SHARE) if samples else time_limit_s
 
     def score(rows: torch.Tensor, limited: bool = True) -> bool:
         for row in rows.numpy():
-            if limited and outcomes and time.perf_counter() - t0 > time_limit_s:
+            if limited and outcomes and time.perf_counter() - t0 > sample_s:
                 return False
             env.reset(seed=seed)
             _, reward, _, _, info = env.step(row)
@@ -214,6 +220,10 @@ def _zero_shot(env: MemoryPressure, policy: GNNPolicy, samples: int, seed: int,
             batch = policy(batch_obs([obs] * len(splits)), generator=generator,
                            hybrid=splits).action
         more = score(batch)
+    if samples:  # their share of the time even where the samples ran late
+        deadline = max(t0 + time_limit_s, time.perf_counter() + time_limit_s - sample_s)
+        outcomes += outcome_variants(env, outcomes, compile=compile_pays(env.unwrapped.cluster),
+                                     deadline=deadline)
     rank, step, plan, _ = _best_sharded(env, outcomes)
     return rank, step, plan, len(outcomes)
 
