@@ -13,10 +13,12 @@ whole graph's one-device peak memory compares with a device's usable memory, so 
 weights place a graph differently under a memory cap.
 
 * :func:`place_pretrained`: zero-shot. The greedy plan, the greedy placement under every
-  valid hybrid split and the policy's sampled plans (under every split in turn, for
-  :data:`ZERO_SHOT_S`) are scored on the simulator; the fastest that fits is returned (no
-  gradient step on the graph). The env's action space has no shard mode, so the best
-  data-parallel plans are also tried with ZeRO-2 and FSDP.
+  valid hybrid split and the policy's sampled plans (under every split in turn), then the
+  best plans' execution-level variants (:mod:`~autoplace.policies.plan_variants`: stage
+  counts and cuts, microbatch counts, compilation), for :data:`ZERO_SHOT_S` in all, are
+  scored on the simulator; the fastest that fits is returned (no gradient step on the
+  graph). The env's action space has no shard mode, so the best data-parallel plans are
+  also tried with ZeRO-2 and FSDP.
 * :func:`finetune_pretrained`: the same policy trained further on the graph
   (REINFORCE from the pre-trained weights; warm start keeps the best heuristic plan the env
   can reach as a floor), never returning a plan slower than the zero-shot one.
@@ -40,17 +42,14 @@ from gymnasium import spaces
 
 from autoplace.cluster import resolve
 from autoplace.envs import PlacementEnv
-from autoplace.envs.levers import compile_pays
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 from autoplace.sim import simulate
 
-from .base import batch_obs
 from .gnn import GNNPolicy
-from .plan_variants import outcome_variants
-from .reinforce import ReinforceConfig, _outcome, reinforce
-from .shard_variant import best_shard_variant
+from .reinforce import ReinforceConfig, reinforce
+from .zero_shot import _best_sharded, _zero_shot
 
 __all__ = ["CARD_PATH", "DEVICE_COUNTS", "EXTRA_FEATURES", "FineTuneResult", "MemoryPressure",
            "WEIGHTS_PATH", "card", "env_options", "finetune_pretrained", "load_pretrained",
@@ -62,16 +61,10 @@ CARD_PATH = Path(__file__).with_name("pretrained") / "gnn.json"
 DEVICE_COUNTS = (2, 4, 8)
 #: groups every graph is coarsened to, in training and when placing
 MAX_GROUPS = 32
-#: zero-shot: sampled placements scored under every valid split (after the free samples)
-SPLIT_SAMPLES = 2
 #: most updates of the fine-tune :func:`pretrained_candidates` runs
 AUTO_FINETUNE_UPDATES = 40
-#: data-parallel plans among the best this many also tried with ZeRO-2 and FSDP sharding
-SHARD_TOP = 4
 #: seconds a zero-shot placement scores the policy's plans and their variants for
 ZERO_SHOT_S = 0.6
-#: share of that time kept for the best plans' execution-level variants (plan_variants)
-VARIANT_SHARE = 1 / 3
 #: features :class:`MemoryPressure` appends to the env's group features
 EXTRA_FEATURES = ("log2_one_device_memory_ratio", "fits_one_device")
 
@@ -179,76 +172,6 @@ def _policy_for(env: MemoryPressure, weights: str | Path | None) -> GNNPolicy:
     return policy
 
 
-def _zero_shot(env: MemoryPressure, policy: GNNPolicy, samples: int, seed: int,
-               time_limit_s: float) -> tuple[tuple, float, Any, int]:
-    """Best ``(rank, step_time_s, plan JSON, scored)`` of the greedy plan, the greedy
-    placement under every valid split, ``samples`` sampled plans and a sampled placement
-    under every valid split per ``SPLIT_SAMPLES`` (all of them scored), then further
-    sampled placements under every valid split in turn until ``1 - VARIANT_SHARE`` of
-    ``time_limit_s`` (a small graph's plan scores in well under a millisecond: thousands of
-    the policy's samples), then the best plans' execution-level variants until
-    ``time_limit_s`` (:func:`~autoplace.policies.plan_variants.outcome_variants`: stage
-    counts and cuts the samples rarely reach, microbatch counts, compilation). With
-    ``samples=0`` only the greedy plans, until ``time_limit_s`` (the first always)."""
-    t0 = time.perf_counter()
-    obs, _ = env.reset(seed=seed)
-    splits = torch.tensor(env.unwrapped.valid_splits(), dtype=torch.long)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        actions = [policy(batch_obs([obs]), greedy=True).action,
-                   policy(batch_obs([obs] * len(splits)), greedy=True, hybrid=splits).action]
-        if samples:
-            actions.append(policy(batch_obs([obs] * samples), generator=generator).action)
-            forced = splits.repeat(SPLIT_SAMPLES, 1)
-            actions.append(policy(batch_obs([obs] * len(forced)), generator=generator,
-                                  hybrid=forced).action)
-    outcomes: list[tuple] = []
-    sample_s = time_limit_s * (1 - VARIANT_SHARE) if samples else time_limit_s
-
-    def score(rows: torch.Tensor, limited: bool = True) -> bool:
-        for row in rows.numpy():
-            if limited and outcomes and time.perf_counter() - t0 > sample_s:
-                return False
-            env.reset(seed=seed)
-            _, reward, _, _, info = env.step(row)
-            outcomes.append(_outcome(info, reward))
-        return True
-
-    more = score(torch.cat(actions), limited=not samples)
-    while samples and more:  # the time left: more samples, every split in turn
-        with torch.no_grad():
-            batch = policy(batch_obs([obs] * len(splits)), generator=generator,
-                           hybrid=splits).action
-        more = score(batch)
-    if samples:  # their share of the time even where the samples ran late
-        deadline = max(t0 + time_limit_s, time.perf_counter() + time_limit_s - sample_s)
-        outcomes += outcome_variants(env, outcomes, compile=compile_pays(env.unwrapped.cluster),
-                                     deadline=deadline)
-    rank, step, plan, _ = _best_sharded(env, outcomes)
-    return rank, step, plan, len(outcomes)
-
-
-def _best_sharded(env: MemoryPressure, outcomes: list[tuple]) -> tuple:
-    """The best of ``outcomes`` (``_outcome`` tuples) and, for the :data:`SHARD_TOP` best
-    ones, the same plan with ZeRO-2 or FSDP sharding (data-parallel plans) and, on GPUs
-    (:func:`~autoplace.envs.levers.compile_pays`), compiled: the shipped policy's action
-    space has neither a shard mode nor the compile lever, so both are chosen here on the
-    simulator (:func:`~autoplace.policies.shard_variant.best_shard_variant`)."""
-    e = env.unwrapped
-    ranked = sorted(outcomes, key=lambda o: o[0])
-    best = ranked[0]
-    compiles = compile_pays(e.cluster)
-    for rank, _, plan, _ in ranked[:SHARD_TOP]:
-        if rank[0] or plan is None:
-            continue
-        base = plan if isinstance(plan, Plan) else Plan.from_json(plan)
-        variant, step = best_shard_variant(e.graph, base, e.cluster, compile=compiles,
-                                           beat_s=math.inf if best[0][0] else best[1])
-        if variant is not base:
-            best = ((False, step, 0.0), step, variant, False)
-    return best
-
-
 def _as_plan(plan: Any, step: float, planner: dict[str, Any]) -> Plan:
     data = plan if isinstance(plan, dict) else plan.to_json()
     return Plan.from_json({**data, "predicted": {"step_time_s": step}, "planner": planner})
@@ -273,9 +196,10 @@ def place_pretrained(
         samples: sampled plans scored beside the greedy ones before the rest of
             ``time_limit_s`` goes to more of them (0: the greedy plans only).
         seed: seed of the sampling.
-        time_limit_s: score further samples until this long after the start of scoring
-            (the greedy plans and ``samples`` always; loading the weights and the shard and
-            compile variants take about 0.2 s more).
+        time_limit_s: score further samples, then (the last third) the best plans'
+            execution-level variants, until this long after the start of scoring (the
+            greedy plans and ``samples`` always; loading the weights and the shard
+            variants take about 0.1 s more).
         weights: another weights file (default: the shipped one).
 
     Returns:

@@ -15,7 +15,7 @@ from autoplace.cluster import resolve
 from autoplace.costs import estimate_costs
 from autoplace.grouping import placement_order
 from autoplace.plan import ParallelConfig, Plan
-from autoplace.policies import pretrained
+from autoplace.policies import pretrained, zero_shot
 from autoplace.policies.plan_variants import (
     Split,
     execution_variants,
@@ -91,13 +91,13 @@ def test_zero_shot_finds_a_pipeline_its_samples_never_reach(gnmt4, monkeypatch):
     compute built here, which the samples alone lose to by > 10%."""
     graph, cluster = gnmt4
     seen: list[tuple] = []
-    real = pretrained.outcome_variants
+    real = zero_shot.outcome_variants
 
     def spy(env, outcomes, **kw):
         seen.extend(outcomes)
         return real(env, outcomes, **kw)
 
-    monkeypatch.setattr(pretrained, "outcome_variants", spy)
+    monkeypatch.setattr(zero_shot, "outcome_variants", spy)
     plan = pretrained.place_pretrained(graph, cluster, seed=0)
     sampled = [o for o in seen if not o[0][0]]
     assert sampled and not any(o[2]["parallel"]["pipeline"] == 4 for o in sampled)
