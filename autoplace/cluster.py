@@ -80,11 +80,12 @@ class Device:
             each way (PCIe: Gen5 x16 ~50e9 on H100 / H200, Gen4 x16 ~25e9 on A100). An
             offloaded plan (``parallel.offload``) copies each FSDP2 unit's parameters
             over it before forward and backward, and its gradients back after.
-        host_memory_bandwidth: bytes/s of host memory traffic the optimizer step reaches
-            on the CPU (AdamW moves 7 bytes per parameter byte), for an offloaded plan's
-            step. The default, 20e9, is about what torch's fused CPU AdamW reached on one
-            thread of a 2-core x86 machine (22.5 GB/s, torch 2.13); torchrun sets
-            ``OMP_NUM_THREADS=1``, so a multi-process run steps on one thread per rank.
+        host_memory_bandwidth: bytes/s of host memory traffic one rank's optimizer step
+            reaches on the CPU (AdamW moves 7 bytes per parameter byte), for an offloaded
+            plan's step. On a GPU each rank steps on its share of the node's cores
+            (:func:`autoplace.executor.offload.host_threads`); a CPU device's rank on one
+            thread. The default, 20e9, is about what torch's fused CPU AdamW reached on
+            one thread of a 2-core x86 machine (22.5 GB/s, torch 2.13).
     """
 
     name: str

@@ -68,10 +68,11 @@ PCIE_GEN5_BANDWIDTH = 50e9
 #: Bytes/s of host memory traffic of the CPU optimizer step of an offloaded plan (torch's
 #: fused CPU AdamW on one thread; Device.host_memory_bandwidth says where it comes from).
 HOST_MEMORY_BANDWIDTH = 20e9
-#: The same on a GPU host, where the fused CPU AdamW runs on all its cores: from one
-#: measurement, gpt-1b offloaded with its blocks recomputed at a 12 GiB cap on one H200 of
-#: a 16-core host, 650 ms a step against 1632 ms simulated at the one-thread rate
-#: (docs/simulator.md, offload); nothing else checks it yet.
+#: The same for one rank on a GPU host, where each rank's fused CPU AdamW runs on its share
+#: of the node's cores (16 in both runs below). Fitted on one: gpt-1b offloaded with its
+#: blocks recomputed at a 12 GiB cap on one H200 of a 16-core host, 650 ms a step against
+#: 1632 ms simulated at the one-thread rate. Checked on another: gpt-1b offloaded on 2x
+#: H200 of a 32-core host, 385 ms measured against 308 simulated (docs/simulator.md, offload).
 GPU_HOST_MEMORY_BANDWIDTH = 70e9
 
 

@@ -15,8 +15,9 @@ replica's ops run in issue order on one compute queue, issued by the host thread
   is copied device -> host. The host link is full duplex: one queue each way;
 * when every gradient is on the host, the optimizer steps on the CPU over the rank's
   shard: ``7 x shard bytes`` (AdamW's traffic, as :func:`autoplace.sim.model.update_time`
-  prices it on a device) at the rank's share of its node's ``Device.host_memory_bandwidth``
-  (:func:`host_update_bandwidth`: the executor splits the node's cores among its ranks).
+  prices it on a device) at ``Device.host_memory_bandwidth``, each rank's own rate: the
+  executor gives every rank on a GPU its share of the node's cores
+  (:func:`autoplace.executor.offload.host_threads`).
 
 On a CPU device the host is the device: its copies cost nothing.
 
@@ -51,25 +52,8 @@ from autoplace.sim.model import (
 )
 from autoplace.sim.replica_memory import local_memory
 
-__all__ = ["OffloadStreams", "host_bytes", "host_copy_s", "host_update_bandwidth",
-           "offload_memory", "shard_count", "simulate_offload"]
-
-
-def host_update_bandwidth(cluster: Cluster, device: int, ranks: int) -> float:
-    """Bytes/s of host memory traffic the optimizer step of the offloaded rank on cluster
-    device ``device`` reaches, in a plan of ``ranks`` ranks (one per device, devices
-    ``0..ranks-1``). On a GPU the executor gives each rank an even share of its node's
-    cores (:func:`autoplace.executor.offload.host_threads`), so the node's
-    ``host_memory_bandwidth`` (the host's rate with all its cores) is shared among the
-    plan's ranks on that node; on a CPU device each rank steps on its one thread, at the
-    device's own rate."""
-    dev = cluster.devices[device]
-    if dev.kind == "cpu":
-        return dev.host_memory_bandwidth
-    per_node = cluster.gpus_per_node or cluster.num_devices
-    node = device // per_node
-    sharing = sum(1 for i in range(ranks) if i // per_node == node)
-    return dev.host_memory_bandwidth / max(1, sharing)
+__all__ = ["OffloadStreams", "host_bytes", "host_copy_s", "offload_memory", "shard_count",
+           "simulate_offload"]
 
 
 def host_copy_s(cluster: Cluster, device: int, nbytes: float) -> float:
@@ -228,7 +212,7 @@ def simulate_offload(ga: GraphArrays, plan: Plan, cluster: Cluster, tables: Cost
         if r == 0 or not same:
             run = _run_replica(ga, lp, tables, cluster, plan, order, r, record and r == 0)
         t_opt = UPDATE_TRAFFIC_PER_PARAM_BYTE * shard_bytes / \
-            host_update_bandwidth(cluster, r, lp.d) if shard_bytes else 0.0
+            cluster.devices[r].host_memory_bandwidth if shard_bytes else 0.0
         step = max(step, run["home"] + t_opt)
         busy[r], peak[r], rows[r] = run["busy"], mem.total, dict(breakdown)
         if r == 0:

@@ -14,7 +14,14 @@ from autoplace import workloads
 from autoplace.cluster import Cluster, preset
 from autoplace.executor import execute
 from autoplace.executor.data import wrap_data_parallel
-from autoplace.executor.offload import offload_optimizer, on_host, one_rank_group, one_rank_mesh
+from autoplace.executor.offload import (
+    host_threads,
+    offload_optimizer,
+    on_host,
+    one_rank_group,
+    one_rank_mesh,
+    rank_threads,
+)
 from autoplace.executor.pieces import COMPILE_BACKEND_ENV
 from autoplace.executor.runner import capture_graph
 from autoplace.lowering import block_group_ids, block_groups
@@ -152,3 +159,24 @@ def test_offload_peak_gpu_memory_well_below_the_plain_plan():
     state = 16 * sum(p.numel() for p in wl.model.parameters())
     assert plain.peak_memory_bytes[0] - off.peak_memory_bytes[0] > 0.6 * state, (
         off.peak_memory_bytes, plain.peak_memory_bytes, state)
+
+
+def test_a_gpu_rank_steps_on_its_share_of_the_cores(monkeypatch):
+    """The ranks of a node split its cores; on a GPU the run uses them and restores the
+    threads after; on a CPU device the threads are left as they are."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert rank_threads() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    assert rank_threads() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with host_threads(torch.device("cuda", 0)) as n:
+            assert n == 8 and torch.get_num_threads() == 8
+        assert torch.get_num_threads() == 1
+        with host_threads(torch.device("cpu")) as n:
+            assert n == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
