@@ -80,7 +80,6 @@ class _Job:
     def __init__(self, proc: subprocess.Popen, folder: Path, log_path: Path, log: Any) -> None:
         self.proc, self.dir, self.log_path, self.log = proc, folder, log_path, log
         self.count = 0  # commands sent
-        self.fresh = True  # no run finished yet: allow for its start-up
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -105,7 +104,8 @@ class PlanPool:
     Args:
         cluster: the devices plans run on.
         timeout_s: wall-clock limit of one run (its job is stopped past it).
-        start_timeout_s: limit for a fresh job to join up, on top of ``timeout_s``.
+        start_timeout_s: how long a job still starting may take to be ready (joined and
+            preloaded) before a run's ``timeout_s`` starts to count.
         log_dir: keep each job's log there (default: a temporary folder, removed on close).
         spares: keep an idle spare job per multi-process layout (its processes hold a
             CUDA context and NCCL buffers on each device of the layout, outside any run's
@@ -160,12 +160,15 @@ class PlanPool:
                 self._start(layout)
 
     def run(self, plan: Plan, workload: Workload | str | dict[str, Any],
-            options: RunOptions | None = None, *, cluster: Cluster | None = None) -> RunReport:
+            options: RunOptions | None = None, *, cluster: Cluster | None = None,
+            timeout_s: float | None = None) -> RunReport:
         """Run ``plan`` and return rank 0's report (an out-of-memory run is a report with
         ``oom=True``, not an exception).
 
         ``cluster``: the devices of this run (default: the pool's), e.g. the pool's with a
         memory cap (:func:`autoplace.cluster.resolve`); its devices must be the pool's.
+        ``timeout_s``: this run's wall-clock limit instead of the pool's, from when its job
+        is ready (a job still starting has ``start_timeout_s`` more).
 
         Raises:
             AutoplaceError: a rank died without a report, or the run passed ``timeout_s``.
@@ -184,9 +187,8 @@ class PlanPool:
         cmd = {"op": "run", "plan": plan.to_json(), "cluster": cluster.to_json(),
                "workload": spec, "options": asdict(opts)}
         _write_json(job.dir / f"cmd-{k}.json", cmd)
-        limit = self.timeout_s + (self.start_timeout_s if job.fresh else 0.0)
+        limit = self.timeout_s if timeout_s is None else timeout_s
         report = self._wait(layout, job, k, limit)
-        job.fresh = False
         if report.extra.get("job_retired") and self._jobs.get(layout) is job:
             # the job ends by itself after this report (it holds memory it cannot give
             # back); its replacement starts now, in the background
@@ -287,15 +289,21 @@ class PlanPool:
         proc.wait()
 
     def _wait(self, layout: tuple[str, ...], job: _Job, k: int, limit_s: float) -> RunReport:
+        """Rank 0's report of run ``k``; the run is stopped ``limit_s`` after the job is
+        ready (a job still starting has ``start_timeout_s`` more to get there)."""
         rep = job.dir / f"rep-{k}.json"
         t0 = time.monotonic()
+        t_ready = t0 if job.ready() else None
         timed_out = False
         while True:
             if rep.exists():
                 return RunReport.from_json(json.loads(rep.read_text()))
             if not job.alive():
                 break
-            if time.monotonic() - t0 > limit_s:
+            now = time.monotonic()
+            if t_ready is None and job.ready():
+                t_ready = now
+            if now - (t0 + self.start_timeout_s if t_ready is None else t_ready) > limit_s:
                 timed_out = True
                 break
             time.sleep(_POLL_S)

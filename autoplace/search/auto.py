@@ -31,10 +31,17 @@
    run fails (under a cap the allocator uses expandable segments, see
    ``executor.build.cap_allocator``: a plan that fit twice has kept fitting).
    A plan that was only simulated is never returned.
+
+Each run of step 4 is limited to the budget left, at least :data:`RUN_FLOOR_S` (where the
+``measure`` given takes ``time_limit_s``; auto's own does): a compiled candidate whose
+compile takes longer is stopped and the search goes on, so one compile cannot spend the
+budget several times over (on 2x H200, Inception-v3's compiled placement took 129 s to
+compile and measure in a 30 s budget, and measured slower than eager: docs/executor.md).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import sys
@@ -61,7 +68,11 @@ from autoplace.search.compare import compare
 from autoplace.search.families import family, signature
 from autoplace.sim import simulate
 
-__all__ = ["auto_plan", "family", "parse_duration", "signature"]
+__all__ = ["RUN_FLOOR_S", "auto_plan", "family", "parse_duration", "signature"]
+
+#: the shortest time limit of one measurement, seconds, whatever the budget left: a job's
+#: start and a few steps of a large model fit in it (a fresh job's start comes on top)
+RUN_FLOOR_S = 60.0
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -77,6 +88,18 @@ def parse_duration(text: str | float | int) -> float:
         raise AutoplaceError(f"a duration must be finite and >= 0, got {text!r}; write 90s, "
                              "5m or 1h")
     return seconds
+
+
+def _limited(measure: Callable[..., Any]) -> Callable[[Plan, float | None], Any]:
+    """``measure`` as ``(plan, time_limit_s) -> report``: the limit passed on where
+    ``measure`` takes a ``time_limit_s`` keyword, dropped where it takes the plan alone."""
+    try:
+        params = inspect.signature(measure).parameters.values()
+    except (TypeError, ValueError):
+        params = ()
+    if any(p.name == "time_limit_s" or p.kind is p.VAR_KEYWORD for p in params):
+        return lambda plan, limit: measure(plan, time_limit_s=limit)
+    return lambda plan, limit: measure(plan)
 
 
 def _sim_row(graph: Any, cluster: Any, name: str, plan: Plan) -> dict[str, Any]:
@@ -200,6 +223,8 @@ def auto_plan(
         policy: also train this policy briefly on the simulator and add its plan.
         measure: ``plan -> RunReport`` (default: the executor; multi-process plans run in
             a :class:`~autoplace.executor.pool.PlanPool`, closed when the search ends).
+            One that takes a ``time_limit_s`` keyword gets each run's limit: the budget
+            left, at least :data:`RUN_FLOOR_S`.
         progress: print progress lines to stderr.
         cache_dir: profile cache folder; the calibration is read from and saved there.
         extra_plans: plans made elsewhere (a policy trained earlier) to consider too,
@@ -227,9 +252,9 @@ def auto_plan(
     if measure is None:  # multi-process plans run in torchrun jobs kept alive between them
         pool = PlanPool(cluster)
 
-        def measure(plan: Plan):
+        def measure(plan: Plan, time_limit_s: float | None = None):
             return pool.run(plan, spec, RunOptions(steps=steps, warmup=2, reference=False),
-                            cluster=cluster)
+                            cluster=cluster, timeout_s=time_limit_s)
 
     try:
         if pretrained:
@@ -320,6 +345,7 @@ def _units_twin(c: dict[str, Any], graph: Any, cluster: Any) -> dict[str, Any] |
 
 def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, progress,
             cache_dir, extra_plans, t_start, say) -> Plan:
+    run = _limited(measure)
     cal = Calibration.load(cache_dir, graph, cluster)
     if cal.samples:
         say(f"calibration from {len(cal.samples)} earlier measurements: "
@@ -447,7 +473,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         say(f"measuring {c['planner']} ({c['plan'].split()}), predicted "
             f"{corrected(c) * 1e3:.2f} ms")
         try:
-            rep = measure(c["plan"])
+            rep = run(c["plan"], max(RUN_FLOOR_S, limit_s - (time.perf_counter() - t_start)))
         except AutoplaceError as e:  # a rank died: that plan failed, the search goes on
             say(f"  failed: {short_error(str(e))}")
             continue
@@ -494,7 +520,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             f"{NEAR_TIE - 1:.0%}: running both again")
         for c in ranked[:2]:
             try:
-                again = measure(c["plan"])
+                again = run(c["plan"], None)
             except AutoplaceError:
                 continue
             step = _step_of(again)
@@ -515,7 +541,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         say(f"{win['planner']} peaked at {_peak(win) / usable:.0%} of the cap: running it "
             f"again before choosing it")
         try:
-            again = measure(win["plan"])
+            again = run(win["plan"], None)
             err = getattr(again, "error", None)
         except AutoplaceError as e:
             again, err = None, str(e).splitlines()[0]

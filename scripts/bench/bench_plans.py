@@ -222,9 +222,10 @@ class Driver:
             self._weights = (key, str(path))
         return self._weights[1]
 
-    def measure(self, spec, plan, cluster, steps: int, warmup: int):
+    def measure(self, spec, plan, cluster, steps: int, warmup: int,
+                time_limit_s: float | None = None):
         """Run ``plan`` in the pool and return (rank 0's) report; a failure is a report
-        with an error."""
+        with an error. ``time_limit_s``: a limit below the pool's for this run."""
         from autoplace.executor.report import RunReport
         from autoplace.executor.runner import RunOptions
 
@@ -234,7 +235,8 @@ class Driver:
             replaced = self.pool.replaced
             rep = self.pool.run(plan, spec, RunOptions(
                 steps=steps + warmup, warmup=warmup, reference=False,
-                weights_file=self.weights_file(spec)), cluster=cluster)
+                weights_file=self.weights_file(spec)), cluster=cluster,
+                timeout_s=min(self.pool.timeout_s, time_limit_s or self.pool.timeout_s))
             rep.extra["wall_s"] = round(time.perf_counter() - t0, 3)
             if rep.extra.get("pool_run") == 1:
                 js = rep.extra.get("job_start_s") or {}
@@ -410,13 +412,14 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
         plans[f"rl-{args.policy}"] = res.best_plan
         search[f"rl-{args.policy}"] = time.perf_counter() - t
 
-    def run(plan, steps: int, warmup: int):
-        return h.measure(spec, plan, cluster, steps=steps, warmup=warmup)
+    def run(plan, steps: int, warmup: int, time_limit_s: float | None = None):
+        return h.measure(spec, plan, cluster, steps=steps, warmup=warmup,
+                         time_limit_s=time_limit_s)
 
     auto_runs: dict[tuple, Any] = {}  # auto's measurements, a plan's first repetition
 
-    def measure_for_auto(plan):
-        rep_ = run(plan, args.steps, args.warmup)
+    def measure_for_auto(plan, time_limit_s: float | None = None):
+        rep_ = run(plan, args.steps, args.warmup, time_limit_s)
         auto_runs.setdefault(signature(plan), rep_)
         return rep_
 

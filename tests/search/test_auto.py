@@ -519,3 +519,37 @@ def test_a_sharded_plan_near_the_cap_is_measured_with_a_unit_per_module(setup, t
     plan, log = run(UNITS_NEAR_CAP - 0.05, retries=12)
     assert any(p.parallel.shard_units == "modules" for p in log)
     assert plan.parallel.shard_units == "modules"
+
+
+def test_each_run_is_limited_to_the_budget_left(setup, tmp_path, monkeypatch):
+    """A measure that takes ``time_limit_s`` gets the budget left (at least RUN_FLOOR_S)
+    for every run of the search; a run stopped at its limit (a compile past the budget)
+    fails that candidate alone. One that takes the plan alone is called as before."""
+    import time
+
+    from autoplace.errors import AutoplaceError
+    from autoplace.search import auto as auto_mod
+
+    graph, cluster = setup
+    limits, log, stopped = [], [], []
+    fake = fake_measure(graph, cluster, log)
+    clock = {"t": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["t"])
+
+    def measure(plan, time_limit_s=None):
+        limits.append(time_limit_s)
+        clock["t"] += 50.0  # every run takes 50 s of the budget
+        if len(limits) == 1:  # the first (the predicted best) compiles past its limit
+            stopped.append(plan)
+            raise AutoplaceError(f"the run took longer than {time_limit_s:.0f} s and was stopped")
+        return fake(plan)
+
+    plan = auto_plan("gpt-tiny", cluster, budget="200s", graph=graph, planners=PLANNERS,
+                     measure=measure, progress=False, cache_dir=tmp_path, pretrained=False)
+    assert plan.measured and len(limits) >= 3
+    assert limits[0] == pytest.approx(200.0)  # the whole budget: nothing spent yet
+    assert limits[1] == pytest.approx(150.0) and limits[2] == pytest.approx(100.0)
+    # past the budget a run still gets the floor (re-runs of measured plans: no limit)
+    assert all(x is None or x >= auto_mod.RUN_FLOOR_S for x in limits)
+    assert limits[3] == pytest.approx(auto_mod.RUN_FLOOR_S)  # 50 s left: the floor
+    assert signature(plan) != signature(stopped[0])  # the stopped candidate is not chosen
