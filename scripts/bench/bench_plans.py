@@ -20,7 +20,9 @@ First (on GPUs, or with ``--links``) it measures copy speeds between every devic
 and all-reduce / all-gather / reduce-scatter speed, and simulates with them.
 
 For each scenario (workload x devices x memory cap):
-1. capture the workload; on GPUs profile per-op costs on cuda:0 (calibrated);
+1. capture the workload; on GPUs profile per-op costs on cuda:0 (calibrated), and its
+   first blocks compiled, checkpointed and as CUDA graphs (``profile_block``, as
+   ``autoplace profile`` does), which price those levers;
 2. hand-written options (single device, two halves (n parts) in one process, DDP, FSDP2,
    even torch pipelining in GPipe and 1F1B) and the planners (expert, hash, critical-path,
    m-etf, m-sct, hybrid-dp, an RL policy trained briefly on the simulator, auto) make
@@ -154,6 +156,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy-budget", default="6s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile per-op costs on the first device (GPU only)")
+    p.add_argument("--block-profile", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --profile, also time the first blocks compiled, checkpointed "
+                        "and as CUDA graphs (autoplace profile's --block)")
     p.add_argument("--links", action=argparse.BooleanOptionalAction, default=None,
                    help="measure copy and collective speeds first and simulate with them "
                         "(default: on GPUs)")
@@ -364,9 +369,20 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     if args.profile and not args.cpu:
         from autoplace.costs.profile import profile
 
-        graph = profile(h.workload(spec), [cluster.devices[0].name], repeats=3,
-                        cache_dir=CACHE)
+        wl = h.workload(spec)
+        graph = profile(wl, [cluster.devices[0].name], repeats=3, cache_dir=CACHE)
         graph.spec = dict(spec)
+        if args.block_profile:  # compiled, checkpointed and graphed blocks, as `profile` does
+            from autoplace.errors import AutoplaceError
+            from autoplace.executor.profile_block import describe, profile_block
+
+            try:
+                rec = profile_block(graph, wl.example_inputs(graph.batch_size, "cpu"),
+                                    cluster.devices[0].name, autocast_dtype=wl.autocast_dtype,
+                                    repeats=3, cache_dir=CACHE)
+                say(f"  first block: {describe(rec)}")
+            except (AutoplaceError, torch.OutOfMemoryError) as e:
+                say(f"  block profile failed ({str(e).splitlines()[0][:120]}): levers estimated")
     profile_s = time.perf_counter() - t0
     cap = sc["cap"]
     if cap == "auto":  # 75% of what one device really needs (measured; simulated on CPU)
