@@ -33,6 +33,7 @@ from autoplace.sim.batch_steps import (
     step_slots,
     step_tables,
 )
+from autoplace.sim.block_profile import block_tables, default_recompute_host
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     CostTables,
@@ -66,7 +67,7 @@ def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostT
             alike[key] = replicas_identical(cluster, plan)
         if par.pipeline > 1 or par.shard != "none" or plan.selective or not alike[key]:
             sim = simulate_pipeline if par.pipeline > 1 else simulate_local
-            out = sim(ga, plan, cluster, tables, False)
+            out = sim(ga, plan, cluster, block_tables(graph, tables, ga, plan), False)
             step[p] = out["step"]
             peak[p] = out["peak"]
         else:
@@ -155,8 +156,10 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
     sends = plan_sends(ga, dev_t)
     # ---- issue order: sort (mb, op) by (mb + level, mb, op), as lowering.issue_order_items
     order_t = _issue_orders(ga, plans, gid, dev, dev_t, m, kk)  # [mn, P] item per step
+    rc_host = default_recompute_host(tables.kinds)  # checkpointing's host time (block_profile)
     host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
-                   or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any())
+                   or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any()
+                   or (rc_op.any() and rc_host.any()))
     hf_t = hb_t = None
     copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
     if host_on:  # [n, P] host seconds per op, forward and backward
@@ -168,6 +171,8 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
                 hf_t[:, p] = hb_t[:, p] = graphed_host(
                     dev_t[:, p], ga.param_count,
                     tables.graph_param_host[tables.kind_of_device[dev_t[:, p]]])
+        if rc_op.any():  # a recomputed op's checkpointing, issued with its backward
+            hb_t = hb_t + np.where(rc_op.T, rc_host[tables.kind_of_device[dev_t]], 0.0)
         ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
         if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
             hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]
