@@ -467,3 +467,34 @@ def test_backward_threads_take_the_latest_ready_node_first():
     assert copied[4 * 2 + 1] == 5.5 and issued[4] == 6.5
     assert issued[3] == 10.5 and copied[2 * 2 + 1] == 11.0 and issued[2] == 12.0
     assert copied[2 * 2 + 0] == 0.0  # nothing of X's is copied from device 0
+
+
+def test_checkpointing_costs_host_time_on_a_gpu_without_a_profiled_block(monkeypatch):
+    """Where no block was profiled, a GPU kind's recomputed ops each add RECOMPUTE_HOST_S
+    and selective ones SELECTIVE_HOST_S to a host-bound step; a CPU's steps keep what the
+    device's recomputed forward costs (no host default); the batched simulator agrees."""
+    from autoplace.sim import block_profile
+    from autoplace.sim.block_profile import RECOMPUTE_HOST_S, SELECTIVE_HOST_S
+
+    graph = zoo_graph("gpt-small")
+    gpu = preset("h200x2")
+    blocks = {op.name: 0 for op in graph}
+    plain = Plan.from_assignment(graph, blocks)
+    groups = plain.groups
+    k = len(set(groups.values()))
+    full = Plan.from_groups(graph, groups, [0] * k, recompute=set(range(k)))
+    sel = Plan.from_groups(graph, groups, [0] * k, selective=set(range(k)))
+    base = simulate(graph, plain, gpu).step_time_s
+    n = len(graph)
+    rc = simulate(graph, full, gpu).step_time_s
+    sc = simulate(graph, sel, gpu).step_time_s
+    # gpt-small on one H200 is host-bound: the added host time shows nearly whole
+    assert rc - base > 0.5 * n * RECOMPUTE_HOST_S
+    assert sc - base > 0.5 * n * SELECTIVE_HOST_S and sc > rc
+    assert_batch_equals_scalar(graph, [plain, full], gpu)
+    cpu = preset("cpu-x2")
+    before = [simulate(graph, p, cpu).step_time_s for p in (full, sel)]
+    monkeypatch.setattr(block_profile, "RECOMPUTE_HOST_S", 1.0)
+    monkeypatch.setattr(block_profile, "SELECTIVE_HOST_S", 1.0)
+    assert [simulate(graph, p, cpu).step_time_s for p in (full, sel)] == before
+    assert simulate(graph, full, gpu).step_time_s > 1.0
