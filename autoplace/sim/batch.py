@@ -33,7 +33,7 @@ from autoplace.sim.batch_steps import (
     step_slots,
     step_tables,
 )
-from autoplace.sim.block_profile import block_tables, default_recompute_host
+from autoplace.sim.block_profile import block_tables, default_recompute_host, region_ends
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     CostTables,
@@ -171,8 +171,9 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
                 hf_t[:, p] = hb_t[:, p] = graphed_host(
                     dev_t[:, p], ga.param_count,
                     tables.graph_param_host[tables.kind_of_device[dev_t[:, p]]])
-        if rc_op.any():  # a recomputed op's checkpointing, issued with its backward
-            hb_t = hb_t + np.where(rc_op.T, rc_host[tables.kind_of_device[dev_t]], 0.0)
+        if rc_op.any():  # a checkpointed region's host time, on its last op's backward
+            ends = np.stack([region_ends(g)[1] for g in gid]).T & rc_op.T  # [n, P]
+            hb_t = hb_t + np.where(ends, rc_host[tables.kind_of_device[dev_t]], 0.0)
         ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
         if ddp.any():  # DDP's backward hook per parameter tensor (sim_local)
             hb_t = hb_t + ga.param_count[:, None] * tables.ddp_host[dev_t] * ddp[None, :]

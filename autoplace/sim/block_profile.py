@@ -20,10 +20,11 @@ traces the checkpoint into the piece's graph, whose recompute runs no Python hoo
 MLP: 184 ms with every block checkpointed and compiled): there a recomputed group's ops get
 ``compiled_full_host_s``, the block checkpointed and compiled against compiled alone
 (none where it was not measured), and a selective one nothing. On a GPU kind without a
-measurement an eager plan's recomputed ops get :data:`RECOMPUTE_HOST_S` and its selective
-ones :data:`SELECTIVE_HOST_S` (the medians of the blocks profiled on one H200: a residual
-MLP's and a U-Net's, five profiles); on a CPU the tables are left as they are (its
-ops' host time is their time).
+measurement an eager plan's recomputed regions get :data:`RECOMPUTE_HOST_S` and its selective
+ones :data:`SELECTIVE_HOST_S`, once per region (checkpoint call), on its last op's
+backward (half of the selective one on its first op's forward): the medians of the blocks
+profiled on one H200 (a residual MLP's and a U-Net's, five profiles); on a CPU the tables
+are left as they are (its ops' host time is their time).
 
 CUDA graphs. Per-op times are profiled eagerly: on a launch-bound model an op's measured
 time is mostly the time to issue it, and a plan replayed as CUDA graphs
@@ -50,15 +51,19 @@ from autoplace.sim.model import CostTables, GraphArrays
 
 __all__ = ["RECOMPUTE_HOST_S", "SELECTIVE_HOST_S", "block_tables", "block_values",
            "default_recompute_host", "filled_host", "graphed_tables", "needs_scalar",
-           "profiled", "recompute_host_tables"]
+           "profiled", "recompute_host_tables", "region_ends"]
 
-#: host seconds a checkpointed op adds to an eager step on a GPU kind whose block was not
-#: profiled: the median ``full_host_s`` of the five blocks profiled on one H200 (a 1,005-op
-#: residual MLP's: 254-349 us, a small U-Net's: 314 and 651 us; 2026-11-29 levers runs)
-RECOMPUTE_HOST_S = 314e-6
-#: the same for an op under the selective policy (``selective_host_s``: 483-641 us and
-#: 554-769 us on the same blocks)
-SELECTIVE_HOST_S = 554e-6
+#: host seconds one checkpointed region (a ``torch.utils.checkpoint`` call: a recomputed
+#: group, per microbatch) adds to an eager step on a GPU kind whose block was not profiled:
+#: the median over the five blocks profiled on one H200 of ``full_host_s`` times the
+#: block's ops (a 1,005-op residual MLP's 5-op blocks: 1.27-1.75 ms, a small U-Net's 6-op
+#: blocks: 1.89 and 3.91 ms; 2026-11-29 levers runs). Per region, not per op: a per-op
+#: price from those small blocks over-charged models of larger blocks (held out: a
+#: GPT-2-medium-size model's checkpointed step +74%, docs/simulator.md)
+RECOMPUTE_HOST_S = 1.75e-3
+#: the same for a region under the selective policy (``selective_host_s`` times the ops:
+#: 2.42-3.21 ms and 3.32-4.61 ms on the same blocks)
+SELECTIVE_HOST_S = 3.21e-3
 
 
 def block_values(graph: OpGraph, kinds: list[str], part: str, key: str,
@@ -92,9 +97,9 @@ def _has(graph: OpGraph, part: str) -> bool:
 
 
 def default_recompute_host(kinds: list[str]) -> np.ndarray:
-    """Per device kind, the host seconds a checkpointed op adds where no block was profiled:
-    :data:`RECOMPUTE_HOST_S` on a GPU kind, 0 on a CPU (the batched simulator's price of a
-    recomputed op; a profiled graph's plans are simulated one by one)."""
+    """Per device kind, the host seconds a checkpointed region adds where no block was
+    profiled: :data:`RECOMPUTE_HOST_S` on a GPU kind, 0 on a CPU (the batched simulator's
+    price; a profiled graph's recompute plans are simulated one by one)."""
     return np.array([0.0 if k == "cpu" else RECOMPUTE_HOST_S for k in kinds])
 
 
@@ -125,30 +130,46 @@ def graphed_tables(graph: OpGraph, tables: CostTables, plan: Plan) -> CostTables
                    graph_param_host=np.where(blocks > 1, 0.0, tables.graph_param_host))
 
 
+def region_ends(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bool per op: the first op of its group (where a checkpoint call's forward starts)
+    and the last (where its recompute is issued in backward), ``group`` an id per op."""
+    n = len(group)
+    first, last = np.zeros(n, bool), np.zeros(n, bool)
+    first[np.unique(group, return_index=True)[1]] = True
+    last[n - 1 - np.unique(group[::-1], return_index=True)[1]] = True
+    return first, last
+
+
 def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
                           plan: Plan) -> CostTables:
-    """``tables`` with the profiled checkpointing host time added to the recomputed ops
-    of ``plan`` (see the module docstring)."""
+    """``tables`` with checkpointing's host time added to the recomputed ops of ``plan``
+    (see the module docstring): per op where a block was profiled on the kind, per
+    region (checkpoint call) on a GPU kind where none was."""
     if not (plan.recompute or plan.selective):
         return tables
     gpu = default_recompute_host(tables.kinds) > 0
     if not (_has(graph, "recompute") or gpu.any()):
         return tables
 
-    def per_op(key: str, default: float) -> np.ndarray:  # profiled, else the GPU default
+    def priced(key: str, default: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per kind [k, 1]: the profiled per-op time, and the per-region default."""
         v = block_values(graph, tables.kinds, "recompute", key, np.nan)
-        return np.where(np.isnan(v), np.where(gpu, default, 0.0), v)[:, None]
+        return (np.nan_to_num(v)[:, None],
+                np.where(np.isnan(v) & gpu, default, 0.0)[:, None])
 
     if plan.parallel.compile:  # the checkpoint traced into the compiled piece's graph
-        full, sel = per_op("compiled_full_host_s", 0.0), np.zeros((len(tables.kinds), 1))
+        full, full_region = priced("compiled_full_host_s", 0.0)
+        sel = sel_region = np.zeros((len(tables.kinds), 1))
     else:
-        full = per_op("full_host_s", RECOMPUTE_HOST_S)
-        sel = per_op("selective_host_s", SELECTIVE_HOST_S)
+        full, full_region = priced("full_host_s", RECOMPUTE_HOST_S)
+        sel, sel_region = priced("selective_host_s", SELECTIVE_HOST_S)
     group = np.array([plan.groups.get(name, -1) for name in ga.names])
+    first, last = region_ends(group)
     rec = np.isin(group, list(plan.recompute))[None, :]
     sel_ops = np.isin(group, list(plan.selective))[None, :]
-    add_f = np.where(sel_ops, sel / 2, 0.0)
-    add_b = np.where(rec, full, 0.0) + np.where(sel_ops, sel / 2, 0.0)
+    add_f = np.where(sel_ops, sel / 2, 0.0) + np.where(sel_ops & first, sel_region / 2, 0.0)
+    add_b = (np.where(rec, full, 0.0) + np.where(rec & last, full_region, 0.0)
+             + np.where(sel_ops, sel / 2, 0.0) + np.where(sel_ops & last, sel_region / 2, 0.0))
     host_fwd, host_bwd = filled_host(tables)
     # a fixed part of NaN means the whole time is fixed; the added time is fixed too
     return replace(tables, host_fwd=host_fwd + add_f, host_bwd=host_bwd + add_b,
