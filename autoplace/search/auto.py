@@ -36,7 +36,7 @@ Each run of step 4 is limited to the budget left, at least :data:`RUN_FLOOR_S` (
 ``measure`` given takes ``time_limit_s``; auto's own does): a compiled candidate whose
 compile takes longer is stopped and the search goes on, so one compile cannot spend the
 budget several times over (on 2x H200, Inception-v3's compiled placement took 129 s to
-compile and measure in a 30 s budget, and measured slower than eager: docs/executor.md).
+compile and measure in a 30 s budget, and measured slower than eager: docs/results.md).
 """
 
 from __future__ import annotations
