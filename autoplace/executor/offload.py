@@ -61,10 +61,9 @@ def host_threads(device: torch.device) -> Iterator[int]:
     the run (the optimizer steps on the CPU, on the critical path), restored on exit.
 
     autoplace's launchers start ranks with ``OMP_NUM_THREADS=1`` (torchrun's default too):
-    on 2x NVIDIA H200 (torch 2.11) gpt-1b offloaded stepped in 1006-1155 ms with one
-    thread a rank, its AdamW reaching about 14 GB/s of host memory traffic, against 650 ms
-    with the host's 16 threads on one H200 (70 GB/s; docs/simulator.md, offload). On a CPU
-    device the ranks' compute is the CPU's: the threads are left as they are."""
+    on 2x NVIDIA H200 of a 32-core host (torch 2.11) gpt-1b offloaded steps in 940 ms with
+    one thread a rank and in 385 ms with 16 (docs/simulator.md, offload). On a CPU device
+    the ranks' compute is the CPU's: the threads are left as they are."""
     before = torch.get_num_threads()
     n = rank_threads() if device.type == "cuda" else before
     torch.set_num_threads(n)
