@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["AutoplaceError", "PlanError", "CaptureError", "OutOfMemoryError", "WorkloadError"]
+__all__ = ["AutoplaceError", "PlanError", "CaptureError", "OutOfMemoryError", "WorkloadError",
+           "TIME_LIMIT_MESSAGE"]
+
+#: in the error of a run stopped at its time limit (the pool's and the launcher's)
+TIME_LIMIT_MESSAGE = "was stopped at its time limit"
 
 
 class AutoplaceError(Exception):

@@ -35,7 +35,7 @@ from typing import Any
 
 from autoplace import workloads
 from autoplace.cluster import Cluster, resolve
-from autoplace.errors import AutoplaceError, PlanError
+from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError, PlanError
 from autoplace.executor.checkpoint import require_resumable
 from autoplace.executor.lifetime import LAUNCHER_ENV, child_preexec, folder_lock, stop_group
 from autoplace.executor.nodes import NodeLaunch, torchrun_node_args
@@ -211,7 +211,7 @@ def _torchrun(plan: Plan, spec: dict[str, Any], cluster: Cluster, opts: RunOptio
         for path in sorted(Path(tmp).glob("report.json.rank*")):  # a rank's failed report
             return RunReport.from_json(json.loads(path.read_text()))
         if rc is None:
-            raise AutoplaceError(f"the run took longer than {timeout_s} s and was stopped")
+            raise AutoplaceError(f"the run took longer than {timeout_s} s and {TIME_LIMIT_MESSAGE}")
         if node is None:
             raise AutoplaceError(_failure_message(text, rc, nproc))
         if rc == 0:  # global rank 0 ran on another node: the report is there

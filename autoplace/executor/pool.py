@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.cluster import Cluster
-from autoplace.errors import AutoplaceError
+from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError
 from autoplace.executor.launch import _failure_message, workload_spec
 from autoplace.executor.lifetime import LAUNCHER_ENV, child_preexec
 from autoplace.executor.report import RunReport
@@ -315,6 +315,6 @@ class PlanPool:
             return RunReport.from_json(json.loads(path.read_text()))
         text = job.log_path.read_text(errors="replace")
         if timed_out:
-            raise AutoplaceError(f"the run took longer than {limit_s:.0f} s and was stopped; "
+            raise AutoplaceError(f"the run took longer than {limit_s:.0f} s and {TIME_LIMIT_MESSAGE}; "
                                  f"last lines of its log:\n" + "\n".join(text.splitlines()[-15:]))
         raise AutoplaceError(_failure_message(text, rc if rc is not None else -9, len(layout)))

@@ -34,7 +34,8 @@
 
 Each run of step 4 is limited to the budget left, at least :data:`RUN_FLOOR_S` (where the
 ``measure`` given takes ``time_limit_s``; auto's own does): a compiled candidate whose
-compile takes longer is stopped and the search goes on, so one compile cannot spend the
+compile takes longer is stopped, no other compiled candidate is measured after it (they
+compile the same pieces), and the search goes on, so one compile cannot spend the
 budget several times over (on 2x H200, Inception-v3's compiled placement took 129 s to
 compile and measure in a 30 s budget, and measured slower than eager: docs/results.md).
 """
@@ -53,7 +54,7 @@ from typing import Any
 
 from autoplace import workloads
 from autoplace.capture import capture_workload
-from autoplace.errors import AutoplaceError, PlanError
+from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError, PlanError
 from autoplace.executor.launch import short_error
 from autoplace.executor.pool import PlanPool
 from autoplace.executor.runner import RunOptions
@@ -420,6 +421,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     by_sig = {signature(c["plan"]): c for c in cands}
     tried = 0
     measured: list[dict[str, Any]] = []
+    slow_compile = False
 
     def corrected(c: dict[str, Any]) -> float:
         t = cal.step_time(c["plan"], c["sim"])
@@ -466,6 +468,8 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         tried += 1
         if best_so_far is not None and corrected(c) >= 1e3:
             continue  # predicted out of memory (measured so), and something else ran
+        if slow_compile and c["plan"].parallel.compile:
+            continue  # another compiled candidate was stopped at its time limit
         if best_so_far is not None and len(measured) >= top_k and not c.get("variant") \
                 and not c.get("pinned") and corrected(c) > 1.3 * best_so_far \
                 and any(m["family"] == c["family"] for m in measured):
@@ -476,6 +480,10 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             rep = run(c["plan"], max(RUN_FLOOR_S, limit_s - (time.perf_counter() - t_start)))
         except AutoplaceError as e:  # a rank died: that plan failed, the search goes on
             say(f"  failed: {short_error(str(e))}")
+            if c["plan"].parallel.compile and TIME_LIMIT_MESSAGE in str(e):
+                slow_compile = True  # the model's pieces compile past the budget
+                say("  its compile did not finish within the budget left: no other "
+                    "compiled candidate is measured")
             continue
         step = _step_of(rep)
         err = getattr(rep, "error", None)

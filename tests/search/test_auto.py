@@ -527,7 +527,7 @@ def test_each_run_is_limited_to_the_budget_left(setup, tmp_path, monkeypatch):
     fails that candidate alone. One that takes the plan alone is called as before."""
     import time
 
-    from autoplace.errors import AutoplaceError
+    from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError
     from autoplace.search import auto as auto_mod
 
     graph, cluster = setup
@@ -541,7 +541,8 @@ def test_each_run_is_limited_to_the_budget_left(setup, tmp_path, monkeypatch):
         clock["t"] += 50.0  # every run takes 50 s of the budget
         if len(limits) == 1:  # the first (the predicted best) compiles past its limit
             stopped.append(plan)
-            raise AutoplaceError(f"the run took longer than {time_limit_s:.0f} s and was stopped")
+            raise AutoplaceError(f"the run took longer than {time_limit_s:.0f} s and "
+                                 f"{TIME_LIMIT_MESSAGE}")
         return fake(plan)
 
     plan = auto_plan("gpt-tiny", cluster, budget="200s", graph=graph, planners=PLANNERS,
@@ -553,3 +554,26 @@ def test_each_run_is_limited_to_the_budget_left(setup, tmp_path, monkeypatch):
     assert all(x is None or x >= auto_mod.RUN_FLOOR_S for x in limits)
     assert limits[3] == pytest.approx(auto_mod.RUN_FLOOR_S)  # 50 s left: the floor
     assert signature(plan) != signature(stopped[0])  # the stopped candidate is not chosen
+
+
+def test_a_compile_stopped_at_its_limit_ends_the_compiled_candidates(setup, tmp_path):
+    """A compiled candidate stopped at its time limit (its pieces compile past the budget)
+    is not followed by other compiled candidates: they would compile the same pieces."""
+    from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError
+
+    graph, cluster = setup
+    tried, log = [], []
+    fake = fake_measure(graph, cluster, log)
+
+    def measure(plan, time_limit_s=None):
+        tried.append(plan)
+        if plan.parallel.compile:
+            raise AutoplaceError(f"the run took longer than {time_limit_s:.0f} s and "
+                                 f"{TIME_LIMIT_MESSAGE}")
+        return fake(plan)
+
+    plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=PLANNERS,
+                     measure=measure, progress=False, cache_dir=tmp_path, pretrained=False)
+    compiled = [p for p in tried if p.parallel.compile]
+    assert len(compiled) == 1  # the first compiled candidate, and no other after it
+    assert not plan.parallel.compile and len(tried) > 2
