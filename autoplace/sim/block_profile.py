@@ -20,11 +20,10 @@ traces the checkpoint into the piece's graph, whose recompute runs no Python hoo
 MLP: 184 ms with every block checkpointed and compiled): there a recomputed group's ops get
 ``compiled_full_host_s``, the block checkpointed and compiled against compiled alone
 (none where it was not measured), and a selective one nothing. On a GPU kind without a
-measurement an eager plan's recomputed regions get :data:`RECOMPUTE_HOST_S` and its selective
-ones :data:`SELECTIVE_HOST_S`, once per region (checkpoint call), on its last op's
-backward (half of the selective one on its first op's forward): the medians of the blocks
-profiled on one H200 (a residual MLP's and a U-Net's, five profiles); on a CPU the tables
-are left as they are (its ops' host time is their time).
+measurement an eager plan's selective regions get :data:`SELECTIVE_HOST_S` once per region
+(checkpoint call), half on its first op's forward and half on its last op's backward (and
+its fully recomputed ones :data:`RECOMPUTE_HOST_S`, which is 0: see there); on a CPU the
+tables are left as they are (its ops' host time is their time).
 
 CUDA graphs. Per-op times are profiled eagerly: on a launch-bound model an op's measured
 time is mostly the time to issue it, and a plan replayed as CUDA graphs
@@ -54,15 +53,21 @@ __all__ = ["RECOMPUTE_HOST_S", "SELECTIVE_HOST_S", "block_tables", "block_values
            "profiled", "recompute_host_tables", "region_ends"]
 
 #: host seconds one checkpointed region (a ``torch.utils.checkpoint`` call: a recomputed
-#: group, per microbatch) adds to an eager step on a GPU kind whose block was not profiled:
-#: the median over the five blocks profiled on one H200 of ``full_host_s`` times the
-#: block's ops (a 1,005-op residual MLP's 5-op blocks: 1.27-1.75 ms, a small U-Net's 6-op
-#: blocks: 1.89 and 3.91 ms; 2026-11-29 levers runs). Per region, not per op: a per-op
-#: price from those small blocks over-charged models of larger blocks (held out: a
-#: GPT-2-medium-size model's checkpointed step +74%, docs/simulator.md)
-RECOMPUTE_HOST_S = 1.75e-3
-#: the same for a region under the selective policy (``selective_host_s`` times the ops:
-#: 2.42-3.21 ms and 3.32-4.61 ms on the same blocks)
+#: group, per microbatch) adds to an eager step on a GPU kind whose block was not
+#: profiled: none. The profiled blocks' price (the median over the five blocks profiled on
+#: one H200 of ``full_host_s`` times the block's ops: 1.75 ms a region) changed no held-out
+#: measurement's error (the 2x H200 suites' and a GPT-2-medium-size model's checkpointed
+#: plans are device-bound: -10..+6% either way, Inception-v3 -39%), while it made the
+#: simulator rank recomputation far lower on graphs of small groups (GNMT-4's DDP with a
+#: few LSTMs recomputed 2.5x its step, never measured); per op (314 us) it put the
+#: GPT-2-size model's step 74% over measured (docs/simulator.md)
+RECOMPUTE_HOST_S = 0.0
+#: the same for a region under the selective policy, whose Python dispatch mode every op
+#: of the region passes through, forward and recompute: the median over the same five
+#: blocks of ``selective_host_s`` times the block's ops (a 1,005-op residual MLP's 5-op
+#: blocks: 2.42-3.21 ms, a small U-Net's 6-op blocks: 3.32-4.61 ms; 2026-11-29 levers
+#: runs). Held out: branchy-mlp's and gpt-1b's selective blocks on 2x H200 from -37% and
+#: -20% to -7% and -14% (Inception-v3's -67% to -57%)
 SELECTIVE_HOST_S = 3.21e-3
 
 
@@ -147,7 +152,7 @@ def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
     region (checkpoint call) on a GPU kind where none was."""
     if not (plan.recompute or plan.selective):
         return tables
-    gpu = default_recompute_host(tables.kinds) > 0
+    gpu = np.array([k != "cpu" for k in tables.kinds])  # where the defaults apply
     if not (_has(graph, "recompute") or gpu.any()):
         return tables
 

@@ -144,10 +144,14 @@ def test_a_piece_whose_compile_fails_runs_eager_and_says_so():
     torch.testing.assert_close(cp(x), inner(x))  # and stays eager
 
 
-def test_the_simulator_prices_selective_between_none_and_full(tiny):
+def test_the_simulator_prices_selective_between_none_and_full(tiny, monkeypatch):
+    from autoplace.sim import block_profile
+
     _, graph = tiny
     base = preset("h100x1")  # device time only: gpt-tiny's step is otherwise host-bound
     cluster = replace(base, devices=tuple(replace(d, host_dispatch_s=0.0) for d in base.devices))
+    monkeypatch.setattr(block_profile, "SELECTIVE_HOST_S", 0.0)  # nor checkpointing's host time
+    monkeypatch.setattr(block_profile, "RECOMPUTE_HOST_S", 0.0)
     blocks = _block_ids(graph, block_groups(graph))
     runs = {name: simulate(graph, _blocks_plan(graph, **kw), cluster)
             for name, kw in (("none", {}), ("selective", {"selective": blocks}),
