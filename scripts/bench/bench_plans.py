@@ -63,13 +63,9 @@ import torch
 from results import write_run
 from run_folder import output_folder
 
-from autoplace.planners.manual import halves_name, hand_written
+from autoplace.planners.manual import hand_written
 
 CACHE = "/tmp/autoplace-profile"  # profile cache; auto saves its calibration here too
-# the hand-written options: these and the lever recipes (lever_plans: per-block compile and
-# checkpointing, DDP + compile, FSDP2 + checkpointing + compile, FSDP2 + offload)
-MANUAL = {"single", *(halves_name(n) for n in (2, 3, 4, 8)), "ddp", "fsdp", "pipeline-gpipe",
-          "pipeline-1f1b"}
 
 HF = "{hf}:"  # the workload module of the hf-* scenarios: --hf-module
 
@@ -404,9 +400,11 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
     plans: dict[str, Any] = {}
     search: dict[str, float] = {}
     # hand-written options, split by the analytic (FLOP) costs, not the profile
-    for k, plan in hand_written(graph, cluster).items():
+    # (with the lever recipes: per-block compile and checkpointing, DDP + compile, FSDP2 +
+    # checkpointing + compile, FSDP2 + offload)
+    hand = hand_written(graph, cluster)
+    for k, plan in hand.items():
         plans[k], search[k] = plan, float(plan.planner.get("search_time_s", 0.0))
-        MANUAL.add(k)
     for k in ("expert", "hash", "critical-path", "m-etf", "m-sct", "hybrid-dp"):
         t = time.perf_counter()
         try:
@@ -477,7 +475,7 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
             err = next((r["error"] for r in d["runs"] if r.get("error")), None)
             for k in d["planners"]:
                 rows.append({
-                    "planner": k, "manual": k in MANUAL, "parallel": d["plan"].split(),
+                    "planner": k, "manual": k in hand, "parallel": d["plan"].split(),
                     "same_plan_as": [x for x in d["planners"] if x != k],
                     "executed": bool(d["runs"]),
                     "measured_step_time_s": statistics.median(steps) if steps else None,
@@ -502,9 +500,9 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
         rec["plans"] = rows
         ok = {r["planner"]: r["measured_step_time_s"] for r in rows
               if r["measured_step_time_s"] and not r["oom_measured"]}
-        manual = [v for k, v in ok.items() if k in MANUAL]
+        manual = [v for k, v in ok.items() if k in hand]
         rec["best_manual_s"] = min(manual) if manual else None
-        rec["best_manual"] = min((k for k in ok if k in MANUAL), key=ok.get, default=None)
+        rec["best_manual"] = min((k for k in ok if k in hand), key=ok.get, default=None)
         a = ok.get("auto")
         rec["auto_vs_best_manual"] = a / rec["best_manual_s"] if a and manual else None
         rec["auto_vs_lower_bound"] = a / lb if a else None
