@@ -157,9 +157,10 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
     # ---- issue order: sort (mb, op) by (mb + level, mb, op), as lowering.issue_order_items
     order_t = _issue_orders(ga, plans, gid, dev, dev_t, m, kk)  # [mn, P] item per step
     rc_host = default_recompute_host(tables.kinds)  # checkpointing's host time (block_profile)
+    rc_priced = bool(rc_op.any() and rc_host.any())  # (0 by default: nothing to add)
     host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
                    or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any()
-                   or (rc_op.any() and rc_host.any()))
+                   or rc_priced)
     hf_t = hb_t = None
     copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
     if host_on:  # [n, P] host seconds per op, forward and backward
@@ -171,7 +172,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
                 hf_t[:, p] = hb_t[:, p] = graphed_host(
                     dev_t[:, p], ga.param_count,
                     tables.graph_param_host[tables.kind_of_device[dev_t[:, p]]])
-        if rc_op.any():  # a checkpointed region's host time, on its last op's backward
+        if rc_priced:  # a checkpointed region's host time, on its last op's backward
             ends = np.stack([region_ends(g)[1] for g in gid]).T & rc_op.T  # [n, P]
             hb_t = hb_t + np.where(ends, rc_host[tables.kind_of_device[dev_t]], 0.0)
         ddp = (d > 1) & np.array([pl.parallel.shard == "none" for pl in plans])
