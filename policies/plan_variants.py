@@ -124,8 +124,7 @@ class _Scorer:
         if key in self.seen:
             return math.inf
         self.seen.add(key)
-        try:
-            plan.validate(self.graph, self.cluster)
+        try:  # simulate validates the plan first (lowering.validate)
             res = simulate(self.graph, plan, self.cluster)
         except AutoplaceError:  # a split or microbatch count this graph does not take
             return math.inf
