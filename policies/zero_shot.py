@@ -39,7 +39,13 @@ def _zero_shot(env: Any, policy: Any, samples: int, seed: int,
     the policy's samples), then the best plans' execution-level variants until
     ``time_limit_s`` (:func:`~autoplace.policies.plan_variants.outcome_variants`: stage
     counts and cuts the samples rarely reach, microbatch counts, compilation). With
-    ``samples=0`` only the greedy plans, until ``time_limit_s`` (the first always)."""
+    ``samples=0`` only the greedy plans, until ``time_limit_s`` (the first always).
+
+    Raises:
+        ValueError: ``time_limit_s`` is not finite (the samples run until it is spent)."""
+    if not math.isfinite(time_limit_s):
+        raise ValueError(f"zero-shot samples until its time limit is spent; give a finite "
+                         f"time_limit_s (the shipped search's is ZERO_SHOT_S), not {time_limit_s}")
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=seed)
     splits = torch.tensor(env.unwrapped.valid_splits(), dtype=torch.long)
