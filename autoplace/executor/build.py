@@ -161,7 +161,7 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
         _need_group(distributed, plan)
         info["tensor_split"] = prepare_program(
             gm, graph, low.tensor, mesh["tp"], {op for op, s in low.stage_of.items() if s == stage})
-    stage_mod = build_stage(gm, plan, stage, ex_inputs, device, values, io=tp).to(device)
+    stage_mod = build_stage(gm, plan, stage, ex_inputs, device, values).to(device)
     mode = low.stage_recompute[stage]
     if mode or par.compile:  # the stage whole: under a checkpoint, and/or compiled
         stage_mod = piece(stage_mod, mode, par.compile, f"pipeline stage {stage}")

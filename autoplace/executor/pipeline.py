@@ -33,11 +33,11 @@ from autoplace.capture import (
     body_on_device,
     devices_as,
     fetch_attr,
-    is_exported,
     node_on_device,
     program_inputs,
 )
 from autoplace.errors import PlanError
+from autoplace.executor.pieces import CompiledPiece, Piece
 from autoplace.lowering import stage_of_ops
 from autoplace.plan import Plan
 
@@ -173,7 +173,6 @@ def build_stage(
     example_inputs: Sequence[torch.Tensor],
     device: torch.device,
     values: dict[str, Any] | None = None,
-    io: bool = False,
 ) -> fx.GraphModule:
     """The program of pipeline stage ``stage``; shares parameters with ``gm``.
 
@@ -184,9 +183,9 @@ def build_stage(
         example_inputs: one microbatch of model inputs (to specialise sizes).
         device: the stage's device (for ``device`` constants).
         values: :func:`example_values` of ``gm`` on ``example_inputs`` (computed if None).
-        io: give the stage its input and output shapes (``stage_io``, see
-            :func:`make_schedule`) even for an fx capture: a tensor-parallel stage, whose
-            DTensor parameters PipelineStage's inference on meta tensors cannot run with.
+
+    The stage carries its input and output shapes and dtypes from the fake run
+    (``stage_io``, see :func:`make_schedule`).
     """
     n_stages = plan.parallel.pipeline
     values = values if values is not None else example_values(gm, example_inputs)
@@ -303,9 +302,8 @@ def build_stage(
         outs = tie(outs, outs_v)
         g.output(tuple(outs) if len(outs) > 1 else outs[0])
     gm_stage = fx.GraphModule(attrs, g)
-    if io or is_exported(gm):  # see make_schedule
-        gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
-                             tuple(_meta_like(v, grad=True) for v in outs_v))
+    gm_stage.stage_io = (tuple(_meta_like(v, grad=stage > 0) for v in ins),
+                         tuple(_meta_like(v, grad=True) for v in outs_v))
     return gm_stage
 
 
@@ -361,9 +359,15 @@ def _meta_like(v: torch.Tensor, grad: bool) -> torch.Tensor:
 
 
 def _unwrapped(module: nn.Module) -> nn.Module:
-    """The stage program inside a data-parallel wrapper (DDP's ``.module``; FSDP2 wraps in
-    place)."""
-    return getattr(module, "module", module)
+    """The stage program inside its wrappers: data parallel (DDP's ``.module``; FSDP2 wraps
+    in place), then compiled and recomputed pieces (``CompiledPiece.piece``,
+    ``Piece.inner``)."""
+    module = getattr(module, "module", module)
+    if isinstance(module, CompiledPiece):
+        module = module.piece
+    if isinstance(module, Piece):
+        module = module.inner
+    return module
 
 
 def make_schedule(
@@ -379,11 +383,13 @@ def make_schedule(
     """``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B`` for one stage on this rank."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    # an exported graph's stage: its input and output shapes and dtypes from the fake run
-    # (build_stage, example_values under the workload's autocast); without them
-    # PipelineStage infers them by running the stage on uninitialised inputs, which an op
-    # that indexes by an input tensor cannot survive (BERT's attention mask, torch 2.13:
-    # "index ... is out of bounds"); torch.fx captures keep PipelineStage's inference
+    # the stage's input and output shapes and dtypes from the fake run (build_stage,
+    # example_values under the workload's autocast), found through its wrappers. Without
+    # them PipelineStage infers them by running the stage on uninitialised inputs, which
+    # an op that indexes by an input tensor cannot survive (BERT's attention mask, torch
+    # 2.13: "index ... is out of bounds"), nor a stage compiled whole on 2x H200 (GNMT-4,
+    # torch 2.11: the last stage's logits inferred as the hidden state before them, and
+    # its first real step refused with PipeliningShapeError)
     io = getattr(_unwrapped(module), "stage_io", None)
     kw: dict[str, Any] = {"input_args": io[0], "output_args": io[1]} if io else {}
     pstage = PipelineStage(module, stage, n_stages, device, group=group, **kw)

@@ -241,3 +241,26 @@ def test_a_compiled_run_reports_its_pieces_and_warm_up(monkeypatch):
     assert comp["pieces"] == plan.num_groups and comp["kinds"] < comp["pieces"]
     assert comp["compile_s"] > 0 and comp["failed"] == [] and "warmup_overhead_s" in comp
     assert f"{comp['pieces']} compiled pieces" in rep.summary()
+
+
+@pytest.mark.parametrize("wrap", [(None, True), ("full", False), ("selective", True)])
+def test_a_wrapped_stage_keeps_its_shapes(tiny, wrap):
+    """Every pipeline stage carries its input and output shapes from the fake run, and a
+    stage recomputed or compiled whole still shows them to PipelineStage (which otherwise
+    infers them by running the stage on uninitialised inputs)."""
+    from autoplace.executor.pieces import piece
+    from autoplace.executor.pipeline import _unwrapped, build_stage, example_values
+    from tests.helpers.plans import split
+
+    wl, graph = tiny
+    plan = split(graph, pipeline=2, microbatches=2)
+    inputs, _ = wl.make_batch(wl.batch_size // 2, "cpu")
+    values = example_values(graph.module, inputs)
+    cpu = torch.device("cpu")
+    last = build_stage(graph.module, plan, 1, inputs, cpu, values)
+    ins, outs = last.stage_io
+    assert [tuple(t.shape) for t in outs] == [(wl.batch_size // 2, *tuple(
+        values[next(n for n in graph.module.graph.nodes if n.op == "output").args[0].name]
+        .shape)[1:])]
+    wrapped = piece(last, wrap[0], wrap[1], "pipeline stage 1")
+    assert _unwrapped(wrapped).stage_io is last.stage_io
