@@ -204,7 +204,21 @@ def workload_optimizer(params: list[nn.Parameter], workload: Workload,
     # fused on CUDA, sharded (DTensor) parameters included: foreach AdamW allocates
     # temporaries as large as all the parameters it updates, which a memory cap feels
     kw: dict[str, Any] = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.AdamW(params, lr=workload.lr, **kw)
+    return torch.optim.AdamW(param_groups(params), lr=workload.lr, **kw)
+
+
+def param_groups(params: list[nn.Parameter]) -> list[nn.Parameter] | list[dict[str, Any]]:
+    """``params`` as the optimizer's groups: one, or where DTensor parameters (tensor
+    parallel's) sit beside plain ones (the norms it leaves whole), one group of each. A
+    fused or foreach step takes one group's tensors at once and refuses the mix (2x H200,
+    torch 2.11: "aten._fused_adamw_.default: got mixed torch.Tensor and DTensor")."""
+    from torch.distributed.tensor import DTensor
+
+    split = [[p for p in params if isinstance(p, DTensor)],
+             [p for p in params if not isinstance(p, DTensor)]]
+    if not split[0] or not split[1]:
+        return params
+    return [{"params": group} for group in split]
 
 
 def _sync(devices: list[torch.device]) -> None:

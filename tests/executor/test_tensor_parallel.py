@@ -129,3 +129,32 @@ def test_tensor_parallel_checkpoint_resumes_exactly(tiny, tmp_path):
     with pytest.raises(AutoplaceError, match="saved with tensor-parallel columns regrouped"):
         execute(wl, single(graph, data=2), cluster=CPU2, steps=6, warmup=0,
                 checkpoint_dir=tmp_path, resume=True, reference=False)
+
+
+def test_split_and_whole_parameters_step_fused_in_groups_of_their_own():
+    """Tensor parallel leaves norms whole: their plain parameters sit beside DTensor ones.
+    A fused AdamW step (the executor's on CUDA; CPU has the same kernel) refuses the mix
+    in one group, and takes the optimizer's groups of one kind each."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from autoplace.executor.runner import param_groups
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        split = nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)]))
+        whole = nn.Parameter(torch.randn(4))
+        for p in (split, whole):
+            p.grad = torch.ones_like(p)
+        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+            torch.optim.AdamW([split, whole], fused=True).step()
+        before = whole.detach().clone()
+        torch.optim.AdamW(param_groups([split, whole]), fused=True).step()
+        assert not torch.equal(whole.detach(), before)
+        assert param_groups([whole]) == [whole]
+    finally:
+        dist.destroy_process_group()
