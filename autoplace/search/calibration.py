@@ -129,6 +129,11 @@ def _sample_searched(sample: dict[str, Any]) -> bool:
     return _search_name(sample.get("planner", ""))
 
 
+
+def _memory_family(fam: str) -> str:
+    """The family whose memory a plan of ``fam`` shares: its layout, compiled or not."""
+    return fam.replace("+compile", "")
+
 @dataclass
 class Calibration:
     """Measured/simulated samples of one graph on one kind of cluster."""
@@ -148,10 +153,13 @@ class Calibration:
 
     # ----------------------------------------------------------- factors
     def _ratios(self, key: str, sim_key: str, fam: str | None,
-                searched_: bool | None = None) -> list[float]:
+                searched_: bool | None = None, memory: bool = False) -> list[float]:
+        """``key / sim_key`` over the samples of ``fam`` (``memory``: of its layout, compiled
+        or not: see :meth:`memory_factor`)."""
+        same = _memory_family if memory else (lambda f: f)
         return [s[key] / s[sim_key] for s in self.samples
-                if (fam is None or s["family"] == fam) and s.get(key) and s.get(sim_key)
-                and (searched_ is None or _sample_searched(s) == searched_)]
+                if (fam is None or same(s["family"]) == same(fam)) and s.get(key)
+                and s.get(sim_key) and (searched_ is None or _sample_searched(s) == searched_)]
 
     def time_factor(self, fam: str, searched_: bool = False) -> float:
         """Measured/simulated step time for plans of family ``fam``: from the samples of
@@ -166,13 +174,17 @@ class Calibration:
     def memory_factor(self, fam: str) -> float:
         """Measured/simulated peak memory for ``fam`` (1.0 without a sample of it: FSDP2's
         gather buffers or a pipeline's activations say nothing of another family's peak;
-        on GNMT-4 under a cap, FSDP2's 1.55x once ruled out every unmeasured placement)."""
-        r = self._ratios("measured_peak_bytes", "sim_peak_bytes", fam)
+        on GNMT-4 under a cap, FSDP2's 1.55x once ruled out every unmeasured placement).
+        A layout's compiled and eager plans share it: they hold the same parameters,
+        gradients and optimizer state (on 2x H200 under gpt-1b's 16 GiB cap tensor
+        parallel compiled and eager both ran out of memory, simulated 6% over it)."""
+        r = self._ratios("measured_peak_bytes", "sim_peak_bytes", fam, memory=True)
         return statistics.median(r) if r else 1.0
 
     def memory_measured(self, fam: str) -> bool:
-        """Whether a run of family ``fam`` measured its peak (or ran out of memory)."""
-        return bool(self._ratios("measured_peak_bytes", "sim_peak_bytes", fam))
+        """Whether a run of family ``fam``'s layout, compiled or not, measured its peak (or
+        ran out of memory)."""
+        return bool(self._ratios("measured_peak_bytes", "sim_peak_bytes", fam, memory=True))
 
     @property
     def time_factors(self) -> dict[str, float]:
