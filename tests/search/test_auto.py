@@ -445,6 +445,37 @@ def test_a_plan_simulated_a_little_over_the_cap_is_measured_in_its_turn(setup, t
                for f in ("single", "placement", "dp-none", "dp-zero2", "dp-fsdp", "pipeline"))
 
 
+def test_a_compiled_plan_a_little_over_the_cap_is_tried_eager_first(setup, tmp_path):
+    """A compiled candidate simulated a little over the cap, its layout's memory never
+    measured: its eager twin (the same memory, no compile) is measured before it, and
+    where the twin runs out of memory the compiled one is not measured."""
+    graph, cluster = setup
+    ddp_peak = max(simulate(graph, planners.get("ddp")(graph, cluster), cluster)
+                   .peak_memory_bytes)
+    capped = replace(cluster, devices=tuple(replace(d, memory_cap_bytes=int(ddp_peak / 1.05))
+                                            for d in cluster.devices))
+    for ooms in (False, True):
+        log: list = []
+        fake = fake_measure(graph, capped, [])
+
+        def measure(plan, log=log, fake=fake, ooms=ooms):
+            log.append(plan)
+            if family(plan).removesuffix("+compile") != "dp-none":
+                return fake(plan)
+            if ooms:
+                return RunReport(plan=plan.describe(), oom=True, error="out of memory")
+            sim = simulate(graph, plan, capped)  # the memory model erred: it fits
+            return RunReport(plan=plan.describe(), step_time_s=sim.step_time_s,
+                             peak_memory_bytes=[int(0.9 * b) for b in sim.peak_memory_bytes])
+
+        auto_plan("gpt-tiny", capped, budget="10m", graph=graph,
+                  planners=["single", "ddp", "expert"], measure=measure, progress=False,
+                  cache_dir=tmp_path / str(ooms))
+        ddps = [family(p) for p in log if family(p).removesuffix("+compile") == "dp-none"]
+        assert ddps[0] == "dp-none"  # simulated faster compiled, measured eager first
+        assert ("dp-none+compile" in ddps) != ooms
+
+
 def test_a_memory_cap_has_a_calibration_of_its_own(setup, tmp_path):
     """Near a cap the same plan runs slower (allocator): factors learned under a cap stay
     with that cap, and the uncapped cluster's calibration does not see them."""
