@@ -33,6 +33,9 @@
    ``executor.build.cap_allocator``: a plan that fit twice has kept fitting).
    A plan that was only simulated is never returned.
 
+Steps 2 and 3, and the variants measured in step 4, are :mod:`autoplace.search.candidates`;
+:mod:`autoplace.search.measurement` reads a budget and a measurement.
+
 Each run of step 4 is limited to the budget left, at least :data:`RUN_FLOOR_S` (where the
 ``measure`` given takes ``time_limit_s``; auto's own does): a compiled candidate whose
 compile takes longer is stopped, no other compiled candidate is measured after it (they
@@ -43,9 +46,6 @@ compile and measure in a 30 s budget, and measured slower than eager: docs/resul
 
 from __future__ import annotations
 
-import inspect
-import math
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -55,124 +55,49 @@ from typing import Any
 
 from autoplace import workloads
 from autoplace.capture import capture_workload
-from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError, PlanError
+from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError
 from autoplace.executor.launch import short_error
 from autoplace.executor.pool import PlanPool
 from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
-from autoplace.planners.manual import halves_name, hand_written, lever_plans
+from autoplace.planners.manual import halves_name
 from autoplace.planners.mesh import mesh
-from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_family
-from autoplace.policies import train
 from autoplace.policies.pretrained import pretrained_candidates
 from autoplace.search.calibration import Calibration, calibration_path
-from autoplace.search.compare import compare
+from autoplace.search.candidates import (
+    TIGHT_MEMORY,
+    eager_first,
+    feasible_candidates,
+    microbatch_variants,
+    simulated_rows,
+    units_twin,
+)
 from autoplace.search.families import family, signature
-from autoplace.sim import simulate
+from autoplace.search.measurement import limited, measured_peak, parse_duration, step_of
 
 __all__ = ["RUN_FLOOR_S", "auto_plan", "family", "parse_duration", "signature"]
 
 #: the shortest time limit of one measurement, seconds, whatever the budget left: a job's
 #: start and a few steps of a large model fit in it (a fresh job's start comes on top)
 RUN_FLOOR_S = 60.0
-
-
-def parse_duration(text: str | float | int) -> float:
-    """``"90s"``, ``"5m"``, ``"1h"`` or a number of seconds -> seconds."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        seconds = float(text)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|h|)\s*", str(text))
-        if not m:
-            raise AutoplaceError(f"cannot read a duration from {text!r}; write 90s, 5m or 1h")
-        seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-    if not math.isfinite(seconds) or seconds < 0:  # 0: only what is always measured
-        raise AutoplaceError(f"a duration must be finite and >= 0, got {text!r}; write 90s, "
-                             "5m or 1h")
-    return seconds
-
-
-def _limited(measure: Callable[..., Any]) -> Callable[[Plan, float | None], Any]:
-    """``measure`` as ``(plan, time_limit_s) -> report``: the limit passed on where
-    ``measure`` takes a ``time_limit_s`` keyword, dropped where it takes the plan alone."""
-    try:
-        params = inspect.signature(measure).parameters.values()
-    except (TypeError, ValueError):
-        params = ()
-    if any(p.name == "time_limit_s" or p.kind is p.VAR_KEYWORD for p in params):
-        return lambda plan, limit: measure(plan, time_limit_s=limit)
-    return lambda plan, limit: measure(plan)
-
-
-def _sim_row(graph: Any, cluster: Any, name: str, plan: Plan) -> dict[str, Any]:
-    """A candidate row like :func:`autoplace.search.compare.compare`'s for a plan made elsewhere."""
-    r = simulate(graph, plan, cluster)
-    return {"planner": name, "plan": plan, "sim_step_time_s": r.step_time_s, "oom": r.oom,
-            "error": None, "peak_memory_bytes": r.peak_memory_bytes}
-
-
-def _candidate(row: dict[str, Any]) -> dict[str, Any]:
-    """A search candidate from a simulated row (:func:`_sim_row`, or compare's)."""
-    return {"planner": row["planner"], "plan": row["plan"], "sim": row["sim_step_time_s"],
-            "family": family(row["plan"]), "sim_peak": max(row.get("peak_memory_bytes") or [0.0])}
-
-
-def _hybrid_rows(graph: Any, cluster: Any) -> list[dict[str, Any]]:
-    """The best simulated plan of every ``hybrid-dp`` family (data degree, replica kind,
-    stages, shard, schedule) as extra candidates: the search itself returns only its
-    single best, and a family the simulator misjudges may hold the measured winner."""
-    rows: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    try:
-        cands = hybrid_candidates(graph, cluster)
-    except AutoplaceError:
-        return rows
-    for plan, _step_s, oom in cands:
-        fam = hybrid_family(plan)
-        if oom or fam in seen:
-            continue
-        seen.add(fam)
-        rows.append(_sim_row(graph, cluster, f"hybrid-dp[{fam}]", plan))
-    return rows
-
-
-def _twin_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]], lever: str,
-               eligible: Callable[[dict[str, Any], Plan], bool]) -> list[dict[str, Any]]:
-    """On GPUs, every eligible plan among ``rows`` again with ``parallel.<lever>`` on (where
-    ``ParallelConfig`` allows it), simulated, named ``<planner>+<lever>``."""
-    if not all(d.name.startswith("cuda") for d in cluster.devices):
-        return []
-    out = []
-    for r in rows:
-        plan = r.get("plan")
-        if plan is None or not eligible(r, plan):
-            continue
-        try:
-            twin = plan.with_parallel(**{lever: True})
-        except PlanError:
-            continue
-        out.append(_sim_row(graph, cluster, f"{r['planner']}+{lever}", twin))
-    return out
-
-
-def _graphed_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """On GPUs, every one-process plan among ``rows`` again with ``parallel.graphs`` (each
-    run of ops on one device replayed as a CUDA graph): eager, a host thread issuing every
-    op of Inception-v3 limits it; graphed, its two halves measured 36-40 ms against
-    44-66 ms eagerly on 2x H200 (docs/executor.md, CUDA graphs). ``ParallelConfig`` says
-    which plans run in one process."""
-    return _twin_rows(graph, cluster, rows, "graphs", lambda r, plan: not (
-        r.get("oom") or plan.recompute or plan.selective or plan.parallel.graphs))
-
-
-def _compiled_rows(graph: Any, cluster: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """On GPUs, every plan among ``rows`` again with its pieces compiled
-    (``parallel.compile``): the split and the levers chosen together, priced by the
-    simulator's compiled costs (:mod:`autoplace.sim.compiled`). Not offloaded plans:
-    gpt-1b offloaded and recomputed measured 1825 ms compiled against 650 eager on one
-    H200 (docs/simulator.md, offload)."""
-    return _twin_rows(graph, cluster, rows, "compile", lambda r, plan: not (
-        plan.parallel.compile or plan.parallel.graphs or plan.parallel.offload))
+#: a measured peak above this share of a device's usable memory is near its cap
+NEAR_CAP = 0.95
+#: a hand-written option predicted within this factor of the best prediction is always
+#: measured (the contiguous split in one process always is)
+MANUAL_WITHIN = 1.5
+#: a runner-up measured within this factor of the fastest: both run again before choosing
+NEAR_TIE = 1.05
+#: a plan measured within this factor of the fastest so far is measured with twice and
+#: half its microbatches next (on 2x H200 under a 16 GiB cap gpt-1b's one-process flow
+#: with 2 microbatches measured 1.2% behind a pipeline, and with 4 it had measured 5%
+#: ahead of both on another machine)
+NEAR_BEST = 1.05
+#: a sharded plan with FSDP2 units by blocks whose measured peak is above this share of
+#: the usable memory is measured with a unit per module next (``parallel.shard_units``):
+#: on 2x H200 under GNMT-4's 4.4 GiB cap FSDP2 as one unit (what blocks were on GNMT-4
+#: then, executor.data) peaked at 95% of it and ran 87.3 ms, by modules 74% and 66.5 ms,
+#: while without the cap one unit ran 46.6 ms and modules 61.2 (docs/executor.md)
+UNITS_NEAR_CAP = 0.90
 
 
 def _mesh_auto(graph: Any, cluster: Any, say: Callable[[str], None]) -> Plan:
@@ -270,144 +195,18 @@ def auto_plan(
             pool.close()
 
 
-#: a measured peak above this share of a device's usable memory is near its cap
-NEAR_CAP = 0.95
-#: a hand-written option predicted within this factor of the best prediction is always
-#: measured (the contiguous split in one process always is)
-MANUAL_WITHIN = 1.5
-#: a runner-up measured within this factor of the fastest: both run again before choosing
-NEAR_TIE = 1.05
-#: a plan simulated over a device's usable memory by at most this factor is a candidate
-#: while its family's memory was not measured: the simulated peaks of measured plans were
-#: 0.7-1.3x the measured ones (2x H200, docs/simulator.md); an out-of-memory run costs a few
-#: seconds and is remembered. On 2x H200 under gpt-1b's 16 GiB cap ZeRO-2 simulated
-#: 16.2 GiB and measured 14.5 GiB (FSDP2: 14.7 and 13.1 GiB).
-TIGHT_MEMORY = 1.10
-#: a plan measured within this factor of the fastest so far is measured with twice and
-#: half its microbatches next (on 2x H200 under a 16 GiB cap gpt-1b's one-process flow
-#: with 2 microbatches measured 1.2% behind a pipeline, and with 4 it had measured 5%
-#: ahead of both on another machine)
-NEAR_BEST = 1.05
-#: a sharded plan with FSDP2 units by blocks whose measured peak is above this share of
-#: the usable memory is measured with a unit per module next (``parallel.shard_units``):
-#: on 2x H200 under GNMT-4's 4.4 GiB cap FSDP2 as one unit (what blocks were on GNMT-4
-#: then, executor.data) peaked at 95% of it and ran 87.3 ms, by modules 74% and 66.5 ms,
-#: while without the cap one unit ran 46.6 ms and modules 61.2 (docs/executor.md)
-UNITS_NEAR_CAP = 0.90
-
-
-def _eager_first(c: dict[str, Any], by_sig: dict[tuple, dict[str, Any]], cal: Any,
-                 usable: float) -> dict[str, Any]:
-    """The candidate to measure for ``c``: its eager twin first where ``c`` is compiled and
-    simulated over the usable memory (a TIGHT_MEMORY candidate) with its layout's memory
-    never measured. The twins share their memory (``Calibration.memory_factor``) and the
-    eager one answers without a compile: on 2x H200 under gpt-1b's 16 GiB cap tensor
-    parallel compiled spent 22 s of a 30 s budget compiling before it ran out of memory."""
-    plan = c["plan"]
-    if not plan.parallel.compile or cal.memory_measured(family(plan)) \
-            or cal.peak_bytes(plan, c["sim_peak"] or 0.0) <= usable:
-        return c
-    eager = by_sig.get(signature(plan.with_parallel(compile=False)))
-    return eager if eager is not None and not eager.get("tried") else c
-
-
-def _step_of(rep: Any) -> float | None:
-    """The step time of a measurement: a RunReport's, or a bare number of seconds."""
-    return rep if isinstance(rep, (int, float)) else getattr(rep, "step_time_s", None)
-
-
-def _peak(m: dict[str, Any]) -> float:
-    """A measured candidate's peak memory on its fullest device."""
-    return max(getattr(m["report"], "peak_memory_bytes", None) or [0])
-
-
-def _microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[dict[str, Any]]:
-    """Candidates that differ from ``c`` only by twice or half its microbatch count.
-
-    Only for plans whose microbatches flow through several devices (a one-process
-    placement with microbatches, or a pipeline): on one device microbatches only
-    accumulate gradients, and a placement without them is no guess about their count.
-    The simulator decides this count least reliably (it hinges on host time per op, which
-    varies between machines): on one 2x H200 machine under a 16 GiB cap gpt-1b's two
-    halves measured 84.7 ms with 4 microbatches against 88.8 ms with 2, on another 129
-    against 94 (docs/executor.md).
-    """
-    plan = c["plan"]
-    par = plan.parallel
-    if plan.devices_per_replica < 2 or (par.microbatches == 1 and par.pipeline == 1):
-        return []
-    name = re.sub(r" mb=\d+$", "", c["planner"])
-    out = []
-    for m in (2 * par.microbatches, par.microbatches // 2):
-        if m < 1 or (graph.batch_size and graph.batch_size % (par.data * m)):
-            continue
-        try:  # simulate validates the plan against the graph and the cluster
-            row = _sim_row(graph, cluster, f"{name} mb={m}", plan.with_parallel(microbatches=m))
-        except AutoplaceError:  # a pipeline needs at least as many microbatches as stages
-            continue
-        if not row["oom"]:
-            out.append(_candidate(row))
-    return out
-
-
-def _units_twin(c: dict[str, Any], graph: Any, cluster: Any) -> dict[str, Any] | None:
-    """``c``'s plan with an FSDP2 unit per module holding parameters, where ``c`` is a
-    sharded plan with units by blocks (see :data:`UNITS_NEAR_CAP`)."""
-    par = c["plan"].parallel
-    if par.shard == "none" or par.shard_units != "blocks":
-        return None
-    return _candidate(_sim_row(graph, cluster, f"{c['planner']} by modules",
-                               c["plan"].with_parallel(shard_units="modules")))
-
-
 def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, progress,
             cache_dir, extra_plans, t_start, say) -> Plan:
-    run = _limited(measure)
+    run = limited(measure)
     cal = Calibration.load(cache_dir, graph, cluster)
     if cal.samples:
         say(f"calibration from {len(cal.samples)} earlier measurements: "
             + ", ".join(f"{f} x{v:.2f}" for f, v in cal.time_factors.items()))
-    rows = compare(graph, cluster, planners, progress=progress)
-    rows += _hybrid_rows(graph, cluster)
-    extra_plans = dict(extra_plans or {})
-    if policy is not None:
-        res = train(graph, cluster, policy=policy, backend="sim",
-                    budget=f"{max(10.0, 0.2 * limit_s):.0f}s", out_dir=None, progress=progress)
-        extra_plans[f"policy:{policy}"] = res.best_plan
-    rows += [_sim_row(graph, cluster, name, p) for name, p in extra_plans.items()]
-    manual: list[tuple[str, tuple]] = []  # the hand-written options: (name, signature)
-    try:
-        for name, p in hand_written(graph, cluster, levers=False).items():
-            rows.append(_sim_row(graph, cluster, name, p))
-            manual.append((name, signature(p)))
-    except AutoplaceError as e:  # e.g. a pipeline the model's batch cannot feed
-        say(f"hand-written options: {e}")
-    # the per-block recipes (checkpointing, compile) compete as candidates: a compiled one
-    # is a family of its own (measured once at least), a checkpointed one is measured where
-    # the simulator ranks it (first where nothing else fits)
-    rows += [_sim_row(graph, cluster, name, p)
-             for name, p in lever_plans(graph, cluster).items()]
-    rows += _compiled_rows(graph, cluster, rows)  # before the graphed twins: not both
-    rows += _graphed_rows(graph, cluster, rows)
+    rows, manual = simulated_rows(graph, cluster, planners=planners, policy=policy,
+                                  budget_s=limit_s, extra_plans=extra_plans,
+                                  progress=progress, say=say)
     usable = min(d.usable_memory_bytes for d in cluster.devices)
-
-    def roughly_fits(r: dict[str, Any]) -> bool:
-        return not r.get("oom") or max(r.get("peak_memory_bytes") or [0.0]) \
-            <= TIGHT_MEMORY * usable
-
-    # offloaded plans (the host's memory, the update on the CPU) only where nothing else fits
-    if any(roughly_fits(r) for r in rows if r.get("plan") is not None
-           and not r["plan"].parallel.offload):
-        rows = [r for r in rows if r.get("plan") is None or not r["plan"].parallel.offload]
-
-    cands: list[dict[str, Any]] = []
-    seen: set[tuple] = set()
-    for r in sorted((r for r in rows if r.get("plan") is not None and roughly_fits(r)),
-                    key=lambda r: r["sim_step_time_s"]):
-        sig = signature(r["plan"])
-        if sig not in seen:
-            seen.add(sig)
-            cands.append(_candidate(r))
+    cands = feasible_candidates(rows, usable)
     if not cands:
         raise AutoplaceError(
             f"no planner found a plan that fits in memory on {cluster.name}; "
@@ -477,7 +276,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         queue.sort(key=corrected)
         best_so_far = min((m["measured"] for m in measured), default=None)
         c = pinned[0] if pinned and tried else front[0] if front else queue[0]
-        c = _eager_first(c, by_sig, cal, usable)
+        c = eager_first(c, by_sig, cal, usable)
         for waiting in (queue, front, pinned):
             if c in waiting:
                 waiting.remove(c)
@@ -502,7 +301,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
                 say("  its compile did not finish within the budget left: no other "
                     "compiled candidate is measured")
             continue
-        step = _step_of(rep)
+        step = step_of(rep)
         err = getattr(rep, "error", None)
         if err or not step:
             say(f"  failed: {err}")
@@ -518,9 +317,9 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             + (f"; {retries} allocator retries: it ran at the memory cap" if retries else ""))
         variants = []
         if best_so_far is None or c["measured"] < NEAR_BEST * best_so_far:  # (near) fastest
-            variants = [("microbatch variant", v) for v in _microbatch_variants(c, graph, cluster)]
-        twin = (_units_twin(c, graph, cluster)
-                if _peak(c) > UNITS_NEAR_CAP * usable or retries else None)
+            variants = [("microbatch variant", v) for v in microbatch_variants(c, graph, cluster)]
+        twin = (units_twin(c, graph, cluster)
+                if measured_peak(c) > UNITS_NEAR_CAP * usable or retries else None)
         if twin is not None:
             variants.append(("twin with a unit per module", twin))
         for what, v in variants:
@@ -535,51 +334,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
                 if other not in queue and "measured" not in other and not other.get("tried") \
                         and corrected(other) < 0.9 * min(m["measured"] for m in measured):
                     queue.append(other)
-    if not measured:
-        raise AutoplaceError("auto planner: every candidate plan failed when executed; "
-                             "see the errors above")
-    ranked = sorted(measured, key=lambda m: m["measured"])
-    if len(ranked) > 1 and ranked[1]["measured"] <= NEAR_TIE * ranked[0]["measured"]:
-        # one run of a plan varies by up to 20% (pipelines): a near-tie is decided on two
-        say(f"{ranked[0]['planner']} and {ranked[1]['planner']} measured within "
-            f"{NEAR_TIE - 1:.0%}: running both again")
-        for c in ranked[:2]:
-            try:
-                again = run(c["plan"], None)
-            except AutoplaceError:
-                continue
-            step = _step_of(again)
-            if step and not getattr(again, "error", None):
-                remember(c, again)
-                c["measured"] = (c["measured"] + float(step)) / 2
-                c["confirmed"] = True  # it fit twice
-                say(f"  {c['planner']}: {float(step) * 1e3:.2f} ms, "
-                    f"{c['measured'] * 1e3:.2f} ms over both runs")
-    while True:  # a winner near the cap runs again before it is chosen
-        # the fastest measured plan; near the cap it must fit twice. (A plan with room
-        # measured a few percent slower used to be preferred: on 4x H200 under GNMT-4's
-        # 4.4 GiB cap that chose FSDP2 at 1.03-1.07x a DDP that peaked at 98% of the cap
-        # and ran in all six of its runs, expandable segments on.)
-        win = min(measured, key=lambda m: m["measured"])
-        if _peak(win) <= NEAR_CAP * usable or win.get("confirmed"):
-            break
-        say(f"{win['planner']} peaked at {_peak(win) / usable:.0%} of the cap: running it "
-            f"again before choosing it")
-        try:
-            again = run(win["plan"], None)
-            err = getattr(again, "error", None)
-        except AutoplaceError as e:
-            again, err = None, str(e).splitlines()[0]
-        if again is not None and not err and _step_of(again):
-            win["confirmed"] = True
-            break
-        say(f"  failed the second time ({err}): not chosen")
-        if getattr(again, "oom", False):
-            remember(win, again)
-        measured.remove(win)
-        if not measured:
-            raise AutoplaceError("auto planner: every measured plan failed when run again "
-                                 "near the memory cap; see the errors above")
+    win = _choose(measured, run, remember, usable, say)
     rep = win["report"]
     plan = win["plan"].with_measured({
         "step_time_s": win["measured"],
@@ -595,3 +350,57 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
                             for m in measured])
     say(f"chose {win['planner']}: {win['measured'] * 1e3:.2f} ms measured")
     return replace(plan, planner=info)
+
+
+def _choose(measured: list[dict[str, Any]], run: Callable[[Plan, float | None], Any],
+            remember: Callable[[dict[str, Any], Any], None], usable: float,
+            say: Callable[[str], None]) -> dict[str, Any]:
+    """The fastest of the ``measured`` candidates: a near-tie with the runner-up is decided
+    on two runs of each, and a winner near the memory cap must run again (one that fails
+    then is removed from ``measured``)."""
+    if not measured:
+        raise AutoplaceError("auto planner: every candidate plan failed when executed; "
+                             "see the errors above")
+    ranked = sorted(measured, key=lambda m: m["measured"])
+    if len(ranked) > 1 and ranked[1]["measured"] <= NEAR_TIE * ranked[0]["measured"]:
+        # one run of a plan varies by up to 20% (pipelines): a near-tie is decided on two
+        say(f"{ranked[0]['planner']} and {ranked[1]['planner']} measured within "
+            f"{NEAR_TIE - 1:.0%}: running both again")
+        for c in ranked[:2]:
+            try:
+                again = run(c["plan"], None)
+            except AutoplaceError:
+                continue
+            step = step_of(again)
+            if step and not getattr(again, "error", None):
+                remember(c, again)
+                c["measured"] = (c["measured"] + float(step)) / 2
+                c["confirmed"] = True  # it fit twice
+                say(f"  {c['planner']}: {float(step) * 1e3:.2f} ms, "
+                    f"{c['measured'] * 1e3:.2f} ms over both runs")
+    while True:  # a winner near the cap runs again before it is chosen
+        # the fastest measured plan; near the cap it must fit twice. (A plan with room
+        # measured a few percent slower used to be preferred: on 4x H200 under GNMT-4's
+        # 4.4 GiB cap that chose FSDP2 at 1.03-1.07x a DDP that peaked at 98% of the cap
+        # and ran in all six of its runs, expandable segments on.)
+        win = min(measured, key=lambda m: m["measured"])
+        if measured_peak(win) <= NEAR_CAP * usable or win.get("confirmed"):
+            break
+        say(f"{win['planner']} peaked at {measured_peak(win) / usable:.0%} of the cap: running it "
+            f"again before choosing it")
+        try:
+            again = run(win["plan"], None)
+            err = getattr(again, "error", None)
+        except AutoplaceError as e:
+            again, err = None, str(e).splitlines()[0]
+        if again is not None and not err and step_of(again):
+            win["confirmed"] = True
+            break
+        say(f"  failed the second time ({err}): not chosen")
+        if getattr(again, "oom", False):
+            remember(win, again)
+        measured.remove(win)
+        if not measured:
+            raise AutoplaceError("auto planner: every measured plan failed when run again "
+                                 "near the memory cap; see the errors above")
+    return win

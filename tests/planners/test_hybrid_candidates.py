@@ -11,7 +11,8 @@ from autoplace.errors import PlanError
 from autoplace.executor.report import RunReport
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.planners.pipeline_dp import hybrid_candidates, hybrid_dp, hybrid_family
-from autoplace.search.auto import _hybrid_rows, auto_plan, family
+from autoplace.search.auto import auto_plan, family
+from autoplace.search.candidates import hybrid_rows
 from autoplace.sim import simulate
 
 
@@ -39,7 +40,7 @@ def test_candidates_are_sorted_and_hybrid_dp_is_the_first(gpt):
 
 def test_families_name_the_split(gpt):
     cluster = preset("h100x4")
-    rows = _hybrid_rows(gpt, cluster)
+    rows = hybrid_rows(gpt, cluster)
     fams = [hybrid_family(r["plan"]) for r in rows]
     assert len(fams) == len(set(fams))  # one row per family
     assert any(f.startswith("dp=2") and "pp=2" in f for f in fams)  # dp x pp offered

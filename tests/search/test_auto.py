@@ -370,52 +370,52 @@ def test_microbatch_variants_skip_counts_a_pipeline_cannot_take(setup):
     """A 2-stage pipeline with 2 microbatches has no variant with 1 (a pipeline needs at
     least one microbatch per stage): only the one with 4 (on 4x H200 auto stopped with
     "a 2-stage pipeline needs at least 2 microbatches, got 1")."""
-    from autoplace.search.auto import _microbatch_variants
+    from autoplace.search.candidates import microbatch_variants
 
     graph, cluster = setup
     plan = planners.get("pipeline")(graph, cluster).with_parallel(microbatches=2)
     c = {"planner": "pipeline", "plan": plan}
-    variants = _microbatch_variants(c, graph, cluster)
+    variants = microbatch_variants(c, graph, cluster)
     assert [v["plan"].parallel.microbatches for v in variants] == [4]
     assert variants[0]["planner"] == "pipeline mb=4" and variants[0]["family"] == "pipeline"
     assert variants[0]["plan"].parallel.pipeline == 2
     # a placement without microbatches, and a one-device plan: no variants
     for name in ("expert", "single"):
-        assert _microbatch_variants({"planner": name, "plan": planners.get(name)(graph, cluster)},
+        assert microbatch_variants({"planner": name, "plan": planners.get(name)(graph, cluster)},
                                     graph, cluster) == []
 
 
 def test_graphed_twins_of_one_process_plans_only_on_gpus(setup):
     """On GPUs auto also considers every one-process plan replayed as CUDA graphs, a
     family of its own for the calibration; on CPUs it does not."""
-    from autoplace.search.auto import _graphed_rows
+    from autoplace.search.candidates import graphed_rows
     from autoplace.search.compare import compare
 
     graph, cluster = setup
     rows = compare(graph, cluster, ["single", "expert", "ddp", "pipeline"], progress=False)
-    twins = _graphed_rows(graph, cluster, rows)
+    twins = graphed_rows(graph, cluster, rows)
     assert {r["planner"] for r in twins} == {"single+graphs", "expert+graphs"}
     for r in twins:
         assert r["plan"].parallel.graphs and family(r["plan"]).endswith("+graphs")
         assert r["sim_step_time_s"] > 0
-    assert _graphed_rows(graph, preset("cpu-x2"), rows) == []
+    assert graphed_rows(graph, preset("cpu-x2"), rows) == []
 
 
 def test_compiled_twins_of_every_plan_only_on_gpus(setup):
     """On GPUs auto also considers every plan with its pieces compiled (DDP and pipelines
     too), priced by the simulator's compiled costs: faster than its eager twin."""
-    from autoplace.search.auto import _compiled_rows
+    from autoplace.search.candidates import compiled_rows
     from autoplace.search.compare import compare
 
     graph, cluster = setup
     rows = compare(graph, cluster, ["single", "expert", "ddp", "pipeline"], progress=False)
-    twins = _compiled_rows(graph, cluster, rows)
+    twins = compiled_rows(graph, cluster, rows)
     assert {r["planner"] for r in twins} == {f"{r['planner']}+compile" for r in rows}
     eager = {r["planner"]: r["sim_step_time_s"] for r in rows}
     for r in twins:
         assert r["plan"].parallel.compile and family(r["plan"]).endswith("+compile")
         assert r["sim_step_time_s"] < eager[r["planner"].removesuffix("+compile")]
-    assert _compiled_rows(graph, preset("cpu-x2"), rows) == []
+    assert compiled_rows(graph, preset("cpu-x2"), rows) == []
 
 
 @pytest.mark.parametrize("over", [1.05, 1.25])
@@ -423,7 +423,7 @@ def test_a_plan_simulated_a_little_over_the_cap_is_measured_in_its_turn(setup, t
     """The memory model errs by up to ~30%: a plan simulated at most TIGHT_MEMORY over
     the cap, of a family whose memory was never measured, is measured in predicted order
     (it is not dropped as out of memory); one far over is not (others ran)."""
-    from autoplace.search.auto import TIGHT_MEMORY
+    from autoplace.search.candidates import TIGHT_MEMORY
 
     graph, cluster = setup
     ddp_peak = max(simulate(graph, planners.get("ddp")(graph, cluster), cluster)
