@@ -57,6 +57,8 @@ from typing import TYPE_CHECKING, Any
 
 from autoplace.errors import PlanError
 from autoplace.files import write_atomic
+from autoplace.parallel_config import SCHEDULES, SHARD_MODES, SHARD_UNITS, ParallelConfig
+from autoplace.plan_validation import validate_plan
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
@@ -65,201 +67,10 @@ if TYPE_CHECKING:
 __all__ = ["ParallelConfig", "Plan", "PLAN_FORMAT", "SCHEDULES", "SHARD_MODES", "SHARD_UNITS"]
 
 PLAN_FORMAT = "autoplace.plan/1"
-SCHEDULES = ("gpipe", "1f1b")
-SHARD_MODES = ("none", "zero2", "fsdp")
-#: FSDP2 units of a sharded plan (executor.data.wrap_data_parallel)
-SHARD_UNITS = ("blocks", "modules")
 _TOP_KEYS = {"format", "groups", "placement", "parallel", "recompute", "selective", "priority",
              "model",
              "cluster",
              "predicted", "measured", "planner"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParallelConfig:
-    """The hybrid split of a plan.
-
-    Attributes:
-        data: data-parallel degree (replicas).
-        pipeline: pipeline stages run by torch.distributed.pipelining (1 = none).
-        microbatches: microbatches per step, per replica.
-        schedule: pipeline schedule, ``gpipe`` or ``1f1b``.
-        shard: ``none`` (DDP), ``zero2`` (gradients and optimizer state sharded) or
-            ``fsdp`` (parameters sharded too); only with ``data > 1``, or ``fsdp``
-            with ``offload`` on one device.
-        graphs: on GPUs, replay each run of ops on one device of each microbatch as a
-            CUDA graph (:func:`autoplace.executor.local.build_local`); only for plans run
-            in one process per replica (``pipeline == 1``, ``data == 1``).
-        shard_units: FSDP2 units of a sharded plan: ``blocks`` (every child of an
-            ``nn.ModuleList`` / ``nn.Sequential``, then the root with the rest) or
-            ``modules`` (also every other module holding parameters, embeddings and
-            heads, a unit of its own: less memory held, more collectives).
-        compile: compile every run of one group's ops (on one device, of one microbatch)
-            with ``torch.compile``; not with ``graphs``.
-        tensor: tensor-parallel degree: every local device of the placement is a group
-            of ``tensor`` GPUs that split the model's Linear pairs Megatron-style
-            (column then row), through ``torch.distributed.tensor.parallel``; 1 = none.
-        replicate: HSDP: a sharded plan's ``data`` replicas form ``replicate`` groups;
-            parameters (``fsdp``) or gradients and optimizer state (``zero2``) are
-            sharded within a group and replicated across groups (across nodes, say);
-            1 = sharded over all ``data`` replicas.
-        offload: FSDP2's ``CPUOffloadPolicy``: the parameter shards, their gradients and
-            the optimizer state live on the host, each unit's parameters are copied to
-            the GPU before its forward and its backward and its gradients back after, and
-            the optimizer steps on the CPU. Only with ``shard="fsdp"``, ``pipeline == 1``,
-            ``tensor == 1`` and without ``graphs``; ``data == 1`` is valid with it.
-        sequence_parallel: with ``tensor > 1``, the residual stream between the Linear
-            pairs (norms, residual adds) runs on ``1 / tensor`` of the sequence on each
-            rank of a group (columns all-gather, rows reduce-scatter); not with a pipeline.
-    """
-
-    data: int = 1
-    pipeline: int = 1
-    microbatches: int = 1
-    schedule: str = "gpipe"
-    shard: str = "none"
-    graphs: bool = False
-    shard_units: str = "blocks"
-    compile: bool = False
-    tensor: int = 1
-    replicate: int = 1
-    offload: bool = False
-    sequence_parallel: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("data", "pipeline", "microbatches", "tensor", "replicate"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise PlanError(f"parallel.{name} must be an integer >= 1, got {v!r}")
-        if self.schedule not in SCHEDULES:
-            raise PlanError(
-                f"parallel.schedule {self.schedule!r} is not valid; valid: {', '.join(SCHEDULES)}"
-            )
-        if self.shard not in SHARD_MODES:
-            raise PlanError(
-                f"parallel.shard {self.shard!r} is not valid; valid: {', '.join(SHARD_MODES)}"
-            )
-        if not isinstance(self.graphs, bool):
-            raise PlanError(f"parallel.graphs must be true or false, got {self.graphs!r}")
-        if not isinstance(self.compile, bool):
-            raise PlanError(f"parallel.compile must be true or false, got {self.compile!r}")
-        if self.compile and self.graphs:
-            raise PlanError("parallel.compile and parallel.graphs exclude each other: a "
-                            "piece is either compiled or replayed as a CUDA graph")
-        if self.shard_units not in SHARD_UNITS:
-            raise PlanError(f"parallel.shard_units {self.shard_units!r} is not valid; valid: "
-                            f"{', '.join(SHARD_UNITS)}")
-        if self.shard_units != "blocks" and self.shard == "none":
-            raise PlanError("parallel.shard_units applies only to a sharded plan (shard "
-                            f"zero2 or fsdp), got shard={self.shard!r}")
-        if self.graphs and (self.pipeline > 1 or self.data > 1):
-            raise PlanError(
-                "parallel.graphs is valid only for a plan run in one process (pipeline = 1 "
-                f"and data = 1), got pipeline={self.pipeline}, data={self.data}"
-            )
-        if self.graphs and self.tensor > 1:
-            raise PlanError("parallel.graphs is valid only for a plan run in one process, "
-                            f"got tensor={self.tensor}")
-        if self.replicate > 1:
-            if self.shard == "none":
-                raise PlanError("parallel.replicate (HSDP) applies only to a sharded plan "
-                                f"(shard zero2 or fsdp), got shard={self.shard!r}")
-            if self.data % self.replicate:
-                raise PlanError(f"parallel.replicate={self.replicate} must divide "
-                                f"parallel.data={self.data} (replica groups of equal size)")
-        if not isinstance(self.offload, bool):
-            raise PlanError(f"parallel.offload must be true or false, got {self.offload!r}")
-        if self.offload:
-            self._check_offload()
-        if not isinstance(self.sequence_parallel, bool):
-            raise PlanError("parallel.sequence_parallel must be true or false, got "
-                            f"{self.sequence_parallel!r}")
-        if self.sequence_parallel and (self.tensor == 1 or self.pipeline > 1):
-            raise PlanError("parallel.sequence_parallel splits a tensor group's residual "
-                            "stream: it needs parallel.tensor > 1 and parallel.pipeline = 1, "
-                            f"got tensor={self.tensor}, pipeline={self.pipeline}")
-        if self.pipeline > 1 and self.microbatches < self.pipeline:
-            raise PlanError(
-                f"a {self.pipeline}-stage pipeline needs at least {self.pipeline} microbatches, "
-                f"got {self.microbatches}"
-            )
-
-    def _check_offload(self) -> None:
-        if self.shard != "fsdp":
-            raise PlanError("parallel.offload keeps FSDP2's parameter shards on the host: it "
-                            f"needs shard='fsdp', got shard={self.shard!r}")
-        for name, bad, valid in (("pipeline", self.pipeline > 1, "1"),
-                                 ("tensor", self.tensor > 1, "1"),
-                                 ("graphs", self.graphs, "false")):
-            if bad:
-                raise PlanError(f"parallel.offload is valid only with parallel.{name} = "
-                                f"{valid}, got {getattr(self, name)!r} (offloaded plans run "
-                                "one FSDP2 rank per device, eagerly or compiled)")
-
-    def micro_batch_size(self, batch_size: int) -> int:
-        """Samples per microbatch of one replica; raises :class:`PlanError` when a global
-        batch of ``batch_size`` does not split into ``data`` replicas x ``microbatches``."""
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise PlanError(f"the batch size must be an integer >= 1, got {batch_size!r}")
-        parts = self.data * self.microbatches
-        if batch_size % parts:
-            raise PlanError(
-                f"a global batch of {batch_size} does not split into {self.data} replica(s) x "
-                f"{self.microbatches} microbatch(es) of equal size; use a batch size divisible "
-                f"by {parts}, or fewer microbatches")
-        return batch_size // parts
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"data": self.data, "pipeline": self.pipeline, "microbatches": self.microbatches,
-               "schedule": self.schedule, "shard": self.shard}
-        if self.graphs:  # written only when on: plans without it read as before
-            out["graphs"] = True
-        if self.shard_units != "blocks":  # likewise
-            out["shard_units"] = self.shard_units
-        if self.compile:  # likewise
-            out["compile"] = True
-        if self.tensor > 1:  # likewise
-            out["tensor"] = self.tensor
-        if self.replicate > 1:  # likewise
-            out["replicate"] = self.replicate
-        if self.offload:  # likewise
-            out["offload"] = True
-        if self.sequence_parallel:  # likewise
-            out["sequence_parallel"] = True
-        return out
-
-    @classmethod
-    def from_json(cls, d: Any) -> ParallelConfig:
-        if not isinstance(d, dict):
-            raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
-        unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs",
-                            "shard_units", "compile", "tensor", "replicate", "offload",
-                            "sequence_parallel"}
-        if unknown:
-            raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
-        return cls(**d)
-
-    def describe(self) -> str:
-        parts = []
-        if self.data > 1:
-            parts.append(f"dp={self.data}" + ("" if self.shard == "none" else f"/{self.shard}")
-                         + ("" if self.replicate == 1 else f"/hsdp{self.replicate}")
-                         + ("" if self.shard_units == "blocks" else f"/{self.shard_units}"))
-        elif self.shard != "none":  # one sharded rank: FSDP2 with offload
-            parts.append(self.shard)
-        if self.offload:
-            parts.append("offload")
-        if self.tensor > 1:
-            parts.append(f"tp={self.tensor}" + ("/sp" if self.sequence_parallel else ""))
-        if self.pipeline > 1:
-            parts.append(f"pp={self.pipeline}/{self.schedule}")
-        if self.microbatches > 1:
-            parts.append(f"mb={self.microbatches}")
-        if self.graphs:
-            parts.append("graphs")
-        if self.compile:
-            parts.append("compile")
-        return " ".join(parts) or "single"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -393,104 +204,7 @@ class Plan:
     # ---------------------------------------------------------------- validate
     def validate(self, graph: OpGraph, cluster: Cluster | None = None) -> None:
         """Raise :class:`PlanError` naming the first way this plan does not fit."""
-        fp = self.model.get("fingerprint")
-        if fp is not None and fp != graph.fingerprint:
-            raise PlanError(
-                f"plan was made for another graph: plan fingerprint {fp}, this model's "
-                f"{graph.fingerprint} (model {self.model.get('spec', '?')!r}, "
-                f"{self.model.get('num_ops', '?')} ops in the plan vs {len(graph)} here)"
-            )
-        unknown = [op for op in self.groups if op not in graph]
-        if unknown:
-            raise PlanError(f"plan names {len(unknown)} ops not in the graph, e.g. {unknown[:3]}")
-        missing = [op.name for op in graph if op.name not in self.groups]
-        if missing:
-            raise PlanError(f"plan does not place {len(missing)} ops, e.g. {missing[:3]}")
-        g = self.num_groups
-        bad = {op: gid for op, gid in self.groups.items() if not (0 <= gid < g)}
-        if bad:
-            op, gid = next(iter(bad.items()))
-            raise PlanError(f"op {op!r} is in group {gid}, but groups are 0..{g - 1}")
-        for key, ids in (("recompute", self.recompute), ("selective", self.selective)):
-            bad_ids = sorted(x for x in ids if not (0 <= x < g))
-            if bad_ids:
-                raise PlanError(f"{key} names group {bad_ids[0]}, but groups are 0..{g - 1}")
-        if self.priority and len(self.priority) != g:
-            raise PlanError(f"priority has {len(self.priority)} entries, but the plan has {g} "
-                            "groups: give one integer per group, or none")
-        both = sorted(self.recompute & self.selective)
-        if both:
-            raise PlanError(f"group {both[0]} is in both recompute and selective; a group is "
-                            "recomputed whole or selectively, not both")
-        if (self.recompute or self.selective) and self.parallel.graphs:
-            raise PlanError("parallel.graphs cannot be combined with recompute: a recomputed "
-                            "group runs under activation checkpointing, outside any CUDA graph")
-        if any(d < 0 for d in self.placement):
-            raise PlanError(f"device index {min(self.placement)} is negative")
-        if cluster is not None:
-            need = self.num_devices
-            if need > cluster.num_devices:
-                tp = (f" x {self.parallel.tensor} tensor-parallel"
-                      if self.parallel.tensor > 1 else "")
-                raise PlanError(
-                    f"plan needs {need} devices ({self.parallel.data} replicas x "
-                    f"{self.devices_per_replica} devices{tp}), but cluster {cluster.name!r} has "
-                    f"{cluster.num_devices}: device index {max(self.placement)} is out of range"
-                    if self.parallel.data == 1 and not tp
-                    else f"plan needs {need} devices ({self.parallel.data} replicas x "
-                    f"{self.devices_per_replica} devices{tp}), but cluster {cluster.name!r} has "
-                    f"{cluster.num_devices}"
-                )
-        par = self.parallel
-        if par.shard != "none" and par.data == 1 and not par.offload:
-            raise PlanError(f"parallel.shard={par.shard!r} needs parallel.data > 1 (or, with "
-                            "shard='fsdp', parallel.offload: one rank streaming its parameters "
-                            "from the host)")
-        if par.shard != "none" and par.pipeline == 1 and self.devices_per_replica > 1:
-            raise PlanError(
-                f"parallel.shard={par.shard!r} with a replica spread over "
-                f"{self.devices_per_replica} devices in one process is not supported (FSDP2 "
-                "keeps one device per rank); use shard='none' (DDP) or a pipeline"
-            )
-        if par.tensor > 1 and par.pipeline == 1 and self.devices_per_replica > 1:
-            raise PlanError(
-                f"parallel.tensor={par.tensor} with a replica spread over "
-                f"{self.devices_per_replica} devices in one process is not supported (a "
-                "tensor-parallel rank is one process on one device); use a pipeline")
-        if par.pipeline > 1:
-            self._validate_chain(graph)
-        elif par.microbatches > 1:
-            _check_divisible(par.microbatches, "microbatches")
-
-    def _validate_chain(self, graph: OpGraph) -> None:
-        p = self.parallel.pipeline
-        used = sorted(set(self.placement))
-        if used != list(range(p)):
-            raise PlanError(
-                f"a {p}-stage pipeline must place ops on local devices 0..{p - 1}, "
-                f"one stage each; the plan uses devices {used}"
-            )
-        # model inputs and parameter fetches have no producers: wherever they sit in
-        # program order, the stage that holds them receives them, so they are skipped here
-        last = -1
-        for node in graph:
-            if node.kind in ("input", "param"):
-                continue
-            op, s = node.name, self.device_of(node.name)
-            if s < last:
-                raise PlanError(
-                    f"pipeline stages do not form a chain: op {op!r} is on stage {s} after an op "
-                    f"of stage {last} (each stage must be one contiguous run of ops in "
-                    f"topological order, stage 0 first)"
-                )
-            last = s
-        for u, v, _ in graph.edges:
-            su, sv = self.device_of(u), self.device_of(v)
-            if sv < su:
-                raise PlanError(
-                    f"pipeline stages do not form a chain: {u!r} (stage {su}) feeds "
-                    f"{v!r} (stage {sv}), a backward edge"
-                )
+        validate_plan(self, graph, cluster)
 
     # -------------------------------------------------------------------- json
     def to_json(self) -> dict[str, Any]:
@@ -617,11 +331,6 @@ def model_info(graph: OpGraph) -> dict[str, Any]:
     info["fingerprint"] = graph.fingerprint
     info["num_ops"] = len(graph)
     return info
-
-
-def _check_divisible(n: int, what: str) -> None:
-    if n < 1 or not math.isfinite(n):
-        raise PlanError(f"{what} must be >= 1")
 
 
 def strict_json(obj: Any) -> Any:
