@@ -7,26 +7,31 @@ between nodes. The cluster also carries what collectives need (per-step latency,
 bandwidth inside a node, the network's latency and per-GPU bandwidth, gamma for the
 reduction); :mod:`autoplace.costs.collectives` prices collectives over that hierarchy the
 way NCCL runs them (ring, tree, hierarchical).
+
+This module also names the preset clusters and resolves a cluster from a preset name,
+``"detect"`` or a file. A device is :mod:`autoplace.device`, the cluster file
+:mod:`autoplace.cluster_json`, memory sizes :mod:`autoplace.byte_sizes`.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autoplace.byte_sizes import GiB as GiB
+from autoplace.byte_sizes import format_bytes, parse_bytes
+from autoplace.cluster_json import CLUSTER_FORMAT as CLUSTER_FORMAT
+from autoplace.cluster_json import MAX_FILE_DEVICES as MAX_FILE_DEVICES
+from autoplace.cluster_json import cluster_from_json, cluster_to_json
+from autoplace.device import Device, check_non_negative, check_positive
 from autoplace.errors import AutoplaceError
 from autoplace.files import write_json_atomic
-from autoplace.plan import strict_json
 from autoplace.topology import (
     CPU_SPEC,
     GPU_HOST_DISPATCH_S,
     GPU_SPECS,
-    HOST_LINK_BANDWIDTH,
-    HOST_MEMORY_BANDWIDTH,
     LINKS,
     NETWORK_ALPHA_S,
     NETWORK_BANDWIDTH,
@@ -35,96 +40,10 @@ from autoplace.topology import (
     check_nodes,
     link_matrices,
     multi_node_name,
-    node_json,
 )
 from autoplace.topology import gpu_kind as _gpu_kind
 
 __all__ = ["Device", "Cluster", "PRESETS", "preset", "resolve", "parse_bytes", "format_bytes"]
-
-CLUSTER_FORMAT = "autoplace.cluster/1"
-#: Devices a compact cluster file may expand to (its pair matrices grow as the square).
-MAX_FILE_DEVICES = 2048
-GiB = 2**30
-
-
-@dataclass(frozen=True, kw_only=True)
-class Device:
-    """One device.
-
-    Attributes:
-        name: torch device string (``"cuda:0"``, ``"cpu"``).
-        kind: device kind, the key of per-op costs (``"h100"``, ``"h200"``, ``"cpu"``).
-        memory_bytes: physical memory.
-        memory_cap_bytes: a cap below ``memory_bytes`` (enforced on real GPUs), or None.
-        peak_flops: achievable dense FLOP/s for the training dtype.
-        memory_bandwidth: achievable bytes/s of device memory.
-        launch_overhead_s: fixed device-side cost per op (the kernel launch floor: an
-            op never runs shorter on the device, whatever its share of the batch).
-        host_dispatch_s: host time to issue one op (one forward op, or one op's
-            backward) from Python in one process. The simulator serialises these
-            issues on one host thread for a process's forward pass and on one
-            autograd thread per device for its backward, and an op cannot start
-            before it is issued: with many microbatches x ops the host, not the
-            device, can bound the step. 0 for CPU devices (measured CPU op times
-            already include the dispatch, and the CPU is the device); about 30 us
-            for GPUs driven eagerly under autocast.
-        ddp_param_host_s: backward host time per parameter tensor under DDP (its
-            autograd hook and bucketing), on the autograd thread's clock like
-            ``host_dispatch_s``: hidden behind long kernels, it bounds the step of a
-            model with many small ones.
-        shard_param_host_s: host time per parameter tensor per sharded collective of
-            FSDP2 (all-gather before forward and before backward, reduce-scatter after
-            it: 3 a step; ZeRO-2: 2) that the device waits for: added to the step.
-        copy_host_s: host time to issue one copy to another GPU of the same process.
-        host_bandwidth: bytes/s of the link between the host's memory and this device,
-            each way (PCIe: Gen5 x16 ~50e9 on H100 / H200, Gen4 x16 ~25e9 on A100). An
-            offloaded plan (``parallel.offload``) copies each FSDP2 unit's parameters
-            over it before forward and backward, and its gradients back after.
-        host_memory_bandwidth: bytes/s of host memory traffic one rank's optimizer step
-            reaches on the CPU (AdamW moves 7 bytes per parameter byte), for an offloaded
-            plan's step. On a GPU each rank steps on its share of the node's cores
-            (:func:`autoplace.executor.offload.host_threads`); a CPU device's rank on one
-            thread. The default, 20e9, is about what torch's fused CPU AdamW reached on
-            one thread of a 2-core x86 machine (22.5 GB/s, torch 2.13).
-    """
-
-    name: str
-    kind: str
-    memory_bytes: int
-    memory_cap_bytes: int | None = None
-    peak_flops: float = 1e12
-    memory_bandwidth: float = 50e9
-    launch_overhead_s: float = 5e-6
-    host_dispatch_s: float = 0.0
-    ddp_param_host_s: float = 0.0
-    shard_param_host_s: float = 0.0
-    copy_host_s: float = 0.0
-    host_bandwidth: float = HOST_LINK_BANDWIDTH
-    host_memory_bandwidth: float = HOST_MEMORY_BANDWIDTH
-
-    def __post_init__(self) -> None:
-        for key in ("name", "kind"):
-            if not isinstance(getattr(self, key), str) or not getattr(self, key):
-                raise AutoplaceError(f"device {key} must be a non-empty string, got "
-                                     f"{getattr(self, key)!r}")
-        label = f"device {self.name!r}"
-        _positive(self.memory_bytes, f"{label}: memory_bytes")
-        if self.memory_cap_bytes is not None:
-            _positive(self.memory_cap_bytes, f"{label}: memory_cap_bytes")
-        _positive(self.peak_flops, f"{label}: peak_flops")
-        _positive(self.memory_bandwidth, f"{label}: memory_bandwidth")
-        _positive(self.host_bandwidth, f"{label}: host_bandwidth")
-        _positive(self.host_memory_bandwidth, f"{label}: host_memory_bandwidth")
-        for key in ("launch_overhead_s", "host_dispatch_s", "ddp_param_host_s",
-                    "shard_param_host_s", "copy_host_s"):
-            _non_negative(getattr(self, key), f"{label}: {key}")
-
-    @property
-    def usable_memory_bytes(self) -> int:
-        """Memory a plan may use: the cap when set, else the physical memory."""
-        if self.memory_cap_bytes is None:
-            return self.memory_bytes
-        return min(self.memory_bytes, self.memory_cap_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,12 +89,13 @@ class Cluster:
         gpn = n if self.gpus_per_node is None else check_nodes(n, self.gpus_per_node, where)
         object.__setattr__(self, "gpus_per_node", gpn)
         check_link_matrices(self.alpha_s, self.bandwidth, n, where)
-        _non_negative(self.network_alpha_s, f"{where}: network_alpha_s")
-        _positive(self.network_bandwidth, f"{where}: network_bandwidth")
-        _non_negative(self.gamma_s_per_byte, f"cluster {self.name!r}: gamma_s_per_byte")
-        _non_negative(self.collective_alpha_s, f"cluster {self.name!r}: collective_alpha_s")
+        check_non_negative(self.network_alpha_s, f"{where}: network_alpha_s")
+        check_positive(self.network_bandwidth, f"{where}: network_bandwidth")
+        check_non_negative(self.gamma_s_per_byte, f"cluster {self.name!r}: gamma_s_per_byte")
+        check_non_negative(self.collective_alpha_s, f"cluster {self.name!r}: collective_alpha_s")
         if self.collective_bandwidth is not None:
-            _positive(self.collective_bandwidth, f"cluster {self.name!r}: collective_bandwidth")
+            check_positive(self.collective_bandwidth,
+                           f"cluster {self.name!r}: collective_bandwidth")
         if not isinstance(self.calibration, dict):
             raise AutoplaceError(f"cluster {self.name!r}: calibration must be an object")
 
@@ -292,103 +212,13 @@ class Cluster:
     def to_json(self) -> dict[str, Any]:
         """The cluster as JSON: a multi-node cluster built from its node structure as one
         node and a count; any other with its pair matrices in full."""
-        compact = self._node_form()
-        if compact is not None:
-            d = {"format": CLUSTER_FORMAT, "name": self.name, "nodes": self.num_nodes,
-                 "node": compact}
-            for key in ("gamma_s_per_byte", "collective_alpha_s", "collective_bandwidth",
-                        "network_alpha_s", "network_bandwidth"):
-                d[key] = getattr(self, key)
-            d["calibration"] = dict(self.calibration)
-            return d
-        d = asdict(self)
-        d["format"] = CLUSTER_FORMAT
-        d["devices"] = [asdict(x) for x in self.devices]
-        d["alpha_s"] = [list(r) for r in self.alpha_s]
-        # a device's link to itself is infinitely fast: null in the file (JSON has no inf)
-        d["bandwidth"] = strict_json(self.bandwidth)
-        return d
-
-    def _node_form(self) -> dict[str, Any] | None:
-        """Node 0 as the compact form's ``node``, when the whole cluster is that node
-        repeated (same devices, matrices as :func:`~autoplace.topology.link_matrices`
-        fills them); else None."""
-        g, n = self.gpus_per_node, self.num_devices
-        if self.num_nodes == 1 or any(self.devices[i] != self.devices[i % g] for i in range(n)):
-            return None
-        intra = (self.alpha_s[0][1], self.bandwidth[0][1]) if g > 1 else (0.0, 1.0)
-        built = link_matrices(n, g, *intra, self.network_alpha_s, self.network_bandwidth)
-        if built != (self.alpha_s, self.bandwidth):
-            return None
-        return node_json([asdict(d) for d in self.devices[:g]],
-                         *(intra if g > 1 else (None, None)))
+        return cluster_to_json(self)
 
     @classmethod
     def from_json(cls, data: Any) -> Cluster:
         """A cluster from parsed JSON; raises :class:`AutoplaceError` naming what is wrong
         (numbers must be JSON numbers, positive and finite where they are rates or sizes)."""
-        if not isinstance(data, dict) or data.get("format") != CLUSTER_FORMAT:
-            raise AutoplaceError(
-                f"not a cluster file: expected a JSON object with \"format\": \"{CLUSTER_FORMAT}\""
-            )
-        try:
-            coll_bw = data.get("collective_bandwidth")
-            calibration = data.get("calibration", {})
-            if not isinstance(calibration, dict):
-                raise AutoplaceError("\"calibration\" must be an object")
-            common = dict(
-                name=str(data["name"]),
-                gamma_s_per_byte=_number(data.get("gamma_s_per_byte", 0.0), "gamma_s_per_byte"),
-                collective_alpha_s=_number(data.get("collective_alpha_s", 10e-6),
-                                           "collective_alpha_s"),
-                collective_bandwidth=None if coll_bw is None else _number(
-                    coll_bw, "collective_bandwidth"),
-                calibration=dict(calibration),
-                network_alpha_s=_number(data.get("network_alpha_s", NETWORK_ALPHA_S),
-                                        "network_alpha_s"),
-                network_bandwidth=_number(data.get("network_bandwidth", NETWORK_BANDWIDTH),
-                                          "network_bandwidth"),
-            )
-            if "nodes" in data:
-                return cls._from_node_json(data, common)
-            devices = _devices_json(data["devices"])
-            matrices = {}
-            for key in ("alpha_s", "bandwidth"):
-                m = data[key]
-                if not isinstance(m, list) or not all(isinstance(r, list) for r in m):
-                    raise AutoplaceError(f"\"{key}\" must be a list of lists of numbers")
-                matrices[key] = tuple(tuple(
-                    math.inf if (x is None and key == "bandwidth") else _number(x, key)
-                    for x in r) for r in m)
-            return cls(devices=devices, alpha_s=matrices["alpha_s"],
-                       bandwidth=matrices["bandwidth"],
-                       gpus_per_node=data.get("gpus_per_node"), **common)
-        except KeyError as e:
-            raise AutoplaceError(f"cluster file is malformed: missing key {e}") from None
-        except (TypeError, ValueError, OverflowError) as e:
-            raise AutoplaceError(f"cluster file is malformed: {e}") from None
-
-    @classmethod
-    def _from_node_json(cls, data: dict[str, Any], common: dict[str, Any]) -> Cluster:
-        nodes, node = data["nodes"], data["node"]
-        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-            raise AutoplaceError(f"\"nodes\" must be a positive integer, got {nodes!r}")
-        if not isinstance(node, dict):
-            raise AutoplaceError("\"node\" must be an object with \"devices\" (and "
-                                 "\"link_alpha_s\", \"link_bandwidth\" for two or more)")
-        devices = _devices_json(node["devices"])
-        g = len(devices)
-        if g * nodes > MAX_FILE_DEVICES:
-            raise AutoplaceError(f"{nodes} nodes x {g} devices is more than the "
-                                 f"{MAX_FILE_DEVICES} devices a cluster file may describe")
-        link = (0.0, 1.0)
-        if g > 1:
-            link = (_number(node["link_alpha_s"], "link_alpha_s"),
-                    _number(node["link_bandwidth"], "link_bandwidth"))
-        alpha, bandwidth = link_matrices(g * nodes, g, *link, common["network_alpha_s"],
-                                         common["network_bandwidth"])
-        return cls(devices=devices * nodes, alpha_s=alpha, bandwidth=bandwidth,
-                   gpus_per_node=g, **common)
+        return cluster_from_json(data, cls)
 
     def save(self, path: str | Path) -> None:
         """Write the cluster as JSON atomically."""
@@ -491,42 +321,6 @@ class Cluster:
         return f"Cluster({self.name!r}, {nodes or self.num_devices}x {kinds}, {mem} each)"
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _number(x: Any, what: str) -> float:
-    """``x`` as a float; a string, bool or null is refused (JSON numbers only)."""
-    if not _is_number(x):
-        raise AutoplaceError(f"{what} must be a number, got {x!r}")
-    return float(x)
-
-
-def _devices_json(devices: Any) -> tuple[Device, ...]:
-    """Devices from a JSON list of objects; the error names the device and its bad key."""
-    valid = {f.name for f in fields(Device)}
-    if not isinstance(devices, list) or not devices:
-        raise AutoplaceError("\"devices\" must be a non-empty list of objects")
-    for i, d in enumerate(devices):
-        if not isinstance(d, dict):
-            raise AutoplaceError(f"device {i} must be an object, got {type(d).__name__}")
-        unknown = sorted(set(d) - valid)
-        if unknown:
-            raise AutoplaceError(f"device {i} has unknown keys {unknown}; valid: "
-                                 f"{', '.join(sorted(valid))}")
-    return tuple(Device(**d) for d in devices)
-
-
-def _positive(x: Any, what: str) -> None:
-    if not _is_number(x) or not math.isfinite(x) or x <= 0:
-        raise AutoplaceError(f"{what} must be a positive finite number, got {x!r}")
-
-
-def _non_negative(x: Any, what: str) -> None:
-    if not _is_number(x) or not math.isfinite(x) or x < 0:
-        raise AutoplaceError(f"{what} must be a finite number >= 0, got {x!r}")
-
-
 # ------------------------------------------------------------------- presets
 _GPU_SPECS: dict[str, Device] = {k: Device(**spec) for k, spec in GPU_SPECS.items()}
 _CPU = Device(**CPU_SPEC)
@@ -581,38 +375,3 @@ def resolve(spec: str | Cluster, memory_cap: str | int | None = None) -> Cluster
     if memory_cap is not None:
         cluster = cluster.with_memory_cap(parse_bytes(memory_cap))
     return cluster
-
-
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
-          "mib": 2**20, "g": GiB, "gb": GiB, "gib": GiB, "t": 2**40, "tb": 2**40, "tib": 2**40}
-
-
-def parse_bytes(text: str | int) -> int:
-    """``"16GB"`` -> bytes (binary units: 1 GB = 2**30 bytes). A string needs its unit
-    (``"16"`` is refused: 16 bytes is never what a memory cap means); an int is bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text <= 0:
-            raise AutoplaceError(f"a memory size must be positive, got {text}")
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise AutoplaceError(
-            f"cannot read a memory size from {text!r}; write a number with a unit, like 16GB or 512MB"
-        )
-    if not m.group(2):
-        raise AutoplaceError(
-            f"memory size {text!r} has no unit; write one, like {m.group(1)}GB or "
-            f"{m.group(1)}MB (binary units: 1GB = 2**30 bytes; B for bytes)")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise AutoplaceError(f"a memory size must be positive, got {text!r}")
-    return n
-
-
-def format_bytes(n: float) -> str:
-    """Bytes as a short human string (``16GB``)."""
-    for unit, size in (("TB", 2**40), ("GB", GiB), ("MB", 2**20), ("KB", 2**10)):
-        if abs(n) >= size:
-            v = n / size
-            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
-    return f"{int(n)}B"
