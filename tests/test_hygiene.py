@@ -37,8 +37,9 @@ INSTALLED_AS = {"autoplace": "autoplace", "envs": "autoplace.envs",
                 "policies": "autoplace.policies"}
 #: the library below the environments and the policies: none of it imports either
 LOWER_LAYERS = ("capture", "costs", "sim", "planners", "executor", "zoo", "lowering.py",
-                "grouping.py", "graph.py", "plan.py", "cluster.py", "errors.py",
-                "workloads.py", "files.py")
+                "grouping.py", "graph.py", "plan.py", "plan_validation.py",
+                "parallel_config.py", "cluster.py", "cluster_json.py", "device.py",
+                "byte_sizes.py", "errors.py", "workloads.py", "files.py")
 ENVS, POLICIES = "autoplace.envs", "autoplace.policies"
 
 
