@@ -129,10 +129,10 @@ def _sample_searched(sample: dict[str, Any]) -> bool:
     return _search_name(sample.get("planner", ""))
 
 
-
 def _memory_family(fam: str) -> str:
     """The family whose memory a plan of ``fam`` shares: its layout, compiled or not."""
     return fam.replace("+compile", "")
+
 
 @dataclass
 class Calibration:
