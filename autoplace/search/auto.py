@@ -295,19 +295,24 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         try:
             rep = run(c["plan"], max(RUN_FLOOR_S, limit_s - (time.perf_counter() - t_start)))
         except AutoplaceError as e:  # a rank died: that plan failed, the search goes on
-            say(f"  failed: {short_error(str(e))}")
-            if c["plan"].parallel.compile and TIME_LIMIT_MESSAGE in str(e):
+            rep, failed = None, str(e)
+            say(f"  failed: {short_error(failed)}")
+        else:
+            err = getattr(rep, "error", None)
+            failed = str(err) if err or not step_of(rep) else None
+            if failed is not None:
+                say(f"  failed: {failed}")
+        if failed is not None:
+            # stopped at its limit, raised (auto's pool) or reported (a measure that turns
+            # errors into reports, as the benchmark's does)
+            if c["plan"].parallel.compile and TIME_LIMIT_MESSAGE in failed:
                 slow_compile = True  # the model's pieces compile past the budget
                 say("  its compile did not finish within the budget left: no other "
                     "compiled candidate is measured")
-            continue
-        step = step_of(rep)
-        err = getattr(rep, "error", None)
-        if err or not step:
-            say(f"  failed: {err}")
             if getattr(rep, "oom", False):
                 remember(c, rep)
             continue
+        step = step_of(rep)
         c["measured"] = float(step)
         c["report"] = rep
         measured.append(c)

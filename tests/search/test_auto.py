@@ -607,9 +607,12 @@ def test_each_run_is_limited_to_the_budget_left(setup, tmp_path, monkeypatch):
     assert signature(plan) != signature(stopped[0])  # the stopped candidate is not chosen
 
 
-def test_a_compile_stopped_at_its_limit_ends_the_compiled_candidates(setup, tmp_path):
+@pytest.mark.parametrize("how", ["raised", "reported"])
+def test_a_compile_stopped_at_its_limit_ends_the_compiled_candidates(setup, tmp_path, how):
     """A compiled candidate stopped at its time limit (its pieces compile past the budget)
-    is not followed by other compiled candidates: they would compile the same pieces."""
+    is not followed by other compiled candidates: they would compile the same pieces.
+    Whether ``measure`` raises the stop (auto's pool) or returns it as a report's error (the
+    benchmark's measure turns every failure into a report)."""
     from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError
 
     graph, cluster = setup
@@ -619,8 +622,10 @@ def test_a_compile_stopped_at_its_limit_ends_the_compiled_candidates(setup, tmp_
     def measure(plan, time_limit_s=None):
         tried.append(plan)
         if plan.parallel.compile:
-            raise AutoplaceError(f"the run took longer than {time_limit_s:.0f} s and "
-                                 f"{TIME_LIMIT_MESSAGE}")
+            text = f"the run took longer than {time_limit_s:.0f} s and {TIME_LIMIT_MESSAGE}"
+            if how == "raised":
+                raise AutoplaceError(text)
+            return RunReport(plan=plan.describe(), error=f"AutoplaceError: {text}").finish()
         return fake(plan)
 
     plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=PLANNERS,
