@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autoplace.capture import capture_workload, random_ops
@@ -212,8 +213,6 @@ def param_groups(params: list[nn.Parameter]) -> list[nn.Parameter] | list[dict[s
     parallel's) sit beside plain ones (the norms it leaves whole), one group of each. A
     fused or foreach step takes one group's tensors at once and refuses the mix (2x H200,
     torch 2.11: "aten._fused_adamw_.default: got mixed torch.Tensor and DTensor")."""
-    from torch.distributed.tensor import DTensor
-
     split = [[p for p in params if isinstance(p, DTensor)],
              [p for p in params if not isinstance(p, DTensor)]]
     if not split[0] or not split[1]:
