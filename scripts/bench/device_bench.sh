@@ -3,7 +3,8 @@
 #   scripts/bench/device_bench.sh suite OUT [GPUS] [DEADLINE_S] [SCENARIOS]
 #                                          # bench_plans.py: its default scenarios, or the
 #                                          # comma-separated SCENARIOS (hf-* ones train the
-#                                          # models of $HF_MODULE, default tests.helpers.hf_models)
+#                                          # models of $HF_MODULE, default tests.helpers.hf_models;
+#                                          # $SUITE_ARGS: more bench_plans.py options)
 #   scripts/bench/device_bench.sh gputests OUT            # every GPU test (-m gpu)
 #   scripts/bench/device_bench.sh profiles OUT [SCENARIOS] # the scenarios' per-op profiles alone
 #   scripts/bench/device_bench.sh models OUT [SPECS] [BUDGET]
@@ -44,7 +45,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu
 case "$mode" in
 suite)
     timeout $((deadline + 100)) python3 scripts/bench/bench_plans.py --out "$out" \
-        --hf-module "$HF_MODULE" --deadline-s "$deadline" ${scenarios:+--scenarios "$scenarios"} 2>&1 \
+        --hf-module "$HF_MODULE" --deadline-s "$deadline" ${scenarios:+--scenarios "$scenarios"} ${SUITE_ARGS:-} 2>&1 \
         | tee "$out/log.txt"
     rc=$?
     tar czf "$out/cache.tgz" -C /tmp autoplace-profile 2>/dev/null
