@@ -42,6 +42,10 @@ class RunConfig(TrustArgs, ClusterArgs):
     curve: str | None = opt(None, "write a training-curve plot (PNG, SVG, PDF)", out="picture")
     trace: str | None = opt(None, "record the timed steps with torch.profiler: one Chrome "
                                   "trace per rank in this folder", out="dir")
+    memory: str | None = opt(None, "record the CUDA allocator over the first timed step: per "
+                                   "rank a snapshot (for pytorch.org/memory_viz) and a JSON "
+                                   "summary of reserved memory by stream and of what was "
+                                   "alive at the peak, in this folder", out="dir")
     nnodes: int | None = opt(None, "nodes of a run over several (default: as many as the "
                                    "plan's devices fill on the cluster)", min=1)
     node_rank: int | None = opt(None, "run this node's share of a run over several nodes "
@@ -148,7 +152,8 @@ def cmd_run(cfg: RunConfig) -> int:
     report = launch.run_plan(
         plan, spec, cluster=cluster, steps=cfg.steps, warmup=cfg.warmup,
         reference=not cfg.no_reference, checkpoint_dir=cfg.checkpoint_dir, resume=cfg.resume,
-        seed=cfg.seed, progress=True, trace_dir=cfg.trace, trusted=True, node=node,
+        seed=cfg.seed, progress=True, trace_dir=cfg.trace, memory_dir=cfg.memory, trusted=True,
+        node=node,
     )
     if report is None:
         print(f"node {cfg.node_rank}: this node's processes finished; global rank 0 ran on "
@@ -172,6 +177,9 @@ def cmd_run(cfg: RunConfig) -> int:
                   "them exactly)")
     if report.extra.get("trace"):
         print(f"trace of the timed steps (rank 0): {report.extra['trace']}")
+    if report.extra.get("memory_record"):
+        print("allocator record of the first timed step (rank 0): "
+              f"{', '.join(report.extra['memory_record'])}")
     if cfg.write_measured:
         plan.with_measured({"step_time_s": report.step_time_s,
                             "peak_memory_bytes": report.peak_memory_bytes,

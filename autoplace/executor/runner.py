@@ -35,6 +35,7 @@ from autoplace.errors import PlanError
 from autoplace.executor import build
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
 from autoplace.executor.local import graphs_from_env, move_to, split_value
+from autoplace.executor.memory_record import MemoryRecorder
 from autoplace.executor.offload import host_threads, offload_optimizer, on_host, one_rank_group
 from autoplace.executor.pieces import compile_summary
 from autoplace.executor.report import RunReport
@@ -73,6 +74,10 @@ class RunOptions:
     trace_dir: str | None = None
     """Record the timed steps with ``torch.profiler`` and write one Chrome trace per rank
     here (``trace-rank<R>.json``, viewable in Perfetto). Tracing slows the steps it records."""
+    memory_dir: str | None = None
+    """Record the CUDA caching allocator's history over the first timed step and write per
+    rank its snapshot and a summary here (:mod:`autoplace.executor.memory_record`). The
+    step recorded is slower; a run that fails in it writes them too."""
 
 
 #: fx captures of earlier runs in this process, without their models, by
@@ -393,6 +398,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
 
     built = None
     tracer = None
+    recorder = None
     group = contextlib.ExitStack()  # an offloaded plan's process group of one, CPU threads
     t_build = time.perf_counter()
     try:
@@ -426,6 +432,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         report.extra["build_s"] = round(time.perf_counter() - t_build, 3)
         t_steps = time.perf_counter()
         tracer = _Tracer(opts, built.devices, rank, start)
+        recorder = MemoryRecorder(opts.memory_dir, built.devices, rank, max(start, opts.warmup))
         pin = any(d.type == "cuda" for d in built.devices)
         cache = False if plan.parallel.graphs else None  # a capture needs autocast uncached
         counts_before = None  # the allocator's counters at the first timed step
@@ -433,6 +440,7 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             if step == max(start, opts.warmup):
                 counts_before = build.allocator_counts(built)
             tracer.step(step)
+            recorder.step(step)
             _maybe_fail(step, rank)
             inputs, targets = global_batch(workload, step, opts.seed, pin=pin)
             _sync(built.devices)
@@ -457,6 +465,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             report.extra["compile"] = compiled  # its seconds are in the warm-up steps'
         if tracer.close():
             report.extra["trace"] = tracer.path
+        if recorder.close():
+            report.extra["memory_record"] = recorder.paths
         counts_after = build.allocator_counts(built)
         allocator = build.allocator_delta(counts_before or counts_after, counts_after, built)
         report.loss, step_times, report.peak_memory_bytes, allocator = build.gather_results(
@@ -497,6 +507,9 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
     finally:
         if tracer is not None:  # still recording: the run failed
             tracer.close(save=False)
+        if recorder is not None and recorder.on:  # the failed step's history is kept
+            report.extra["memory_record"] = recorder.close()
+        recorder = None
         built = None
         tracer = None
         opt = None

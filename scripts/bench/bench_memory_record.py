@@ -1,0 +1,108 @@
+"""Where the memory of sharded plans goes under a cap, from the allocator's own record.
+
+Runs each case once on 2 GPUs with ``RunOptions.memory_dir`` (the CUDA caching
+allocator's history over the first timed step, :mod:`autoplace.executor.memory_record`)
+and writes, per case, the measured step, peaks, allocator retries, the simulator's peak
+and its breakdown, and rank 0's record summary (reserved memory by stream, what was alive
+at the allocated peak by where it was allocated) to OUT/memory.json. The snapshots stay
+in /tmp (too large to keep).
+
+Cases: gpt-1b at 16 GiB (FSDP2 by blocks, ZeRO-2, FSDP2 + per-block checkpointing eager
+and compiled, the two halves) and GNMT-4 at the suite's 4.37 GiB (FSDP2 by blocks and by
+modules, ZeRO-2).
+
+    python scripts/bench/bench_memory_record.py OUT DEADLINE_S
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autoplace import workloads
+from autoplace.cluster import Cluster
+from autoplace.costs.profile import profile
+from autoplace.executor.launch import run_plan
+from autoplace.executor.runner import RunOptions
+from autoplace.files import write_json_atomic
+from autoplace.planners.manual import hand_written, lever_plans
+from autoplace.planners.pipeline_dp import fsdp, zero2
+from autoplace.sim import simulate
+
+GNMT = dict(hidden=1024, vocab_size=32000, src_len=50, tgt_len=50, batch_size=128)
+GNMT_CAP = 4693539840  # the suite's: 75% of what one H200 measured for one device
+GIB = 2**30
+
+
+def cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
+    out = []
+    wl = workloads.get("gpt-1b")
+    g = profile(wl, ["cuda:0"], repeats=3, cache_dir="/tmp/autoplace-profile")
+    cl = base.with_memory_cap(16 * GIB)
+    lev = lever_plans(g, cl)
+    ck = lev["fsdp+checkpoint-blocks+compile"]
+    out += [("gpt1b-fsdp", wl, g, fsdp(g, cl), cl),
+            ("gpt1b-zero2", wl, g, zero2(g, cl), cl),
+            ("gpt1b-fsdp+ckpt", wl, g, ck.with_parallel(compile=False), cl),
+            ("gpt1b-fsdp+ckpt+compile", wl, g, ck, cl),
+            ("gpt1b-two-halves", wl, g, hand_written(g, cl, levers=False)["two-halves"], cl)]
+    wl2 = workloads.get("gnmt-4", **GNMT)
+    g2 = profile(wl2, ["cuda:0"], repeats=3, cache_dir="/tmp/autoplace-profile")
+    cl2 = base.with_memory_cap(GNMT_CAP)
+    f = fsdp(g2, cl2)
+    out += [("gnmt-fsdp", wl2, g2, f, cl2),
+            ("gnmt-fsdp-modules", wl2, g2, f.with_parallel(shard_units="modules"), cl2),
+            ("gnmt-zero2", wl2, g2, zero2(g2, cl2), cl2)]
+    return out
+
+
+def gib(b: float | None) -> float | None:
+    return None if b is None else round(b / GIB, 3)
+
+
+def main(out_dir: Path, deadline_s: float) -> None:
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    res: list[dict[str, Any]] = []
+    base = Cluster.detect().subset([0, 1])
+    for name, wl, g, plan, cl in cases(base):
+        if time.perf_counter() - t0 > deadline_s:
+            print(f"deadline: {name} and the rest not run", flush=True)
+            break
+        sim = simulate(g, plan, cl)
+        mem_dir = Path("/tmp/memory-record") / name
+        t = time.perf_counter()
+        r = run_plan(plan, wl, cluster=cl, options=RunOptions(
+            steps=8, warmup=3, reference=False, memory_dir=str(mem_dir)), timeout_s=300)
+        rec = json.loads((mem_dir / "memory-rank0.json").read_text()) \
+            if (mem_dir / "memory-rank0.json").exists() else None
+        row = dict(case=name, plan=plan.describe(), ok=r.error is None,
+                   ms=round(r.step_time_s * 1e3, 2) if r.error is None else None,
+                   sim_ms=round(sim.step_time_s * 1e3, 2),
+                   peak_gib=[gib(b) for b in r.peak_memory_bytes],
+                   sim_peak_gib=[gib(b) for b in sim.peak_memory_bytes],
+                   sim_breakdown=sim.memory_breakdown,
+                   reserved_gib=gib(r.reserved_peak_bytes), retries=r.allocator_retries,
+                   error=(r.error or "")[:300], wall_s=round(time.perf_counter() - t, 1),
+                   record=rec)
+        res.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("record", "sim_breakdown")}),
+              flush=True)
+        if rec:
+            for d in rec["devices"]:
+                print("   peak by source (GiB):", {k: gib(v) for k, v in
+                                                   d["allocated_at_peak_by_source"].items()},
+                      "reserved at peak by stream:", {k: gib(v) for k, v in
+                                                      d["reserved_at_peak_by_stream"].items()},
+                      "stream peaks:", {k: gib(v) for k, v in
+                                        d["reserved_stream_peaks"].items()},
+                      "ooms", d["ooms"], flush=True)
+        write_json_atomic(out_dir / "memory.json", res)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), float(sys.argv[2]))
