@@ -154,7 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per repetition")
     p.add_argument("--reps", type=int, default=2, help="repetitions per plan, interleaved")
     p.add_argument("--deadline-s", type=float, default=540, help="stop starting new work after")
-    p.add_argument("--auto-budget", default="30s", help="time budget of the auto planner")
+    p.add_argument("--auto-budget", default="90s",
+                   help="time budget of the auto planner (a 1B model compiles for 30-40 s)")
     p.add_argument("--policy", default="gnn", help="RL policy trained on the simulator")
     p.add_argument("--policy-budget", default="6s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
