@@ -89,6 +89,12 @@ class Lowering:
         return {op.target: self.unit_keys[op.name] for op in graph.ops
                 if self.unit_keys.get(op.name, ROOT_UNIT) != ROOT_UNIT}
 
+    def piece_cuts(self, graph: OpGraph) -> dict[str, str]:
+        """Op name -> its FSDP2 unit, for the ops that hold parameters (the root's ones
+        too): where a recomputed or compiled piece ends (``build_local``'s ``cuts``)."""
+        return {op.name: self.unit_keys.get(op.name, ROOT_UNIT) for op in graph.ops
+                if op.param_names}
+
 
 def lower(graph: OpGraph, plan: Plan, cluster: Cluster | None = None, *,
           device_type: str = "cuda", validated: bool = False) -> Lowering:

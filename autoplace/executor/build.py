@@ -117,7 +117,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
             info["tensor_split"] = prepare_program(gm, graph, low.tensor, mesh["tp"])
         program = build_local(gm, plan, devices, workload.loss_fn,
                               order=list(low.order),
-                              graphs=True if par.graphs else None)
+                              graphs=True if par.graphs else None,
+                              cuts=low.piece_cuts(graph) if par.shard != "none" else None)
         model: nn.Module = program
         # a replica over several devices: DDP would all-reduce buckets on each of them,
         # but a NCCL process group serves one device per process; reduce on the first.

@@ -24,19 +24,62 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from autoplace.executor.offload import offload_policy
+from autoplace.executor.pieces import CompiledPiece, Piece
 
-__all__ = ["allreduce_grads", "sum_grads", "wrap_data_parallel"]
+__all__ = ["allreduce_grads", "sum_grads", "unit_members", "wrap_data_parallel"]
 
 
 def _called_modules(program: nn.Module) -> dict[str, nn.Module]:
-    """Qualified call_module targets of every fx graph inside ``program``."""
+    """Qualified call_module targets of every fx graph inside ``program``, as the captured
+    graph names them (a piece's graph renames its modules: ``source_targets``)."""
     called: dict[str, nn.Module] = {}
     for sub in program.modules():
         if isinstance(sub, fx.GraphModule):
+            source = getattr(sub, "source_targets", {})
             for n in sub.graph.nodes:
                 if n.op == "call_module":
-                    called.setdefault(n.target, sub.get_submodule(n.target))
+                    called.setdefault(source.get(n.target, n.target), sub.get_submodule(n.target))
     return called
+
+
+def unit_members(program: nn.Module, units: dict[str, str]) -> list[list[nn.Module]]:
+    """The modules ``fully_shard`` wraps together, unit by unit in order of first call
+    (the root's unit, ``program`` itself, not included).
+
+    A unit's modules are the called modules ``units`` maps to it. A piece of the program
+    (a checkpointed or compiled region, :mod:`autoplace.executor.pieces`) whose modules
+    all belong to one unit, and whose parameters are all theirs, is wrapped whole in their
+    place, as torchtitan wraps a checkpointed, compiled block: FSDP2's hooks then run
+    around the checkpoint and the compiled graph, not inside them. A compiled piece that
+    holds modules of several units (or parameters of none) leaves them to the root's
+    unit (hooks inside a compiled graph break it); a checkpointed one keeps them as they
+    are (FSDP2 supports checkpointing inside a unit)."""
+    called = _called_modules(program)
+    unit_of = {id(m): units[t] for t, m in called.items() if t in units}
+    members: dict[str, list[nn.Module]] = {}
+    for t, module in called.items():
+        if t in units:
+            members.setdefault(units[t], []).append(module)
+    for module in called.values():
+        if not isinstance(module, (Piece, CompiledPiece)):
+            continue
+        inside = [m for m in module.modules() if id(m) in unit_of]
+        found = {unit_of[id(m)] for m in inside}
+        if not found:
+            continue
+        drop = {id(m) for m in inside}
+        unit = next(iter(found))
+        own = {id(p) for m in members.get(unit, []) for p in m.parameters()}
+        whole = len(found) == 1 and all(id(p) in own for p in module.parameters())
+        if not whole and not isinstance(module, CompiledPiece):
+            continue
+        for u in found:
+            kept = [m for m in members[u] if id(m) not in drop]
+            if whole and u == unit:  # the piece where its first module was
+                at = next(i for i, m in enumerate(members[u]) if id(m) in drop)
+                kept.insert(min(at, len(kept)), module)
+            members[u] = kept
+    return [ms for ms in members.values() if ms]
 
 
 def wrap_data_parallel(
@@ -90,11 +133,7 @@ def wrap_data_parallel(
     kw: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
     if offload:
         kw["offload_policy"] = offload_policy(device or torch.device("cpu"))
-    members: dict[str, list[nn.Module]] = {}
-    for target, module in _called_modules(program).items():
-        if target in units:
-            members.setdefault(units[target], []).append(module)
-    for modules in members.values():
+    for modules in unit_members(program, units):
         fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh,
                     reshard_after_forward=reshard, **kw)
     fully_shard(program, mesh=mesh, reshard_after_forward=reshard, **kw)

@@ -194,6 +194,7 @@ def build_local(
     microbatches: int | None = None,
     copy_streams: bool | None = None,
     graphs: bool | None = None,
+    cuts: dict[str, str] | None = None,
 ) -> LocalProgram:
     """The placed program for ``gm`` under ``plan`` on ``devices`` (index = local device).
 
@@ -208,6 +209,12 @@ def build_local(
     wavefront (:func:`_graph_units`) instead of ``order`` (default: whether the
     environment sets ``AUTOPLACE_CUDA_GRAPHS=1``). Not with recomputed groups. Under
     autocast, the caller must disable autocast's cache (``cache_enabled=False``).
+    ``cuts``: for the ops that hold parameters, op name -> FSDP2 unit of a sharded plan
+    (:attr:`autoplace.lowering.Lowering.unit_keys`): a piece (ops of one group run
+    recomputed or compiled) ends before an op of another unit than its own (ops without
+    parameters join the piece they follow), so each unit's block is a piece of its own
+    that FSDP2 wraps whole (:func:`autoplace.executor.data.unit_members`), as torchtitan
+    compiles and checkpoints each block inside its unit.
     """
     if copy_streams is None:
         copy_streams = copy_streams_from_env()
@@ -257,6 +264,7 @@ def build_local(
     compiled = plan.parallel.compile
     pieced = set(plan.groups.values()) if compiled else rc  # groups run in pieces
     units: list[list[tuple[int, str]]] = []
+    unit_of: list[str | None] = []  # per unit (a piece's ops), the FSDP2 unit of ``cuts``
     graphed: set[int] = set()  # indices of units that run as _Graphed pieces
     if graphs:
         for unit, whole in _graph_units(gm, b, m):
@@ -273,10 +281,14 @@ def build_local(
             last = units[-1] if units else None
             if (grp is not None and last and last[0][0] == mb
                     and plan.groups[last[0][1]] == grp and not _is_meta_op(nodes[last[0][1]])
-                    and plan.groups[last[0][1]] in pieced):
+                    and plan.groups[last[0][1]] in pieced
+                    and (cuts is None or name not in cuts or unit_of[-1] in (None, cuts[name]))):
                 last.append((mb, name))
+                if cuts is not None and unit_of[-1] is None:
+                    unit_of[-1] = cuts.get(name)
             else:
                 units.append([(mb, name)])
+                unit_of.append(cuts.get(name) if cuts is not None else None)
 
     out_dev = plan_dev[output.name]
     b.attrs["_loss"] = _Loss(loss_fn, lambda v, gm=gm: model_output(gm, v))

@@ -138,7 +138,8 @@ _CLASSES: dict[str, type] = {}
 def canonical_piece(graph: fx.Graph, attrs: dict[str, Any]) -> tuple[fx.GraphModule, str]:
     """``graph`` (a piece's ops) as a ``GraphModule`` whose names say nothing of where
     in the model it sits (values ``v0, v1, ...``, modules and tensors ``t0, t1, ...``,
-    ``attrs`` holding them by their targets), and its code. Pieces with the same code
+    ``attrs`` holding them by their targets; ``source_targets`` maps each back to its
+    target in ``graph``), and its code. Pieces with the same code
     (a model's repeated blocks) are instances of one class: torch.compile, which guards
     on the class, then reuses one compiled graph for all of them (its guards on the
     modules' attributes and tensors keep that correct)."""
@@ -160,6 +161,8 @@ def canonical_piece(graph: fx.Graph, attrs: dict[str, Any]) -> tuple[fx.GraphMod
         env[n] = g.create_node(n.op, target, args, kwargs,
                                name=None if n.op == "output" else f"v{i}", type_expr=n.type)
     gm = fx.GraphModule(root, g)
+    # what the captured graph calls its modules and tensors: FSDP2 finds its units by them
+    gm.source_targets = {short: target for target, short in names.items()}
     code = gm.code
     cls = _CLASSES.setdefault(code, type(gm))
     if type(gm) is not cls:

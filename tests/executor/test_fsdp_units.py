@@ -128,3 +128,51 @@ def test_plan_field():
         ParallelConfig(data=2, shard="fsdp", shard_units="layers")
     with pytest.raises(PlanError, match="only to a sharded plan"):
         ParallelConfig(data=2, shard_units="modules")
+
+
+def _pieced_units(mesh, *, recompute: bool, compile_: bool, one_group: bool = False):
+    """FSDP2's units over a program built in pieces (checkpointed and/or compiled
+    blocks), as ``build_rank`` builds it: (unit members' types, the program's pieces)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from autoplace.cluster import preset
+    from autoplace.executor.local import build_local
+    from autoplace.lowering import block_groups, lower
+    from autoplace.plan import Plan
+
+    torch.manual_seed(0)
+    graph = capture(Net(), (torch.randint(0, 16, (4, 3)),))
+    groups = {op: 0 for op in graph.order} if one_group else block_groups(graph)
+    blocks = sorted(set(groups.values()) - {groups[graph.order[0]]})
+    plan = Plan.from_groups(graph, groups, [0] * (max(groups.values()) + 1),
+                            recompute=set(blocks) if recompute else set(),
+                            parallel=ParallelConfig(data=2, shard="fsdp", compile=compile_))
+    low = lower(graph, plan, preset("h200x2"), device_type="cpu")
+    prog = build_local(graph.module, plan, [torch.device("cpu")], lambda out, t: out.sum(),
+                       order=list(low.order), cuts=low.piece_cuts(graph))
+    wrap_data_parallel(prog, low.module_units(graph), "fsdp", mesh=mesh)
+    sharded = [type(m).__name__ for m in prog.modules()
+               if isinstance(m, FSDPModule) and m is not prog]
+    pieces = [n for n, _ in prog.program.named_children() if n.startswith(("_piece", "_rec"))]
+    return sharded, pieces
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_a_checkpointed_block_is_sharded_whole_as_torchtitan_does(mesh, compile_):
+    """fully_shard(checkpoint(block)): the unit's hooks run around the checkpoint (and the
+    compiled graph), not inside; before, the pieces' renamed modules matched no unit and
+    the whole model was one all-gather (a 1B GPT's peak 2.4 GiB over the simulated one)."""
+    sharded, pieces = _pieced_units(mesh, recompute=True, compile_=compile_)
+    kind = "FSDPCompiledPiece" if compile_ else "FSDPPiece"
+    assert sharded == [kind] * 4  # the two blocks and the two leaves, each checkpointed
+    # recomputed: the blocks, the leaves and the head's group, whose piece holds the
+    # root's (tied) parameters and stays in the root's unit
+    assert sum(p.startswith("_rec") for p in pieces) == 5
+
+
+def test_a_compiled_group_is_cut_at_its_units(mesh):
+    """One group compiled: a piece per unit, each block's compiled graph sharded whole
+    (torchtitan compiles each block); the root's ops form pieces of the root's."""
+    sharded, pieces = _pieced_units(mesh, recompute=False, compile_=True, one_group=True)
+    assert sharded.count("FSDPCompiledPiece") == 4, sharded  # 2 blocks, 2 leaves
+    assert len(pieces) >= 5  # and the root's embedding and head on either side
