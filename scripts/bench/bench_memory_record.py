@@ -7,9 +7,9 @@ and its breakdown, and rank 0's record summary (reserved memory by stream, what 
 at the allocated peak by where it was allocated) to OUT/memory.json. The snapshots stay
 in /tmp (too large to keep).
 
-Cases: gpt-1b at 16 GiB (FSDP2 by blocks, ZeRO-2, FSDP2 + per-block checkpointing eager
-and compiled, the two halves) and GNMT-4 at the suite's 4.37 GiB (FSDP2 by blocks and by
-modules, ZeRO-2).
+Cases: gpt-1b at 16 GiB (FSDP2 + per-block checkpointing eager and compiled, ZeRO-2 and
+FSDP2 compiled, the two halves) and GNMT-4 at the suite's 4.37 GiB (FSDP2 + per-block
+checkpointing eager and compiled, FSDP2 by modules).
 
     python scripts/bench/bench_memory_record.py OUT DEADLINE_S
 """
@@ -42,20 +42,20 @@ def cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
     wl = workloads.get("gpt-1b")
     g = profile(wl, ["cuda:0"], repeats=3, cache_dir="/tmp/autoplace-profile")
     cl = base.with_memory_cap(16 * GIB)
-    lev = lever_plans(g, cl)
-    ck = lev["fsdp+checkpoint-blocks+compile"]
-    out += [("gpt1b-fsdp", wl, g, fsdp(g, cl), cl),
-            ("gpt1b-zero2", wl, g, zero2(g, cl), cl),
-            ("gpt1b-fsdp+ckpt", wl, g, ck.with_parallel(compile=False), cl),
+    ck = lever_plans(g, cl)["fsdp+checkpoint-blocks+compile"]
+    out += [("gpt1b-fsdp+ckpt", wl, g, ck.with_parallel(compile=False), cl),
             ("gpt1b-fsdp+ckpt+compile", wl, g, ck, cl),
+            ("gpt1b-zero2+compile", wl, g, zero2(g, cl).with_parallel(compile=True), cl),
+            ("gpt1b-fsdp+compile", wl, g, fsdp(g, cl).with_parallel(compile=True), cl),
             ("gpt1b-two-halves", wl, g, hand_written(g, cl, levers=False)["two-halves"], cl)]
     wl2 = workloads.get("gnmt-4", **GNMT)
     g2 = profile(wl2, ["cuda:0"], repeats=3, cache_dir="/tmp/autoplace-profile")
     cl2 = base.with_memory_cap(GNMT_CAP)
-    f = fsdp(g2, cl2)
-    out += [("gnmt-fsdp", wl2, g2, f, cl2),
-            ("gnmt-fsdp-modules", wl2, g2, f.with_parallel(shard_units="modules"), cl2),
-            ("gnmt-zero2", wl2, g2, zero2(g2, cl2), cl2)]
+    ck2 = lever_plans(g2, cl2)["fsdp+checkpoint-blocks+compile"]
+    out += [("gnmt-fsdp+ckpt", wl2, g2, ck2.with_parallel(compile=False), cl2),
+            ("gnmt-fsdp+ckpt+compile", wl2, g2, ck2, cl2),
+            ("gnmt-fsdp-modules", wl2, g2,
+             fsdp(g2, cl2).with_parallel(shard_units="modules"), cl2)]
     return out
 
 
