@@ -53,7 +53,10 @@ def unit_members(program: nn.Module, units: dict[str, str]) -> list[list[nn.Modu
     around the checkpoint and the compiled graph, not inside them. A compiled piece that
     holds modules of several units (or parameters of none) leaves them to the root's
     unit (hooks inside a compiled graph break it); a checkpointed one keeps them as they
-    are (FSDP2 supports checkpointing inside a unit)."""
+    are (FSDP2 supports checkpointing inside a unit). A piece holding an RNN (``nn.LSTM``
+    and kin) leaves its modules to the root's unit: GNMT-4's checkpointed LSTM layers,
+    sharded whole, failed on 2x H200 in the recomputation ("SystemError: <built-in method
+    lstm> returned NULL without setting an exception", torch 2.11)."""
     called = _called_modules(program)
     unit_of = {id(m): units[t] for t, m in called.items() if t in units}
     members: dict[str, list[nn.Module]] = {}
@@ -70,8 +73,9 @@ def unit_members(program: nn.Module, units: dict[str, str]) -> list[list[nn.Modu
         drop = {id(m) for m in inside}
         unit = next(iter(found))
         own = {id(p) for m in members.get(unit, []) for p in m.parameters()}
-        whole = len(found) == 1 and all(id(p) in own for p in module.parameters())
-        if not whole and not isinstance(module, CompiledPiece):
+        rnn = any(isinstance(m, nn.RNNBase) for m in inside)
+        whole = len(found) == 1 and not rnn and all(id(p) in own for p in module.parameters())
+        if not whole and not rnn and not isinstance(module, CompiledPiece):
             continue
         for u in found:
             kept = [m for m in members[u] if id(m) not in drop]

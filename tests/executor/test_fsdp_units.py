@@ -176,3 +176,30 @@ def test_a_compiled_group_is_cut_at_its_units(mesh):
     sharded, pieces = _pieced_units(mesh, recompute=False, compile_=True, one_group=True)
     assert sharded.count("FSDPCompiledPiece") == 4, sharded  # 2 blocks, 2 leaves
     assert len(pieces) >= 5  # and the root's embedding and head on either side
+
+
+def test_a_piece_holding_an_rnn_stays_in_the_root_unit(mesh):
+    """GNMT's checkpointed LSTM layers, sharded whole, failed in the recomputation on
+    GPUs; their pieces stay in the root's unit, uncheckpointed LSTMs units of their own."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from autoplace import workloads
+    from autoplace.cluster import preset
+    from autoplace.executor.local import build_local
+    from autoplace.executor.runner import capture_graph
+    from autoplace.lowering import lower
+    from autoplace.planners.manual import lever_plans
+    from autoplace.planners.pipeline_dp import fsdp
+
+    wl = workloads.get("gnmt-2")
+    graph = capture_graph(wl)
+    cluster = preset("h200x2")
+    for plan, kinds in ((fsdp(graph, cluster), ["FSDPLSTM"] * 4),
+                        (lever_plans(graph, cluster)["fsdp+checkpoint-blocks+compile"]
+                         .with_parallel(compile=False), [])):
+        low = lower(graph, plan, cluster, device_type="cpu")
+        prog = build_local(graph.module, plan, [torch.device("cpu")], wl.loss_fn,
+                           order=list(low.order), cuts=low.piece_cuts(graph))
+        wrap_data_parallel(prog, low.module_units(graph), "fsdp", mesh=mesh)
+        assert [type(m).__name__ for m in prog.modules()
+                if isinstance(m, FSDPModule) and m is not prog] == kinds
