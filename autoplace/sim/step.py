@@ -51,6 +51,7 @@ from autoplace.cluster import Cluster
 from autoplace.graph import OpGraph
 from autoplace.lowering import validate
 from autoplace.plan import Plan
+from autoplace.sim.allocator import allocator_retry_s
 from autoplace.sim.batch import run_batch
 from autoplace.sim.block_profile import block_tables, needs_scalar
 from autoplace.sim.compiled import compiled_arrays, compiled_tables, fused_times
@@ -165,15 +166,19 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     else:
         out = simulate_local(ga, plan, cluster, tables, timeline)
     extra = sharded_host_s(graph, plan, cluster)
-    step = float(out["step"]) + extra
     peak = [int(round(x)) for x in out["peak"]]
+    retry = allocator_retry_s(ga, plan, cluster, peak)  # reserved over the cap (sim/allocator.py)
+    step = float(out["step"]) + extra + retry
     usable = tables.usable_memory
     oom_devices = [i for i, b in enumerate(peak) if b > usable[i]]
     events = None
     if timeline:
         if extra > 0:
             out["events"].append(Event("host", "FSDP2 per-parameter work", float(out["step"]),
-                                       step, "host"))
+                                       float(out["step"]) + extra, "host"))
+        if retry > 0:
+            out["events"].append(Event("host", "allocator retries at the memory cap",
+                                       step - retry, step, "host"))
         events = sorted(out["events"], key=lambda e: (e.start_s, e.resource))
     return SimResult(
         step_time_s=step,
@@ -204,15 +209,23 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
         peak = np.zeros((len(plans), cluster.num_devices))
         if flat:
             step[flat], peak[flat] = run_batch(graph, [plans[i] for i in flat], cluster, tables)
-            step[flat] += [sharded_host_s(graph, plans[i], cluster) for i in flat]
+            step[flat] += [_host_extra(graph, plans[i], cluster, peak[i]) for i in flat]
         for i, p in enumerate(plans):
             if _one_by_one(graph, p):
                 res = simulate(graph, p, cluster)
                 step[i], peak[i] = res.step_time_s, res.peak_memory_bytes
         return _batch_result(graph, cluster, tables, step, peak)
     step, peak = run_batch(graph, plans, cluster, tables)
-    step = step + np.array([sharded_host_s(graph, p, cluster) for p in plans])
+    step = step + np.array([_host_extra(graph, p, cluster, peak[i]) for i, p in enumerate(plans)])
     return _batch_result(graph, cluster, tables, step, peak)
+
+
+def _host_extra(graph: OpGraph, plan: Plan, cluster: Cluster, peak: np.ndarray) -> float:
+    """What :func:`simulate` adds to a plan's step after its timeline: FSDP2's
+    per-parameter host work and allocator retries over a cap."""
+    rounded = [int(round(x)) for x in peak]
+    return sharded_host_s(graph, plan, cluster) + allocator_retry_s(
+        graph_arrays(graph), plan, cluster, rounded)
 
 
 def _one_by_one(graph: OpGraph, plan: Plan) -> bool:
