@@ -42,7 +42,7 @@ class RunConfig(TrustArgs, ClusterArgs):
     curve: str | None = opt(None, "write a training-curve plot (PNG, SVG, PDF)", out="picture")
     trace: str | None = opt(None, "record the timed steps with torch.profiler: one Chrome "
                                   "trace per rank in this folder", out="dir")
-    memory: str | None = opt(None, "record the CUDA allocator over the first timed step: per "
+    memory: str | None = opt(None, "record the CUDA allocator over the last warm-up step: per "
                                    "rank a snapshot (for pytorch.org/memory_viz) and a JSON "
                                    "summary of reserved memory by stream and of what was "
                                    "alive at the peak, in this folder", out="dir")
@@ -178,7 +178,7 @@ def cmd_run(cfg: RunConfig) -> int:
     if report.extra.get("trace"):
         print(f"trace of the timed steps (rank 0): {report.extra['trace']}")
     if report.extra.get("memory_record"):
-        print("allocator record of the first timed step (rank 0): "
+        print("allocator record of one step (rank 0): "
               f"{', '.join(report.extra['memory_record'])}")
     if cfg.write_measured:
         plan.with_measured({"step_time_s": report.step_time_s,

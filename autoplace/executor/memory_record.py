@@ -2,7 +2,8 @@
 (``autoplace run --memory DIR``, :attr:`RunOptions.memory_dir`).
 
 The allocator's own history (``torch.cuda.memory._record_memory_history``, Python stacks)
-is recorded over the first timed step of each rank. Per rank it writes the snapshot
+is recorded over one step of each rank (:func:`recorded_step`: the last warm-up step, so
+that no timed step is slowed by the recording). Per rank it writes the snapshot
 (``memory-rank<R>.pickle``: drop it on https://pytorch.org/memory_viz) and a summary
 (``memory-rank<R>.json``) per device:
 
@@ -26,6 +27,8 @@ from typing import Any
 import torch
 
 from autoplace.files import write_json_atomic
+
+__all__ = ["MAX_ENTRIES", "MemoryRecorder", "recorded_step", "source", "summarize"]
 
 #: most allocator events kept (a gpt-1b step on one rank makes tens of thousands)
 MAX_ENTRIES = 2_000_000
@@ -141,8 +144,16 @@ def summarize(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
     }
 
 
+def recorded_step(start: int, warmup: int) -> int:
+    """The step a run's record covers: its last warm-up step where one runs before it
+    (the allocator's pools have grown by then, optimizer state and compiled code exist,
+    and the timed steps are not slowed by the recording), else the first step past the
+    warm-up (the first one run, for a run resumed past it)."""
+    return warmup - 1 if warmup - 1 > start else max(start, warmup)
+
+
 class MemoryRecorder:
-    """Records the allocator's history over the first timed step of a rank's CUDA
+    """Records the allocator's history over one step (``first_step``) of a rank's CUDA
     devices and writes a snapshot and its summary (the module's doc). Does nothing
     without ``out_dir`` or CUDA devices."""
 
@@ -156,7 +167,7 @@ class MemoryRecorder:
         self.paths: list[str] = []
 
     def step(self, step: int) -> None:
-        """Call before each step: starts at the first timed one, ends after it."""
+        """Call before each step: starts at ``first_step``, ends after it."""
         if self.out is None:
             return
         if step == self.first and not self.on:

@@ -35,7 +35,7 @@ from autoplace.errors import PlanError
 from autoplace.executor import build
 from autoplace.executor.checkpoint import load_checkpoint, save_checkpoint
 from autoplace.executor.local import graphs_from_env, move_to, split_value
-from autoplace.executor.memory_record import MemoryRecorder
+from autoplace.executor.memory_record import MemoryRecorder, recorded_step
 from autoplace.executor.offload import host_threads, offload_optimizer, on_host, one_rank_group
 from autoplace.executor.pieces import compile_summary
 from autoplace.executor.report import RunReport
@@ -75,9 +75,10 @@ class RunOptions:
     """Record the timed steps with ``torch.profiler`` and write one Chrome trace per rank
     here (``trace-rank<R>.json``, viewable in Perfetto). Tracing slows the steps it records."""
     memory_dir: str | None = None
-    """Record the CUDA caching allocator's history over the first timed step and write per
-    rank its snapshot and a summary here (:mod:`autoplace.executor.memory_record`). The
-    step recorded is slower; a run that fails in it writes them too."""
+    """Record the CUDA caching allocator's history over one step (the last warm-up step,
+    :func:`autoplace.executor.memory_record.recorded_step`) and write per rank its snapshot
+    and a summary here (:mod:`autoplace.executor.memory_record`). A run that fails in that
+    step writes them too."""
 
 
 #: fx captures of earlier runs in this process, without their models, by
@@ -432,7 +433,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
         report.extra["build_s"] = round(time.perf_counter() - t_build, 3)
         t_steps = time.perf_counter()
         tracer = _Tracer(opts, built.devices, rank, start)
-        recorder = MemoryRecorder(opts.memory_dir, built.devices, rank, max(start, opts.warmup))
+        recorder = MemoryRecorder(opts.memory_dir, built.devices, rank,
+                                  recorded_step(start, opts.warmup))
         pin = any(d.type == "cuda" for d in built.devices)
         cache = False if plan.parallel.graphs else None  # a capture needs autocast uncached
         counts_before = None  # the allocator's counters at the first timed step

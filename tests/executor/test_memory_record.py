@@ -10,7 +10,7 @@ import torch
 from autoplace import workloads
 from autoplace.cluster import Cluster, preset
 from autoplace.executor import run_plan
-from autoplace.executor.memory_record import source, summarize
+from autoplace.executor.memory_record import recorded_step, source, summarize
 from autoplace.executor.runner import RunOptions, capture_graph
 from autoplace.plan import Plan
 
@@ -70,6 +70,12 @@ def test_the_summary_finds_the_peak_and_the_reserved_memory_per_stream():
     assert s["ooms"] == 1 and s["events"] == 11
     other = summarize(snapshot(), 1)  # no events: everything was there before
     assert other["allocated_peak_bytes"] == other["allocated_before_bytes"] == 999
+
+
+def test_the_step_recorded_is_the_last_warm_up_one_where_there_is_one():
+    assert recorded_step(0, 2) == 1 and recorded_step(0, 5) == 4  # no timed step slowed
+    assert recorded_step(0, 1) == 1 and recorded_step(0, 0) == 0  # the first timed one
+    assert recorded_step(6, 2) == 6  # resumed past the warm-up: the first step run
 
 
 def test_a_run_on_cpus_records_nothing_and_says_so(tmp_path):
