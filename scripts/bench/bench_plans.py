@@ -39,6 +39,10 @@ For each scenario (workload x devices x memory cap):
    simulator error and Kendall tau, wall time per scenario) and a markdown table,
    written after every measurement so a cut-off run keeps what it measured.
 
+With ``--memory`` every run records the CUDA allocator over its last warm-up step
+(``RunOptions.memory_dir``) and each plan's row keeps rank 0's summary of its first run
+(``memory_record``: memory reserved per stream, what was alive at the allocated peak).
+
 Results go to ``--out`` (``suite.json``, ``suite.md``, ``suite.png``), by default a new
 run folder ``bench/results/<date>-<card>x<n>-<tag>/`` with its ``env.json`` and ``run.json``
 (``results.py``). The ``hf-*`` scenarios train Hugging Face models a user brings: their
@@ -53,6 +57,7 @@ import datetime as dt
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -156,6 +161,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deadline-s", type=float, default=540, help="stop starting new work after")
     p.add_argument("--auto-budget", default="90s",
                    help="time budget of the auto planner (a 1B model compiles for 30-40 s)")
+    p.add_argument("--memory", action="store_true",
+                   help="record the CUDA allocator over each run's last warm-up step "
+                        "(run --memory) and keep rank 0's summary in each plan's row")
     p.add_argument("--policy", default="gnn", help="RL policy trained on the simulator")
     p.add_argument("--policy-budget", default="6s")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
@@ -189,10 +197,11 @@ def say(msg: str) -> None:
 class Driver:
     """Runs plans: one-process plans here, multi-process plans in a :class:`PlanPool`."""
 
-    def __init__(self, cluster, log_dir: Path) -> None:
+    def __init__(self, cluster, log_dir: Path, memory: bool = False) -> None:
         from autoplace.executor.pool import PlanPool
 
         self.cluster = cluster
+        self.memory = memory  # record the allocator over each run's last warm-up step
         # a run (23 steps) takes seconds; one that takes minutes is stopped, not waited for
         self.pool = PlanPool(cluster, timeout_s=COMPILED_RUN_LIMIT_S, log_dir=log_dir,
                              spares=torch.cuda.is_available())
@@ -241,13 +250,19 @@ class Driver:
 
         self.runs += 1
         t0 = time.perf_counter()
+        mem_dir = Path(CACHE) / "memory" / f"run-{self.runs}" if self.memory else None
         try:
             replaced = self.pool.replaced
             rep = self.pool.run(plan, spec, RunOptions(
                 steps=steps + warmup, warmup=warmup, reference=False,
-                weights_file=self.weights_file(spec)), cluster=cluster,
+                weights_file=self.weights_file(spec),
+                memory_dir=str(mem_dir) if mem_dir else None), cluster=cluster,
                 timeout_s=min(self.pool.timeout_s, run_limit(plan, time_limit_s)))
             rep.extra["wall_s"] = round(time.perf_counter() - t0, 3)
+            if mem_dir is not None and (mem_dir / "memory-rank0.json").exists():
+                rep.extra["memory_summary"] = json.loads(
+                    (mem_dir / "memory-rank0.json").read_text())["devices"]
+                shutil.rmtree(mem_dir, ignore_errors=True)  # the snapshots are large
             if rep.extra.get("pool_run") == 1:
                 js = rep.extra.get("job_start_s") or {}
                 say(f"    first run of a fresh job: {rep.extra['wall_s']:.1f} s (its start: "
@@ -511,6 +526,10 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                     # the allocator's peak reserved memory of a device (allocated + cached)
                     "reserved_peak_bytes": max((r["reserved"] for r in d["runs"]
                                                 if r.get("reserved")), default=None),
+                    # with --memory: rank 0's allocator record of its first run (reserved
+                    # memory per stream, what was alive at the peak; memory_record.py)
+                    "memory_record": next((r["memory"] for r in d["runs"] if r.get("memory")),
+                                          None),
                     "error": err,
                     "search_time_s": search.get(k),
                 })
@@ -542,7 +561,8 @@ def run_scenario(name: str, sc: dict[str, Any], args, h: Driver, t_start: float,
                           "peak": list(rep_.peak_memory_bytes), "oom": rep_.oom,
                           "error": rep_.error,
                           "alloc_retries": getattr(rep_, "allocator_retries", 0),
-                          "reserved": getattr(rep_, "reserved_peak_bytes", None)})
+                          "reserved": getattr(rep_, "reserved_peak_bytes", None),
+                          "memory": rep_.extra.get("memory_summary")})
         say(f"  rep {rep}{source} {'/'.join(d['planners'])}: "
             + (f"{rep_.step_time_s * 1e3:.2f} ms (sim {d['sim'].step_time_s * 1e3:.2f})"
                if not rep_.error else f"error: {short_error(rep_.error)}")
@@ -685,7 +705,7 @@ def main() -> int:
     date = dt.date.today().isoformat()
     folder = output_folder(args.out, args.tag, card=card, gpus=cluster.num_devices,
                            driver=None if driver in ("-", "?") else driver)
-    h = Driver(cluster, log_dir=Path(CACHE) / "pool-logs")
+    h = Driver(cluster, log_dir=Path(CACHE) / "pool-logs", memory=args.memory)
     t_start = time.perf_counter()
     out: dict[str, Any] = {"card": card, "driver": driver, "torch_version": torch.__version__,
                            "date": date, "num_devices": cluster.num_devices,

@@ -12,7 +12,7 @@ from tests.helpers import BENCH
 def test_bench_plans_cpu_smoke(tmp_path):
     cmd = [sys.executable, str(BENCH / "bench_plans.py"), "--cpu", "--scenarios",
            "tiny", "--steps", "3", "--warmup", "1", "--reps", "2", "--auto-budget", "8s",
-           "--policy-budget", "2s", "--links", "--out", str(tmp_path)]
+           "--policy-budget", "2s", "--links", "--memory", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = json.loads((tmp_path / "suite.json").read_text())
@@ -33,9 +33,11 @@ def test_bench_plans_cpu_smoke(tmp_path):
     # two repetitions each: auto's run of a plan counts as its first
     assert all(len(r["rep_medians_s"]) == 2 for r in rows.values() if not r["error"])
     assert sc["auto_vs_best_manual"] > 0 and sc["auto_vs_lower_bound"] > 0
-    # the allocator's counters are CUDA's: on CPU no retries, no reserved memory, per run
+    # the allocator's counters and record (--memory) are CUDA's: on CPU no retries, no
+    # reserved memory, no record, per run
     assert all(r["alloc_retries"] == [0] * len(r["rep_medians_s"]) and
-               r["reserved_peak_bytes"] is None for r in rows.values() if not r["error"])
+               r["reserved_peak_bytes"] is None and r["memory_record"] is None
+               for r in rows.values() if not r["error"])
     md = (tmp_path / "suite.md").read_text()
     assert "tiny" in md
     # the figure: every plan measured, and simulated against measured
