@@ -12,8 +12,8 @@ stream's peak plus those two pools. Where that exceeds the cap, the step makes
 :data:`RETRIES_PER_STEP` retries, each unmapping and mapping again about the usable
 memory (:data:`RETRY_S_PER_BYTE`).
 
-Measured on 2x H200 with the allocator's record (``run --memory``,
-``bench/results/2026-11-30-h200x2-memory-record*``): gpt-1b at 16 GiB, FSDP2 13.07 GiB
+Measured on 2x H200 with the allocator's record (``run --memory``; the runs are cited in
+docs/simulator.md): gpt-1b at 16 GiB, FSDP2 13.07 GiB
 allocated, pools 13.49 + 1.90 + 0.59 = 15.97 GiB reserved, no retry; ZeRO-2 14.47 allocated,
 14.54 + 1.90 + 0.59 = 17.0, two retries a step; GNMT-4 at 4.37 GiB, FSDP2 by blocks
 3.70 + 0.39 + 0.33 = 4.42 (retries), by modules 3.56 + 0.33 + 0.18 = 4.07 (none).
