@@ -1,4 +1,4 @@
-"""What the CUDA caching allocator did over one timed step, when a run asks
+"""What the CUDA caching allocator did over one training step, when a run asks
 (``autoplace run --memory DIR``, :attr:`RunOptions.memory_dir`).
 
 The allocator's own history (``torch.cuda.memory._record_memory_history``, Python stacks)
@@ -50,7 +50,8 @@ SOURCES = (
 def source(frames: list[dict[str, Any]]) -> str:
     """Where a block was allocated: a :data:`SOURCES` name (``fsdp:<function>`` for
     FSDP), ``backward`` for autograd's engine, else ``forward`` (the model's own code
-    under the executor) or ``other``."""
+    under the executor), ``other``, or ``unknown`` without a Python frame (what the
+    backward allocates on autograd's own thread)."""
     names = [(str(f.get("filename", "")).replace("\\", "/"), str(f.get("name", "")))
              for f in frames]
     for fname, func in names:
