@@ -224,21 +224,21 @@ def test_a_second_capture_of_a_workload_is_bound_to_its_own_model():
     import gc
     import weakref
 
-    from autoplace.executor import runner
+    from autoplace.executor import inputs
 
-    runner._CAPTURES.clear()
+    inputs._CAPTURES.clear()
     first = workloads.get("gpt-tiny")
     g1 = capture_graph(first)
     gone = weakref.ref(first.model)
     second = workloads.get("gpt-tiny", seed=1)
     g2 = capture_graph(second)
     assert g2.module is not g1.module and g2.fingerprint == g1.fingerprint
-    assert g2.order == g1.order and len(runner._CAPTURES) == 1
+    assert g2.order == g1.order and len(inputs._CAPTURES) == 1
     assert {id(p) for p in g2.module.parameters()} == {id(p) for p in second.model.parameters()}
     x, y = second.make_batch(second.batch_size, "cpu")
     torch.testing.assert_close(g2.module(*x), second.model(*x))
     # another batch size is another capture; so is another architecture under the same spec
-    assert capture_graph(second, 2).batch_size == 2 and len(runner._CAPTURES) == 2
+    assert capture_graph(second, 2).batch_size == 2 and len(inputs._CAPTURES) == 2
     wider = workloads.get("gpt-tiny", d_model=32)
     wider.spec = dict(second.spec)
     g3 = capture_graph(wider)
@@ -256,26 +256,26 @@ def test_global_batch_is_kept_per_workload_step_and_size(monkeypatch):
     """A pool job trains plan after plan on the same steps: each step's batch is drawn
     once (the same tensors come back), other steps, sizes and workloads get their own,
     and the oldest batches go when the cache passes its byte limit."""
-    from autoplace.executor import runner
+    from autoplace.executor import inputs
 
-    monkeypatch.setattr(runner, "_BATCHES", {})
+    monkeypatch.setattr(inputs, "_BATCHES", {})
     wl = workloads.get("gpt-tiny", batch_size=4)
-    a = runner.global_batch(wl, 0, 0)
-    assert runner.global_batch(wl, 0, 0) is a
-    b = runner.global_batch(wl, 1, 0)
+    a = inputs.global_batch(wl, 0, 0)
+    assert inputs.global_batch(wl, 0, 0) is a
+    b = inputs.global_batch(wl, 1, 0)
     assert b is not a and not torch.equal(a[0][0], b[0][0])
-    assert runner.global_batch(wl, 0, 0, batch_size=2)[1].shape[0] == 2
+    assert inputs.global_batch(wl, 0, 0, batch_size=2)[1].shape[0] == 2
     other = workloads.get("gpt-tiny", batch_size=4, seq_len=16)
-    assert runner.global_batch(other, 0, 0)[0][0].shape[1] == 16
+    assert inputs.global_batch(other, 0, 0)[0][0].shape[1] == 16
     torch.manual_seed(0)  # the batch is what a fresh draw after the step's seed gives
     fresh = wl.make_batch(4, "cpu")
     assert torch.equal(fresh[0][0], a[0][0]) and torch.equal(fresh[1], a[1])
     one = sum(t.numel() * t.element_size() for t in (*a[0], a[1]))
-    monkeypatch.setattr(runner, "_BATCH_CACHE_BYTES", 2 * one)
+    monkeypatch.setattr(inputs, "_BATCH_CACHE_BYTES", 2 * one)
     for s in range(2, 6):
-        runner.global_batch(wl, s, 0)
-    assert len(runner._BATCHES) <= 3 and runner.global_batch(wl, 5, 0) is not None
-    assert all(json.loads(k)[2] != 0 for k in runner._BATCHES)  # step 0 went first
+        inputs.global_batch(wl, s, 0)
+    assert len(inputs._BATCHES) <= 3 and inputs.global_batch(wl, 5, 0) is not None
+    assert all(json.loads(k)[2] != 0 for k in inputs._BATCHES)  # step 0 went first
 
 
 def test_a_run_reports_where_its_time_went():
@@ -314,16 +314,16 @@ def test_global_batch_pins_only_with_cuda_and_keeps_pinned_apart(monkeypatch):
     import torch
 
     from autoplace import workloads
-    from autoplace.executor import runner
+    from autoplace.executor import inputs
 
-    monkeypatch.setattr(runner, "_BATCHES", {})
+    monkeypatch.setattr(inputs, "_BATCHES", {})
     wl = workloads.get("gpt-tiny")
-    a = runner.global_batch(wl, 0, 0)
-    b = runner.global_batch(wl, 0, 0, pin=True)
+    a = inputs.global_batch(wl, 0, 0)
+    b = inputs.global_batch(wl, 0, 0, pin=True)
     assert torch.equal(a[1], b[1]) and all(torch.equal(x, y) for x, y in zip(a[0], b[0]))
     if torch.cuda.is_available():
         assert b[1].is_pinned() and all(x.is_pinned() for x in b[0])
-        assert b is not a and len(runner._BATCHES) == 2
+        assert b is not a and len(inputs._BATCHES) == 2
     else:
         assert not b[1].is_pinned()
 
