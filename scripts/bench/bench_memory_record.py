@@ -15,6 +15,7 @@ checkpointing eager and compiled, FSDP2 by modules).
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -25,7 +26,9 @@ from typing import Any
 from autoplace import workloads
 from autoplace.cluster import Cluster
 from autoplace.costs.profile import profile
+from autoplace.errors import AutoplaceError
 from autoplace.executor.launch import run_plan
+from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions
 from autoplace.files import write_json_atomic
 from autoplace.planners.manual import hand_written, lever_plans
@@ -76,8 +79,12 @@ def main(out_dir: Path, deadline_s: float) -> None:
         sim = simulate(g, plan, cl)
         mem_dir = Path("/tmp/memory-record") / name
         t = time.perf_counter()
-        r = run_plan(plan, wl, cluster=cl, options=RunOptions(
-            steps=8, warmup=3, reference=False, memory_dir=str(mem_dir)), timeout_s=300)
+        try:
+            r = run_plan(plan, wl, cluster=cl, options=RunOptions(
+                steps=8, warmup=3, reference=False, memory_dir=str(mem_dir)), timeout_s=300)
+        except AutoplaceError as e:  # a rank died: that case failed, the others run
+            r = RunReport(plan=plan.describe(), error=str(e)).finish()
+        gc.collect()  # a one-process case's model goes before the next case
         rec = json.loads((mem_dir / "memory-rank0.json").read_text()) \
             if (mem_dir / "memory-rank0.json").exists() else None
         row = dict(case=name, plan=plan.describe(), ok=r.error is None,
