@@ -81,7 +81,7 @@ def unit_members(program: nn.Module, units: dict[str, str]) -> list[list[nn.Modu
             kept = [m for m in members[u] if id(m) not in drop]
             if whole and u == unit:  # the piece where its first module was
                 at = next(i for i, m in enumerate(members[u]) if id(m) in drop)
-                kept.insert(min(at, len(kept)), module)
+                kept.insert(at, module)  # every member before ``at`` was kept
             members[u] = kept
     return [ms for ms in members.values() if ms]
 

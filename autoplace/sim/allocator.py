@@ -27,7 +27,8 @@ from autoplace.cluster import Cluster
 from autoplace.plan import Plan
 from autoplace.sim.model import GraphArrays, fsdp_units, shard_degree
 
-__all__ = ["RETRIES_PER_STEP", "RETRY_S_PER_BYTE", "allocator_retry_s", "side_pool_bytes"]
+__all__ = ["RETRIES_PER_STEP", "RETRY_S_PER_BYTE", "allocator_retry_s", "retry_charge_s",
+           "side_pool_bytes"]
 
 #: allocator retries a step of a sharded plan makes when its reserved memory exceeds the
 #: cap: two on every rank, gpt-1b's ZeRO-2 (16 GiB) and GNMT-4's ZeRO-2 and FSDP2 by blocks
@@ -54,18 +55,21 @@ def side_pool_bytes(ga: GraphArrays, plan: Plan) -> float:
     return gather + float(ga.param_bytes.sum()) / d
 
 
+def retry_charge_s(peak: float, usable: float, pools: float) -> float:
+    """Seconds a step on one GPU loses to allocator retries: where its peak fits its
+    usable memory but the peak plus the side pools does not, :data:`RETRIES_PER_STEP`
+    retries of :data:`RETRY_S_PER_BYTE` per usable byte; else 0."""
+    return RETRIES_PER_STEP * RETRY_S_PER_BYTE * usable if peak <= usable < peak + pools \
+        else 0.0
+
+
 def allocator_retry_s(ga: GraphArrays, plan: Plan, cluster: Cluster,
                       peak: Sequence[float]) -> float:
-    """Seconds a step loses to allocator retries: where a GPU's simulated peak plus the
-    side pools (:func:`side_pool_bytes`) exceeds its usable memory but the peak fits,
-    :data:`RETRIES_PER_STEP` retries of :data:`RETRY_S_PER_BYTE` per usable byte."""
+    """Seconds a step loses to allocator retries: the most :func:`retry_charge_s` of the
+    plan's GPUs, with the side pools of :func:`side_pool_bytes`."""
     pools = side_pool_bytes(ga, plan)
     if pools <= 0:
         return 0.0
-    worst = 0.0
-    for j in range(plan.num_devices):
-        dev = cluster.devices[j]
-        usable = float(dev.usable_memory_bytes)
-        if dev.kind != "cpu" and peak[j] <= usable < peak[j] + pools:
-            worst = max(worst, RETRIES_PER_STEP * RETRY_S_PER_BYTE * usable)
-    return worst
+    return max((retry_charge_s(peak[j], float(d.usable_memory_bytes), pools)
+                for j, d in enumerate(cluster.devices[:plan.num_devices]) if d.kind != "cpu"),
+               default=0.0)

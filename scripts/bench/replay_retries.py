@@ -26,7 +26,7 @@ from autoplace.cluster import preset
 from autoplace.executor.runner import capture_graph
 from autoplace.files import write_json_atomic
 from autoplace.planners.pipeline_dp import zero2
-from autoplace.sim.allocator import RETRIES_PER_STEP, RETRY_S_PER_BYTE, side_pool_bytes
+from autoplace.sim.allocator import retry_charge_s, side_pool_bytes
 from autoplace.sim.model import graph_arrays
 
 
@@ -60,8 +60,7 @@ def replay(suite: Path, cache: dict[str, float]) -> list[dict[str, Any]]:
             seen.add(key)
             s = p["sim_step_time_s"]
             peak = max(p["sim_peak_memory_bytes"])
-            extra = RETRIES_PER_STEP * RETRY_S_PER_BYTE * cap \
-                if sharded(p["parallel"]) and peak <= cap < peak + pools else 0.0
+            extra = retry_charge_s(peak, cap, pools) if sharded(p["parallel"]) else 0.0
             old.append(s)
             new.append(s + extra)
             meas.append(m)
