@@ -7,11 +7,18 @@ and its breakdown, and rank 0's record summary (reserved memory by stream, what 
 at the allocated peak by where it was allocated) to OUT/memory.json. The snapshots stay
 in /tmp (too large to keep).
 
-Cases: gpt-1b at 16 GiB (FSDP2 + per-block checkpointing eager and compiled, ZeRO-2 and
-FSDP2 compiled, the two halves) and GNMT-4 at the suite's 4.37 GiB (FSDP2 + per-block
-checkpointing eager and compiled, FSDP2 by modules).
+Case sets (SET, default ``sharded``):
 
-    python scripts/bench/bench_memory_record.py OUT DEADLINE_S
+* ``sharded``: gpt-1b at 16 GiB (FSDP2 + per-block checkpointing eager and compiled,
+  ZeRO-2 and FSDP2 compiled, the two halves) and GNMT-4 at the suite's 4.37 GiB (FSDP2 +
+  per-block checkpointing eager and compiled, FSDP2 by modules);
+* ``flows``: gpt-1b's one-process flows and pipelines that ``auto`` measured at 16 GiB,
+  run without a cap so their whole peak shows (simulated at 16 GiB): 2-stage GPipe with 2
+  and 4 microbatches, eager and compiled, and the two halves with 2 microbatches, eager and
+  compiled; each flow also with ``torch.profiler`` (``trace``: per device the GPU's busy
+  time and the host's, from the trace of the timed steps).
+
+    python scripts/bench/bench_memory_record.py OUT DEADLINE_S [SET]
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ from autoplace.executor.report import RunReport
 from autoplace.executor.runner import RunOptions
 from autoplace.files import write_json_atomic
 from autoplace.planners.manual import hand_written, lever_plans
-from autoplace.planners.pipeline_dp import fsdp, zero2
+from autoplace.planners.pipeline_dp import fsdp, pipeline, zero2
 from autoplace.sim import simulate
 
 GNMT = dict(hidden=1024, vocab_size=32000, src_len=50, tgt_len=50, batch_size=128)
@@ -62,26 +69,91 @@ def cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
     return out
 
 
+def flow_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
+    """The ``flows`` set: (name, workload, graph, plan, cluster to simulate on); each runs
+    on ``base`` without a cap."""
+    wl = workloads.get("gpt-1b")
+    g = profile(wl, ["cuda:0"], repeats=3, cache_dir="/tmp/autoplace-profile")
+    cl = base.with_memory_cap(16 * GIB)
+    halves = hand_written(g, cl, levers=False)["two-halves"]
+    out = []
+    for c in (False, True):
+        tag = "+compile" if c else ""
+        for mb in (2, 4):
+            out.append((f"gpt1b-gpipe-mb{mb}{tag}", wl, g,
+                        pipeline(g, cl, stages=2, microbatches=mb).with_parallel(compile=c), cl))
+        out.append((f"gpt1b-halves-mb2{tag}", wl, g,
+                    halves.with_parallel(microbatches=2, compile=c), cl))
+    return out
+
+
+def trace_summary(path: Path) -> dict[str, Any]:
+    """From one rank's Chrome trace of the timed steps: the steps' wall time, per GPU the
+    time some kernel ran (the union of kernel intervals) and the kernel count, the host's
+    busiest operators (self time) and how many compiled regions ran."""
+    ev = json.loads(path.read_text()).get("traceEvents", [])
+    steps = [e for e in ev if e.get("ph") == "X" and str(e.get("name", "")).startswith(
+        "autoplace step")]
+    wall = (max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in steps)) \
+        if steps else None
+    per_dev: dict[str, list[tuple[float, float]]] = {}
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            dev = str(e.get("args", {}).get("device", "?"))
+            per_dev.setdefault(dev, []).append((e["ts"], e["ts"] + e["dur"]))
+    busy = {}
+    for dev, iv in per_dev.items():
+        iv.sort()
+        tot, cur_s, cur_e = 0.0, None, None
+        for s_, e_ in iv:
+            if cur_e is None or s_ > cur_e:
+                tot += 0 if cur_e is None else cur_e - cur_s
+                cur_s, cur_e = s_, e_
+            else:
+                cur_e = max(cur_e, e_)
+        tot += 0 if cur_e is None else cur_e - cur_s
+        busy[dev] = dict(busy_ms=round(tot / 1e3, 2), kernels=len(iv))
+    host: dict[str, float] = {}
+    compiled = 0
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            host[e["name"]] = host.get(e["name"], 0.0) + e["dur"]
+        name = str(e.get("name", ""))
+        if "Compiled" in name and e.get("cat") in ("cpu_op", "user_annotation"):
+            compiled += 1
+    top = sorted(host.items(), key=lambda kv: -kv[1])[:12]
+    return dict(steps=len(steps), wall_ms=None if wall is None else round(wall / 1e3, 2),
+                gpus=busy, compiled_region_events=compiled,
+                host_top_ms={k: round(v / 1e3, 2) for k, v in top})
+
+
 def gib(b: float | None) -> float | None:
     return None if b is None else round(b / GIB, 3)
 
 
-def main(out_dir: Path, deadline_s: float) -> None:
+def main(out_dir: Path, deadline_s: float, which: str = "sharded") -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     res: list[dict[str, Any]] = []
     base = Cluster.detect().subset([0, 1])
-    for name, wl, g, plan, cl in cases(base):
+    todo = cases(base) if which == "sharded" else flow_cases(base)
+    if which == "flows":  # each flow again with the profiler on
+        todo += [(n + "+trace", wl, g, p, cl) for n, wl, g, p, cl in todo]
+    for name, wl, g, plan, cl in todo:
         if time.perf_counter() - t0 > deadline_s:
             print(f"deadline: {name} and the rest not run", flush=True)
             break
         sim = simulate(g, plan, cl)
         mem_dir = Path("/tmp/memory-record") / name
+        traced = name.endswith("+trace")
+        run_cl = base if which == "flows" else cl  # flows: no cap, their whole peak shows
         t = time.perf_counter()
         try:
-            r = run_plan(plan, wl, cluster=cl, options=RunOptions(
-                steps=8, warmup=3, reference=False, memory_dir=str(mem_dir)), timeout_s=300)
+            r = run_plan(plan, wl, cluster=run_cl, options=RunOptions(
+                steps=8, warmup=3, reference=False,
+                memory_dir=None if traced else str(mem_dir),
+                trace_dir=str(mem_dir) if traced else None), timeout_s=300)
         except AutoplaceError as e:  # a rank died: that case failed, the others run
             r = RunReport(plan=plan.describe(), error=str(e)).finish()
         gc.collect()  # a one-process case's model goes before the next case
@@ -95,10 +167,15 @@ def main(out_dir: Path, deadline_s: float) -> None:
                    sim_breakdown=sim.memory_breakdown,
                    reserved_gib=gib(r.reserved_peak_bytes), retries=r.allocator_retries,
                    error=(r.error or "")[:300], wall_s=round(time.perf_counter() - t, 1),
-                   record=rec)
+                   step_ms=[round(x * 1e3, 2) for x in (r.step_times_s or [])],
+                   record=rec,
+                   trace=trace_summary(mem_dir / "trace-rank0.json")
+                   if traced and (mem_dir / "trace-rank0.json").exists() else None)
         res.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("record", "sim_breakdown")}),
               flush=True)
+        if traced and plan.parallel.pipeline > 1 and (mem_dir / "trace-rank1.json").exists():
+            row["trace_rank1"] = trace_summary(mem_dir / "trace-rank1.json")
         if rec:
             for d in rec["devices"]:
                 print("   peak by source (GiB):", {k: gib(v) for k, v in
@@ -112,4 +189,4 @@ def main(out_dir: Path, deadline_s: float) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), float(sys.argv[2]))
+    main(Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "sharded")
