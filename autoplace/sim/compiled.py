@@ -27,6 +27,14 @@ chain before it). Checked on two models, nothing fitted: kept memory falls by 0 
 gpt-1b (measured 0.5) and by 21.8 GiB on a GPT-2-medium-size Hugging Face model
 (measured 18.0; 1x H200: docs/simulator.md, compiled pieces).
 
+Under autocast an eager step casts each weight once (the executor's one autocast region
+caches the copy for every microbatch), while a compiled piece casts inside its graph and
+keeps its own low-precision copies for its backward, per call: each microbatch in flight
+holds the piece's weights at bf16 (``GraphArrays.call_keep``, in place of the one shared
+copy). gpt-1b's 2-stage GPipe on 2x H200 held 0.73 / 1.55 GiB more compiled than eager
+on its first stage with 2 / 4 microbatches (its weights at bf16: 0.77 GiB), the two halves
+with 2 microbatches 0.80 / 0.88 GiB (0.81 / 0.88); nothing fitted (docs/simulator.md).
+
 The host factor comes from kernel traces on one NVIDIA H200 (torch 2.11, bf16 autocast):
 gpt-1b with each block compiled by hand spent 18 ms a step in kernels other than
 matmuls, attention and the optimizer's against 34 ms eagerly. The chains are checked on
@@ -43,14 +51,23 @@ import numpy as np
 
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim.block_profile import block_values, filled_host, profiled
+from autoplace.sim.block_profile import block_values, filled_host, profiled, region_ends
+from autoplace.sim.memory import cast_weight_bytes
 from autoplace.sim.model import CostTables, GraphArrays
 
-__all__ = ["COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "fused_chains",
+__all__ = ["COMPILED_CALL_HOST_S", "COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "fused_chains",
            "fused_times", "profiled_kinds"]
 
 #: device and host time of a fused (non-matmul) op in a compiled piece over its eager time
 COMPILED_FUSED_TIME = 0.55
+#: host seconds one call of a compiled piece costs beyond its ops, forward and backward
+#: (dynamo's guards, the compiled wrapper, autograd's compiled function), on a GPU kind.
+#: Fitted on a small U-Net's blocks of 1-6 ops on one H200 (each block added to a chain
+#: of compiled pieces cost 0.279 ms more than added eagerly, 2026-11-29 levers-unet-2).
+#: Held out: gpt-1b's annealed placement of 165 one-op groups, compiled, 2 microbatches
+#: on 2x H200: simulated 75.4 ms without it, 108.8 with it, measured 165.8
+#: (suite-levers-gpt1b-capped-retries)
+COMPILED_CALL_HOST_S = 0.279e-3
 
 
 def fused_times(graph: OpGraph, kinds: list[str]) -> np.ndarray:
@@ -163,6 +180,7 @@ def compiled_tables(tables: CostTables, ga: GraphArrays,
         host_fwd_fixed=tables.host_fwd_fixed * scale, host_bwd_fixed=tables.host_bwd_fixed * scale)
     if graph is None or plan is None:
         return out
+    out = _with_calls(out, ga, graph, plan)
     by_chain = ~profiled_kinds(graph, tables.kinds)
     if not by_chain.any():
         return out
@@ -172,6 +190,31 @@ def compiled_tables(tables: CostTables, ga: GraphArrays,
     return replace(out, fwd=np.where(keep, fwd, out.fwd), bwd=np.where(keep, bwd, out.bwd),
                    fwd_fixed=np.where(keep, fwd_fixed, out.fwd_fixed),
                    bwd_fixed=np.where(keep, bwd_fixed, out.bwd_fixed))
+
+
+def _with_calls(tables: CostTables, ga: GraphArrays, graph: OpGraph, plan: Plan
+                ) -> CostTables:
+    """``tables`` with each compiled piece's call (:data:`COMPILED_CALL_HOST_S`) on GPU
+    kinds: half before its first op's forward, half after its last op's backward. A piece
+    is a group's ops (``autoplace.executor.local.build_local``). Where the kind has a
+    profiled block, its ratio already holds one call per block, spread over the block's
+    ops: a piece of ``n`` ops pays ``1 - n / block_ops`` of a call beyond it (a piece of
+    a block or more, none)."""
+    gpu = np.array([k != "cpu" for k in tables.kinds])
+    if not gpu.any() or COMPILED_CALL_HOST_S <= 0:
+        return tables
+    group = np.array([plan.groups.get(n, -1) for n in ga.names])
+    ids, inv, size = np.unique(group, return_inverse=True, return_counts=True)
+    ops = size[inv].astype(np.float64)  # [n] ops of the op's piece
+    block = block_values(graph, tables.kinds, "compiled", "block_ops", 0.0)[:, None]
+    share = np.where(block > 0, np.clip(1.0 - ops[None, :] / np.maximum(block, 1.0), 0, 1),
+                     1.0)
+    half = np.where(gpu[:, None], COMPILED_CALL_HOST_S / 2 * share, 0.0)
+    first, last = region_ends(group)
+    add_f, add_b = np.where(first[None, :], half, 0.0), np.where(last[None, :], half, 0.0)
+    return replace(tables, host_fwd=tables.host_fwd + add_f, host_bwd=tables.host_bwd + add_b,
+                   host_fwd_fixed=tables.host_fwd_fixed + add_f,
+                   host_bwd_fixed=tables.host_bwd_fixed + add_b)
 
 
 def compiled_arrays(graph: OpGraph, ga: GraphArrays, plan: Plan) -> GraphArrays:
@@ -189,4 +232,6 @@ def compiled_arrays(graph: OpGraph, ga: GraphArrays, plan: Plan) -> GraphArrays:
     has_pred = np.zeros(ga.n, dtype=bool)
     has_pred[dst] = True
     keep = ga.saved | norm | head | ~has_pred
-    return replace(ga, act_bytes=np.where(keep, ga.act_bytes, 0.0))
+    cast = cast_weight_bytes(ga)
+    return replace(ga, act_bytes=np.where(keep, ga.act_bytes, 0.0),
+                   call_keep=cast if cast.any() else None)

@@ -176,6 +176,19 @@ def stage_events(stage: np.ndarray, schedule: str, p: int, m: int, kept: np.ndar
     return dev.astype(np.int64), delta, g, hold, trans
 
 
+def cast_weight_bytes(ga) -> np.ndarray:
+    """``[n]`` bytes of the low-precision copy autocast makes of each op's weights (the
+    ``saved`` kinds: matmuls, convolutions, recurrent layers; an exported graph's weight
+    ops where a matmul reads them); zeros without autocast."""
+    # an exported graph's weights are ops of their own ("param", no inputs) that the
+    # matmul reads
+    fed = np.zeros(ga.n, dtype=bool)
+    fed[ga.edge_src[ga.saved[ga.edge_dst]]] = True
+    has_input = np.zeros(ga.n, dtype=bool)
+    has_input[ga.edge_dst] = True
+    return np.where(ga.saved | (fed & ~has_input), ga.param_bytes, 0.0) * ga.cast_scale
+
+
 def cast_copy_bytes(ga, dev: np.ndarray, size: int) -> np.ndarray:
     """``[size]`` bytes of autocast's low-precision weight copies per device cell.
 
@@ -183,15 +196,12 @@ def cast_copy_bytes(ga, dev: np.ndarray, size: int) -> np.ndarray:
     cache on, so each weight autocast casts (matmuls, convolutions, recurrent layers: the
     ``saved`` kinds) keeps a bf16 / fp16 copy from its first use to the end of the
     backward (an exported graph's weight ops count where a matmul reads them); without
-    autocast there are none. ``dev``: ``[n]`` or ``[P, n]`` cell of every op."""
-    low = ga.cast_scale
-    # an exported graph's weights are ops of their own ("param", no inputs) that the
-    # matmul reads
-    fed = np.zeros(ga.n, dtype=bool)
-    fed[ga.edge_src[ga.saved[ga.edge_dst]]] = True
-    has_input = np.zeros(ga.n, dtype=bool)
-    has_input[ga.edge_dst] = True
-    w = np.where(ga.saved | (fed & ~has_input), ga.param_bytes, 0.0) * low
+    autocast there are none, nor in a compiled plan, whose pieces cast inside their
+    graphs and keep the copies per call (``GraphArrays.call_keep``). ``dev``: ``[n]`` or
+    ``[P, n]`` cell of every op."""
+    if ga.call_keep is not None:  # compiled: each call keeps its own copies (op_memory)
+        return np.zeros(size)
+    w = cast_weight_bytes(ga)
     dev = np.atleast_2d(dev)
     return np.bincount(dev.reshape(-1), weights=np.broadcast_to(w, dev.shape).reshape(-1),
                        minlength=size)[:size]

@@ -80,6 +80,9 @@ class GraphArrays:
     module_key: list[str]  # the same for shard_units="modules"
     gather_scale: float = 1.0  # FSDP2 gathers parameters at autocast's dtype: 0.5 of fp32
     cast_scale: float = 0.0  # autocast's weight copies: 0.5 of fp32 under bf16 / fp16
+    # float64 [n] or None: bytes each op keeps per microbatch whatever its size (a compiled
+    # piece's own low-precision weight copies, ``sim.compiled.compiled_arrays``); None: none
+    call_keep: np.ndarray | None = None
 
 
 def graph_arrays(graph: OpGraph) -> GraphArrays:

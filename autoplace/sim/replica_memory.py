@@ -43,12 +43,18 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     gradient being the transient. The output op keeps what the loss saves
     (``GraphArrays.loss_keep``), its workspace beyond that being its transient in forward
     and the gradients its backward makes its transient in backward
-    (``GraphArrays.back_bytes``).
+    (``GraphArrays.back_bytes``). A compiled plan's ops that autocast would cast the
+    weights of keep their low-precision copies per microbatch (``GraphArrays.call_keep``;
+    none where FSDP2 or ZeRO-2 shard).
     Gradients are made by the backward, whole or as their shard
     (:func:`made_grad_share`; the rest ``state_memory`` counts)."""
     group = np.asarray(lp.group)
     rc_op = recomputed_ops(ga, lp.group, lp.recompute, lp.selective)
-    kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep
+    act = ga.act_bytes
+    if ga.call_keep is not None and not (lp.d > 1 and lp.shard != "none"):
+        # kept per microbatch whatever its size; the events scale kept by 1 / (m d)
+        act = act + ga.call_keep * (lp.m * lp.d)
+    kept = np.where(rc_op, 0.0, act) + ga.loss_keep
     for g, b in recompute_boundary_bytes(ga, lp.group, lp.recompute | lp.selective).items():
         kept[int(np.argmax(group == g))] += b
     gact = np.zeros(int(group.max()) + 1 if len(group) else 1)

@@ -12,13 +12,16 @@ from autoplace.cluster import preset
 from autoplace.lowering import block_groups
 from autoplace.plan import ParallelConfig, Plan
 from autoplace.sim import simulate, simulate_batch
+from autoplace.sim import compiled as compiled_mod
 from autoplace.sim.compiled import (
+    COMPILED_CALL_HOST_S,
     COMPILED_FUSED_TIME,
     compiled_arrays,
     compiled_tables,
     fused_chains,
     fused_times,
 )
+from autoplace.sim.memory import cast_weight_bytes
 from autoplace.sim.model import cost_tables, ensure_costs, graph_arrays
 from autoplace.workloads import Workload
 
@@ -46,7 +49,8 @@ def test_fused_ops_are_scaled_and_heavy_ones_kept(gpt):
     assert not np.isnan(comp.host_fwd).any()  # a missing host time is the device's, scaled
 
 
-def test_a_compiled_plan_simulates_faster_and_batch_agrees(gpt):
+def test_a_compiled_plan_simulates_faster_and_batch_agrees(gpt, monkeypatch):
+    monkeypatch.setattr(compiled_mod, "COMPILED_CALL_HOST_S", 0.0)  # gpt-small's blocks
     cluster = preset("h200x1")
     eager, comp = _blocks(gpt, False), _blocks(gpt, True)
     t_eager = simulate(gpt, eager, cluster).step_time_s
@@ -122,3 +126,51 @@ def test_a_chain_is_priced_by_the_bytes_entering_and_leaving_it():
     graph.profile_info = {"h200": {"compiled": {"fused_time": 0.9}}}
     prof = compiled_tables(eager, ga, fused_times(graph, eager.kinds), graph=graph, plan=plan)
     np.testing.assert_allclose(prof.fwd[0, members], 0.9 * eager.fwd[0, members])
+
+
+def test_compiled_pieces_keep_their_own_weight_copies_per_microbatch():
+    """Eagerly autocast casts each weight once a step (its cache serves every microbatch);
+    a compiled piece casts inside its graph and keeps the bf16 copies for its backward, so
+    each microbatch in flight holds them (gpt-1b on 2x H200: 0.73 / 1.55 GiB more compiled
+    than eager on a stage holding 0.77 GiB of bf16 weights, 2 / 4 microbatches)."""
+    graph = capture_workload(workloads.get("gpt-small", device="meta"))
+    graph.autocast_dtype = "bfloat16"  # as on a GPU
+    cluster = preset("h200x1")
+    ga = graph_arrays(graph)
+    cast = cast_weight_bytes(ga)
+    assert cast.sum() > 0 and np.all(cast <= 0.5 * ga.param_bytes)
+
+    def breakdown(m: int, compiled: bool) -> dict:
+        plan = Plan.single(graph, parallel=ParallelConfig(microbatches=m, compile=compiled))
+        return simulate(graph, plan, cluster).memory_breakdown[0]
+
+    comp = compiled_arrays(graph, ga, Plan.single(graph, parallel=ParallelConfig(compile=True)))
+    np.testing.assert_array_equal(comp.call_keep, cast)
+    for m in (1, 4):
+        eager, compiled = breakdown(m, False), breakdown(m, True)
+        # the one shared copy leaves the step's static memory ...
+        assert eager["params"] - compiled["params"] == pytest.approx(cast.sum())
+    # ... and each microbatch's forward keeps its own: at the end of the forwards (the
+    # compiled peak) four microbatches hold the same activations as one and three copies more
+    grow = breakdown(4, True)["activations"] - breakdown(1, True)["activations"]
+    assert grow == pytest.approx(3 * cast.sum(), rel=1e-6)
+
+
+def test_without_autocast_a_compiled_piece_keeps_no_weight_copies(gpt):
+    ga = graph_arrays(gpt)
+    comp = compiled_arrays(gpt, ga, Plan.single(gpt, parallel=ParallelConfig(compile=True)))
+    assert comp.call_keep is None
+
+
+def test_each_compiled_piece_pays_its_call(gpt, monkeypatch):
+    """A piece's call (guards, the compiled wrapper) is host time of its own: gpt-small
+    with every op a compiled piece of its own is host-bound on an H200, so each piece
+    adds its call to the step."""
+    cluster = preset("h200x1")
+    groups = {name: i for i, name in enumerate(gpt.order)}
+    plan = Plan.from_groups(gpt, groups, [0] * len(groups),
+                            parallel=ParallelConfig(compile=True))
+    with_calls = simulate(gpt, plan, cluster).step_time_s
+    monkeypatch.setattr(compiled_mod, "COMPILED_CALL_HOST_S", 0.0)
+    without = simulate(gpt, plan, cluster).step_time_s
+    assert with_calls - without == pytest.approx(len(groups) * COMPILED_CALL_HOST_S, rel=0.01)
