@@ -11,8 +11,8 @@ from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.lowering import block_groups
 from autoplace.plan import ParallelConfig, Plan
-from autoplace.sim import simulate, simulate_batch
 from autoplace.sim import compiled as compiled_mod
+from autoplace.sim import simulate, simulate_batch
 from autoplace.sim.compiled import (
     COMPILED_CALL_HOST_S,
     COMPILED_FUSED_TIME,
