@@ -17,7 +17,12 @@ def gpt():
     return capture_workload(workloads.get("gpt-small", device="meta", batch_size=64))
 
 
-def test_anneal_compiles_on_gpus_and_not_on_cpus(gpt):
+def test_anneal_compiles_on_gpus_and_not_on_cpus(gpt, monkeypatch):
+    """Where compiling pays on the simulator anneal compiles (here with the compiled
+    pieces' calls free: gpt-small's pieces would not pay for them), never on CPUs."""
+    from autoplace.sim import compiled
+
+    monkeypatch.setattr(compiled, "COMPILED_CALL_HOST_S", 0.0)
     plan = get("anneal")(gpt, preset("h200x1"), time_budget_s=30, max_evaluations=400, seed=0)
     assert plan.parallel.compile
     cpu = get("anneal")(gpt, preset("cpu-x1"), time_budget_s=30, max_evaluations=200, seed=0)
