@@ -55,8 +55,8 @@ from autoplace.sim.block_profile import block_values, filled_host, profiled, reg
 from autoplace.sim.memory import cast_weight_bytes
 from autoplace.sim.model import CostTables, GraphArrays
 
-__all__ = ["COMPILED_CALL_HOST_S", "COMPILED_FUSED_TIME", "compiled_arrays", "compiled_tables", "fused_chains",
-           "fused_times", "profiled_kinds"]
+__all__ = ["COMPILED_CALL_HOST_S", "COMPILED_FUSED_TIME", "compiled_arrays",
+           "compiled_tables", "fused_chains", "fused_times", "profiled_kinds"]
 
 #: device and host time of a fused (non-matmul) op in a compiled piece over its eager time
 COMPILED_FUSED_TIME = 0.55
@@ -204,7 +204,7 @@ def _with_calls(tables: CostTables, ga: GraphArrays, graph: OpGraph, plan: Plan
     if not gpu.any() or COMPILED_CALL_HOST_S <= 0:
         return tables
     group = np.array([plan.groups.get(n, -1) for n in ga.names])
-    ids, inv, size = np.unique(group, return_inverse=True, return_counts=True)
+    _, inv, size = np.unique(group, return_inverse=True, return_counts=True)
     ops = size[inv].astype(np.float64)  # [n] ops of the op's piece
     block = block_values(graph, tables.kinds, "compiled", "block_ops", 0.0)[:, None]
     share = np.where(block > 0, np.clip(1.0 - ops[None, :] / np.maximum(block, 1.0), 0, 1),
