@@ -273,9 +273,15 @@ class _Tracer:
         self._end_span()
         self.prof.__exit__(None, None, None)
         prof, self.prof = self.prof, None
-        if save:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(self.path)
+        if save:  # atomically: a trace this folder held before stays whole until replaced
+            path = Path(self.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            try:
+                prof.export_chrome_trace(str(tmp))
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
         return save
 
 

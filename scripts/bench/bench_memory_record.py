@@ -15,8 +15,9 @@ Case sets (SET, default ``sharded``):
 * ``flows``: gpt-1b's one-process flows and pipelines that ``auto`` measured at 16 GiB,
   run without a cap so their whole peak shows (simulated at 16 GiB): 2-stage GPipe with 2
   and 4 microbatches, eager and compiled, and the two halves with 2 microbatches, eager and
-  compiled; each flow also with ``torch.profiler`` (``trace``: per device the GPU's busy
-  time and the host's, from the trace of the timed steps).
+  compiled; each flow also with ``torch.profiler`` (``trace``: ``autoplace trace-summary``
+  of the timed steps: per device the GPU's busy, idle and compute time, the host's
+  busiest operations).
 
     python scripts/bench/bench_memory_record.py OUT DEADLINE_S [SET]
 """
@@ -41,6 +42,7 @@ from autoplace.files import write_json_atomic
 from autoplace.planners.manual import hand_written, lever_plans
 from autoplace.planners.pipeline_dp import fsdp, pipeline, zero2
 from autoplace.sim import simulate
+from autoplace.tools.trace_summary import summarize
 
 GNMT = dict(hidden=1024, vocab_size=32000, src_len=50, tgt_len=50, batch_size=128)
 GNMT_CAP = 4693539840  # the suite's: 75% of what one H200 measured for one device
@@ -87,44 +89,13 @@ def flow_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
     return out
 
 
-def trace_summary(path: Path) -> dict[str, Any]:
-    """From one rank's Chrome trace of the timed steps: the steps' wall time, per GPU the
-    time some kernel ran (the union of kernel intervals) and the kernel count, the host's
-    busiest operators (self time) and how many compiled regions ran."""
-    ev = json.loads(path.read_text()).get("traceEvents", [])
-    steps = [e for e in ev if e.get("ph") == "X" and str(e.get("name", "")).startswith(
-        "autoplace step")]
-    wall = (max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in steps)) \
-        if steps else None
-    per_dev: dict[str, list[tuple[float, float]]] = {}
-    for e in ev:
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            dev = str(e.get("args", {}).get("device", "?"))
-            per_dev.setdefault(dev, []).append((e["ts"], e["ts"] + e["dur"]))
-    busy = {}
-    for dev, iv in per_dev.items():
-        iv.sort()
-        tot, cur_s, cur_e = 0.0, None, None
-        for s_, e_ in iv:
-            if cur_e is None or s_ > cur_e:
-                tot += 0 if cur_e is None else cur_e - cur_s
-                cur_s, cur_e = s_, e_
-            else:
-                cur_e = max(cur_e, e_)
-        tot += 0 if cur_e is None else cur_e - cur_s
-        busy[dev] = dict(busy_ms=round(tot / 1e3, 2), kernels=len(iv))
-    host: dict[str, float] = {}
-    compiled = 0
-    for e in ev:
-        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
-            host[e["name"]] = host.get(e["name"], 0.0) + e["dur"]
-        name = str(e.get("name", ""))
-        if "Compiled" in name and e.get("cat") in ("cpu_op", "user_annotation"):
-            compiled += 1
-    top = sorted(host.items(), key=lambda kv: -kv[1])[:12]
-    return dict(steps=len(steps), wall_ms=None if wall is None else round(wall / 1e3, 2),
-                gpus=busy, compiled_region_events=compiled,
-                host_top_ms={k: round(v / 1e3, 2) for k, v in top})
+def trace_of(path: Path) -> dict[str, Any] | None:
+    """One rank's trace of the timed steps, summarised by ``autoplace trace-summary``
+    (:func:`autoplace.tools.trace_summary.summarize`); None where it has no steps."""
+    try:
+        return summarize(path)
+    except SystemExit:  # a trace without the run's step spans
+        return None
 
 
 def gib(b: float | None) -> float | None:
@@ -169,13 +140,13 @@ def main(out_dir: Path, deadline_s: float, which: str = "sharded") -> None:
                    error=(r.error or "")[:300], wall_s=round(time.perf_counter() - t, 1),
                    step_ms=[round(x * 1e3, 2) for x in (r.step_times_s or [])],
                    record=rec,
-                   trace=trace_summary(mem_dir / "trace-rank0.json")
+                   trace=trace_of(mem_dir / "trace-rank0.json")
                    if traced and (mem_dir / "trace-rank0.json").exists() else None)
         res.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("record", "sim_breakdown")}),
               flush=True)
         if traced and plan.parallel.pipeline > 1 and (mem_dir / "trace-rank1.json").exists():
-            row["trace_rank1"] = trace_summary(mem_dir / "trace-rank1.json")
+            row["trace_rank1"] = trace_of(mem_dir / "trace-rank1.json")
         if rec:
             for d in rec["devices"]:
                 print("   peak by source (GiB):", {k: gib(v) for k, v in

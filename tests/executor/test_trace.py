@@ -23,6 +23,7 @@ def test_each_rank_writes_a_trace_of_the_timed_steps(tmp_path):
     assert rep.error is None and rep.extra["trace"].endswith("trace-rank0.json")
     files = sorted((tmp_path / "tr").glob("trace-rank*.json"))
     assert [f.name for f in files] == ["trace-rank0.json", "trace-rank1.json"]
+    assert not list((tmp_path / "tr").glob("*.tmp*"))  # written whole, through a temporary
     events = json.loads(files[0].read_text())["traceEvents"]
     steps = sorted(e["name"] for e in events if e.get("name", "").startswith("autoplace step"))
     assert steps == ["autoplace step 2", "autoplace step 3", "autoplace step 4"]
