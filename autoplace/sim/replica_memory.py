@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 __all__ = ["local_memory", "made_grad_share", "op_memory", "static_memory", "with_peak"]
 
 
+def sharded(lp: LocalPlan) -> bool:
+    """Whether the replica's parameters are sharded over its data-parallel ranks (FSDP2 or
+    ZeRO-2 with more than one replica)."""
+    return lp.d > 1 and lp.shard != "none"
+
+
 def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     """Per op, what :mod:`autoplace.sim.memory`'s events read (``kept``, ``back``,
     ``fwd_out``, ``grad``), and per local device the saved copies held beside the op that
@@ -51,7 +57,7 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     group = np.asarray(lp.group)
     rc_op = recomputed_ops(ga, lp.group, lp.recompute, lp.selective)
     act = ga.act_bytes
-    if ga.call_keep is not None and not (lp.d > 1 and lp.shard != "none"):
+    if ga.call_keep is not None and not sharded(lp):
         # kept per microbatch whatever its size; the events scale kept by 1 / (m d)
         act = act + ga.call_keep * (lp.m * lp.d)
     kept = np.where(rc_op, 0.0, act) + ga.loss_keep
@@ -66,7 +72,7 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     grad = ga.param_bytes * made_grad_share(lp, plan)
     shared = shared_save_bytes(ga, np.asarray(lp.dev), ~rc_op, lp.k)
     once = None
-    if lp.d > 1 and lp.shard != "none":
+    if sharded(lp):
         # a unit's reduce-scatter, after its backward (its first op's): its unsharded
         # gradients at the gather dtype and their fp32 copy FSDP2 reduces
         fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units)
@@ -86,7 +92,7 @@ def made_grad_share(lp: LocalPlan, plan: Plan) -> float:
     buckets, which live from its construction) or offloaded (the shards go to the host)."""
     if plan.parallel.offload:
         return 0.0
-    if lp.d > 1 and lp.shard != "none":
+    if sharded(lp):
         return 1.0 / shard_degree(plan)
     return 1.0 if lp.d == 1 or lp.k > 1 else 0.0
 
@@ -107,16 +113,16 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
             else:
                 max_unit[j] = max(max_unit[j], b)
     pb = np.bincount(dev, weights=ga.param_bytes, minlength=k)[:k]
-    sharded = lp.shard != "none" and lp.d > 1
+    is_sharded = sharded(lp)
     # FSDP2 gathers at the autocast dtype: autocast then has nothing to cast
-    cast = np.zeros(k) if sharded else cast_copy_bytes(ga, dev, k)
+    cast = np.zeros(k) if is_sharded else cast_copy_bytes(ga, dev, k)
     out = []
     for j in range(k):
         mem = state_memory(pb[j], shard_degree(plan), lp.shard, max_unit[j], ga.gather_scale,
                            replica_devices=k, root_bytes=root[j])
         mem.params += cast[j]
         mem.grads -= pb[j] * made_grad_share(lp, plan)  # the ops' ``grad`` events count it
-        if sharded:  # the unsharded gradients: each unit's reduce-scatter (op_memory)
+        if is_sharded:  # the unsharded gradients: each unit's reduce-scatter (op_memory)
             mem.grads -= min(float(BUCKET_BYTES), pb[j])
         if plan.parallel.graphs:
             mem.grads += graphed_grad_bytes(pb[j], m)
