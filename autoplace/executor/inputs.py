@@ -10,6 +10,7 @@ kept (:func:`capture_graph`, :func:`global_batch`). Both are also importable fro
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import torch
@@ -42,9 +43,6 @@ def capture_graph(workload: Workload, batch_size: int | None = None):
     again: the earlier graph is bound to this model (a new ``fx.GraphModule`` of this
     model over a copy of the earlier fx graph; op names, shapes and costs shared).
     """
-    import json
-
-
     bs = int(batch_size or workload.batch_size)
     arch = {k: v for k, v in workload.spec.items() if k != "seed"}  # seeds: same graph
     key = json.dumps([arch, bs, workload.autocast_dtype], sort_keys=True,
@@ -86,8 +84,6 @@ def global_batch(workload: Workload, step: int, seed: int, batch_size: int | Non
     the issuing thread until the GPU drained (a 34 MB Inception-v3 batch waited 29 ms
     behind 25 ms of queued work on an H200, pinned 0.13 ms).
     """
-    import json
-
     bs = int(batch_size or workload.batch_size)
     pin = pin and torch.cuda.is_available()
     key = json.dumps([workload.spec, bs, seed + step, pin], sort_keys=True,
