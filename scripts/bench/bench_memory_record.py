@@ -17,7 +17,9 @@ Case sets (SET, default ``sharded``):
   and 4 microbatches, eager and compiled, and the two halves with 2 microbatches, eager and
   compiled; each flow also with ``torch.profiler`` (``trace``: ``autoplace trace-summary``
   of the timed steps: per device the GPU's busy, idle and compute time, the host's
-  busiest operations).
+  busiest operations);
+* ``gnmt``: GNMT-4's sharded plans at the suite's 4.37 GiB: FSDP2 by blocks and by
+  modules, ZeRO-2, FSDP2 + per-block checkpointing (its LSTMs under FSDP2).
 
     python scripts/bench/bench_memory_record.py OUT DEADLINE_S [SET]
 """
@@ -71,6 +73,18 @@ def cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
     return out
 
 
+def gnmt_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
+    """The ``gnmt`` set: (name, workload, graph, plan, cluster), each at the cap."""
+    wl = workloads.get("gnmt-4", **GNMT)
+    g = profile(wl, ["cuda:0"], repeats=3, cache_dir="/tmp/autoplace-profile")
+    cl = base.with_memory_cap(GNMT_CAP)
+    ck = lever_plans(g, cl)["fsdp+checkpoint-blocks+compile"].with_parallel(compile=False)
+    return [("gnmt-fsdp", wl, g, fsdp(g, cl), cl),
+            ("gnmt-fsdp-modules", wl, g, fsdp(g, cl).with_parallel(shard_units="modules"), cl),
+            ("gnmt-zero2", wl, g, zero2(g, cl), cl),
+            ("gnmt-fsdp+ckpt", wl, g, ck, cl)]
+
+
 def flow_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
     """The ``flows`` set: (name, workload, graph, plan, cluster to simulate on); each runs
     on ``base`` without a cap."""
@@ -108,7 +122,7 @@ def main(out_dir: Path, deadline_s: float, which: str = "sharded") -> None:
     t0 = time.perf_counter()
     res: list[dict[str, Any]] = []
     base = Cluster.detect().subset([0, 1])
-    todo = cases(base) if which == "sharded" else flow_cases(base)
+    todo = {"sharded": cases, "flows": flow_cases, "gnmt": gnmt_cases}[which](base)
     if which == "flows":  # each flow again with the profiler on
         todo += [(n + "+trace", wl, g, p, cl) for n, wl, g, p, cl in todo]
     for name, wl, g, plan, cl in todo:

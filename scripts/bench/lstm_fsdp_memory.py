@@ -7,11 +7,15 @@ suspect). One process, one GPU, NCCL: the model on the GPU (its LSTMs flattened)
 LSTM and the root sharded with ``fully_shard``, three AdamW steps; prints the allocated
 memory after each stage and the largest live CUDA storages between steps.
 
-    python scripts/bench/lstm_fsdp_memory.py
+    python scripts/bench/lstm_fsdp_memory.py [--autocast]
+
+``--autocast`` runs each step's forward and loss under bf16 autocast, as the executor does.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import gc
 import os
 
@@ -45,6 +49,9 @@ def live_storages() -> list[tuple[float, tuple, str]]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--autocast", action="store_true", help="bf16 autocast, as the executor")
+    args = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=0, world_size=1)
@@ -65,11 +72,28 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for step in range(3):
         xs, y = wl.make_batch(wl.batch_size, "cuda")
-        wl.loss_fn(model(*xs), y).backward()
+        region = (torch.autocast("cuda", dtype=torch.bfloat16) if args.autocast
+                  else contextlib.nullcontext())
+        with region:
+            loss = wl.loss_fn(model(*xs), y)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         print(f"between steps {step} and {step + 1}: {allocated_gib():.3f} GiB allocated "
               f"(parameters + AdamW state: {3 * params:.3f})", flush=True)
+    # What each LSTM's cached weight list (``_flat_weights``, which its forward hands to
+    # cuDNN) points at, beside the parameters FSDP2 registered on it.
+    held = 0
+    for x in lstms:
+        for name, w in zip(x._flat_weights_names, x._flat_weights):
+            p = getattr(x, name)
+            if w is not None and w is not p:
+                held += w.untyped_storage().nbytes()
+    print(f"LSTM weight lists pointing at other tensors than the registered parameters: "
+          f"{held / GIB:.3f} GiB of storage (a flat buffer counted once per weight)")
+    for x in lstms:
+        x._flat_weights = [getattr(x, n) for n in x._flat_weights_names]
+    print(f"after refreshing the lists: {allocated_gib():.3f} GiB allocated", flush=True)
     live = live_storages()
     print(f"live CUDA storages: {len(live)}, {sum(v[0] for v in live) / 1024:.3f} GiB")
     for v in live[:12]:
