@@ -15,7 +15,6 @@ is sharded under FSDP2's ``CPUOffloadPolicy`` (:mod:`autoplace.executor.offload`
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -27,11 +26,7 @@ from torch.distributed.tensor import DTensor
 from autoplace.executor.offload import offload_policy
 from autoplace.executor.pieces import CompiledPiece, Piece
 
-__all__ = ["allreduce_grads", "keep_rnns_unpacked", "sum_grads", "unit_members",
-           "wrap_data_parallel"]
-
-#: the start of cuDNN's warning for an RNN whose weights are not one flat buffer
-RNN_COPY_WARNING = "RNN module weights are not part of single contiguous chunk of memory"
+__all__ = ["allreduce_grads", "sum_grads", "unit_members", "wrap_data_parallel"]
 
 
 def _called_modules(program: nn.Module) -> dict[str, nn.Module]:
@@ -146,32 +141,7 @@ def wrap_data_parallel(
         fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh,
                     reshard_after_forward=reshard, **kw)
     fully_shard(program, mesh=mesh, reshard_after_forward=reshard, **kw)
-    keep_rnns_unpacked(program)
     return program
-
-
-def _no_packing() -> None:
-    """An RNN's ``flatten_parameters`` under FSDP2 (:func:`keep_rnns_unpacked`)."""
-
-
-def keep_rnns_unpacked(program: nn.Module) -> int:
-    """Stop each recurrent module (``nn.LSTM`` and kin) in ``program`` from packing its
-    weights into cuDNN's flat buffer; returns how many. For a program under FSDP2.
-
-    An RNN's forward packs weights it has not seen before (``RNNBase._update_flat_weights``
-    calls ``flatten_parameters``), and packing re-points the parameters themselves at a new
-    buffer (``Tensor.set_``). Under FSDP2 those are its gathered parameters, which it keeps
-    from step to step as views of the buffers it gathers into: once packed they view
-    cuDNN's copy instead, so every later step runs on the first step's weights while FSDP2
-    updates the shards, and the copy (the module's whole weights) stays allocated between
-    steps. Unpacked, cuDNN copies the gathered weights into a buffer of its own at each
-    call (kept for backward; the warning it gives once for that is silenced here)."""
-    rnns = [m for m in program.modules() if isinstance(m, nn.RNNBase)]
-    for m in rnns:
-        m.flatten_parameters = _no_packing  # an instance attribute: packing is a no-op
-    if rnns:
-        warnings.filterwarnings("ignore", message=RNN_COPY_WARNING, category=UserWarning)
-    return len(rnns)
 
 
 def all_reduce_mean(t: torch.Tensor, group: Any = None) -> torch.Tensor:
