@@ -66,9 +66,10 @@ class LocalPlan:
     recompute: frozenset[int]
     selective: frozenset[int]
     needb: list[list[tuple[int, float]]]  # per op: (destination device, bytes), sorted
+    cuda: bool = False  # on GPUs (cuDNN packs recurrent weights: replica_memory)
 
 
-def local_plan(ga: GraphArrays, plan: Plan) -> LocalPlan:
+def local_plan(ga: GraphArrays, plan: Plan, cluster: Cluster | None = None) -> LocalPlan:
     group = [plan.groups[name] for name in ga.names]
     placement = plan.placement
     dev = [placement[g] for g in group]
@@ -84,7 +85,8 @@ def local_plan(ga: GraphArrays, plan: Plan) -> LocalPlan:
     par = plan.parallel
     return LocalPlan(dev=dev, group=group, k=plan.devices_per_replica, d=par.data,
                      m=par.microbatches, shard=par.shard, recompute=plan.recompute,
-                     selective=plan.selective, needb=needb)
+                     selective=plan.selective, needb=needb,
+                     cuda=cluster is not None and not cluster.is_cpu)
 
 
 @dataclass
@@ -379,7 +381,7 @@ def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
 
 def simulate_local(ga, plan: Plan, cluster: Cluster, tables: CostTables, record: bool) -> dict:
     """Step time, busy time, memory and timeline of a ``pipeline == 1`` plan."""
-    lp = local_plan(ga, plan)
+    lp = local_plan(ga, plan, cluster)
     prio = [plan.priority[g] for g in lp.group] if plan.priority else None
     order = issue_order_items(ga.preds, lp.dev, lp.m, prio)
     reps = [0] if replicas_identical(cluster, plan) else list(range(lp.d))

@@ -50,6 +50,10 @@ def ensure_costs(graph: OpGraph, cluster: Cluster) -> None:
         estimate_costs(graph, cluster)
 
 
+#: ops whose module packs its weights into one cuDNN buffer on CUDA (``RNNBase``)
+PACKED_RNN_KINDS = frozenset({"LSTM", "GRU", "RNN"})
+
+
 @dataclass
 class GraphArrays:
     """Structure of a graph as index lists and arrays (cached on the graph)."""
@@ -83,6 +87,9 @@ class GraphArrays:
     # float64 [n] or None: bytes each op keeps per microbatch whatever its size (a compiled
     # piece's own low-precision weight copies, ``sim.compiled.compiled_arrays``); None: none
     call_keep: np.ndarray | None = None
+    # float64 [n]: a recurrent module's weights at the gather dtype (``PACKED_RNN_KINDS``),
+    # which cuDNN packs into a copy of its own when FSDP2 gathers them (replica_memory)
+    packed_bytes: np.ndarray | None = None
 
 
 def graph_arrays(graph: OpGraph) -> GraphArrays:
@@ -133,6 +140,8 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         cast_scale=0.5 if getattr(graph, "autocast_dtype", None) in ("bfloat16", "float16")
         else 0.0,
     )
+    arrays.packed_bytes = np.where([op.kind in PACKED_RNN_KINDS for op in ops],
+                                   arrays.param_bytes * arrays.gather_scale, 0.0)
     graph.__dict__["_sim_arrays"] = arrays
     return arrays
 

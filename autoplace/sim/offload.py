@@ -193,7 +193,7 @@ def simulate_offload(ga: GraphArrays, plan: Plan, cluster: Cluster, tables: Cost
                      record: bool) -> dict:
     """Step time, busy time, memory and timeline of an offloaded plan (the same keys as
     :func:`autoplace.sim.local.simulate_local` returns)."""
-    lp = local_plan(ga, plan)
+    lp = local_plan(ga, plan, cluster)
     prio = [plan.priority[g] for g in lp.group] if plan.priority else None
     order = issue_order_items(ga.preds, lp.dev, lp.m, prio)
     shard_bytes = float(ga.param_bytes.sum()) / shard_count(plan)

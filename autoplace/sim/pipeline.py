@@ -182,7 +182,7 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
 
 def simulate_pipeline(ga, plan: Plan, cluster: Cluster, tables: CostTables, record: bool) -> dict:
     """Step time, busy time, memory and timeline of a ``pipeline > 1`` plan."""
-    lp = local_plan(ga, plan)
+    lp = local_plan(ga, plan, cluster)
     reps = [0] if replicas_identical(cluster, plan) else list(range(lp.d))
     runs = {r: _run_stages(ga, lp, plan, cluster, tables, r * lp.k, record and r == 0)
             for r in reps}

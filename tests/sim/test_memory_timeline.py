@@ -131,3 +131,21 @@ def test_exported_weights_read_by_a_matmul_are_cast(autocast):
     g.autocast_dtype = autocast
     b = simulate(g, Plan.single(g), _cluster(1)).memory_breakdown[0]
     assert b["params"] == 10 * MiB + (4 * MiB if autocast else 0)
+
+
+def test_sharded_recurrent_weights_stay_packed_on_gpus():
+    """Under FSDP2 on GPUs an LSTM's whole weights stay allocated (cuDNN's packed copy of
+    what FSDP2 gathered, at the gather dtype); on CPUs, and for other ops, nothing does."""
+    g = _chain(4, param=8 * MiB, act=MiB)
+    g.ops[1].kind = "LSTM"
+    plan = Plan.single(g).with_parallel(data=2, shard="fsdp")
+    gpu = Device(name="gpu", kind="h100", memory_bytes=64 * 2**30, peak_flops=50e12,
+                 memory_bandwidth=1e12, launch_overhead_s=0.0)
+    on_gpu = simulate(g, plan, Cluster.uniform("gpu-x2", gpu, 2, alpha_s=1e-5, bandwidth=5e9))
+    on_cpu = simulate(g, plan, _cluster())
+    packed = on_gpu.memory_breakdown[0]["params"] - on_cpu.memory_breakdown[0]["params"]
+    assert packed == 8 * MiB
+    ddp = Plan.single(g).with_parallel(data=2)
+    assert (simulate(g, ddp, Cluster.uniform("gpu-x2", gpu, 2, alpha_s=1e-5, bandwidth=5e9))
+            .memory_breakdown[0]["params"] == simulate(g, ddp, _cluster())
+            .memory_breakdown[0]["params"])
