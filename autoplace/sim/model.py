@@ -87,8 +87,8 @@ class GraphArrays:
     # float64 [n] or None: bytes each op keeps per microbatch whatever its size (a compiled
     # piece's own low-precision weight copies, ``sim.compiled.compiled_arrays``); None: none
     call_keep: np.ndarray | None = None
-    # float64 [n]: a recurrent module's weights at the gather dtype (``PACKED_RNN_KINDS``),
-    # which cuDNN packs into a copy of its own when FSDP2 gathers them (replica_memory)
+    # float64 [n]: a recurrent module's weights at the gather dtype (``PACKED_RNN_KINDS``):
+    # cuDNN's packed copy of them, held under FSDP2 (replica_memory.static_memory)
     packed_bytes: np.ndarray | None = None
 
 

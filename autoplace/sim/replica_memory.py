@@ -103,11 +103,13 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
     made by the backward (sharded ones, DDP's buckets, a graphed plan's static buffers).
 
     Sharded on GPUs, a recurrent module's whole weights at the gather dtype stay too
-    (``GraphArrays.packed_bytes``): its first forward packs the weights FSDP2 gathered
-    into cuDNN's buffer (``RNNBase.flatten_parameters``), which re-points the gathered
-    parameters at that copy, and FSDP2 frees only its own buffers. Measured on GNMT-4 on
-    one H200: 0.36 GiB held between steps beyond the shards and AdamW state, its LSTMs'
-    weights being 0.29 GiB (``scripts/bench/lstm_fsdp_memory.py``)."""
+    (``GraphArrays.packed_bytes``): a packed copy of what FSDP2 gathered (cuDNN's flat
+    buffer, ``RNNBase.flatten_parameters``), which FSDP2's resharding does not free.
+    Measured on GNMT-4 under ``fully_shard`` on one H200: 0.36 GiB held between steps
+    beyond the shards and AdamW state, its LSTMs' weights being 0.29 GiB, the largest
+    storages held being parameters that view one flat buffer per LSTM
+    (``scripts/bench/lstm_fsdp_memory.py``); with packing turned off, the same bytes were
+    held by cuDNN's per-call copies instead and GNMT-4's peak on 2x H200 did not change."""
     k, m = lp.k, lp.m
     dev = np.asarray(lp.dev)
     max_unit = [0.0] * k
