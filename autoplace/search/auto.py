@@ -268,6 +268,19 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         if cache_dir is not None:
             cal.save(calibration_path(cache_dir, graph, cluster))
 
+    def next_of_family(c: dict[str, Any]) -> dict[str, Any] | None:
+        """Where ``c`` ran out of memory: its family's fastest candidate not yet tried or
+        queued that is predicted to fit once corrected and to come within ``NEAR_BEST`` of
+        both ``c``'s prediction and the fastest plan measured so far. The queue holds one
+        candidate a family past the top k; on GNMT-4 at 4.37 GiB on 2x H200 the annealed
+        placement (its loss on one device) ran out of memory, and the placements that fit
+        (m-etf's, 57.9 ms, the fastest plan measured) were never queued."""
+        best = min((m["measured"] for m in measured), default=float("inf"))
+        bound = NEAR_BEST * min(best, cal.step_time(c["plan"], c["sim"]))
+        rest = [x for x in cands if x["family"] == c["family"] and not x.get("tried")
+                and x not in queue and x not in front and corrected(x) < min(1e3, bound)]
+        return min(rest, key=corrected, default=None)
+
     while queue:
         elapsed = time.perf_counter() - t_start
         if measured and elapsed > limit_s and not pinned:
@@ -311,6 +324,10 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
                     "compiled candidate is measured")
             if getattr(rep, "oom", False):
                 remember(c, rep)
+                nxt = next_of_family(c)
+                if nxt is not None:
+                    say(f"  next of its family: {nxt['planner']} ({nxt['plan'].split()})")
+                    queue.append(nxt)
             continue
         step = step_of(rep)
         c["measured"] = float(step)
