@@ -19,7 +19,10 @@ Case sets (SET, default ``sharded``):
   of the timed steps: per device the GPU's busy, idle and compute time, the host's
   busiest operations);
 * ``gnmt``: GNMT-4's sharded plans at the suite's 4.37 GiB: FSDP2 by blocks and by
-  modules, ZeRO-2, FSDP2 + per-block checkpointing (its LSTMs under FSDP2).
+  modules, ZeRO-2, FSDP2 + per-block checkpointing (its LSTMs under FSDP2);
+* ``gnmt-placements``: GNMT-4's 2-device placements by expert, hash, anneal, m-etf and the
+  two halves, run without a cap so their whole peak shows (simulated at 4.37 GiB: expert's,
+  hash's and anneal's ran out of memory there, simulated to fit or nearly).
 
     python scripts/bench/bench_memory_record.py OUT DEADLINE_S [SET]
 """
@@ -85,6 +88,20 @@ def gnmt_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
             ("gnmt-fsdp+ckpt", wl, g, ck, cl)]
 
 
+def gnmt_placement_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
+    """The ``gnmt-placements`` set: (name, workload, graph, plan, cluster to simulate on);
+    each runs on ``base`` without a cap."""
+    from autoplace import planners
+
+    wl = workloads.get("gnmt-4", **GNMT)
+    g = profile(wl, ["cuda:0"], repeats=3, cache_dir="/tmp/autoplace-profile")
+    cl = base.with_memory_cap(GNMT_CAP)
+    out = [(f"gnmt-{name}", wl, g, planners.get(name)(g, cl), cl)
+           for name in ("expert", "hash", "anneal", "m-etf")]
+    return out + [("gnmt-two-halves", wl, g, hand_written(g, cl, levers=False)["two-halves"],
+                   cl)]
+
+
 def flow_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
     """The ``flows`` set: (name, workload, graph, plan, cluster to simulate on); each runs
     on ``base`` without a cap."""
@@ -122,7 +139,8 @@ def main(out_dir: Path, deadline_s: float, which: str = "sharded") -> None:
     t0 = time.perf_counter()
     res: list[dict[str, Any]] = []
     base = Cluster.detect().subset([0, 1])
-    todo = {"sharded": cases, "flows": flow_cases, "gnmt": gnmt_cases}[which](base)
+    todo = {"sharded": cases, "flows": flow_cases, "gnmt": gnmt_cases,
+            "gnmt-placements": gnmt_placement_cases}[which](base)
     if which == "flows":  # each flow again with the profiler on
         todo += [(n + "+trace", wl, g, p, cl) for n, wl, g, p, cl in todo]
     for name, wl, g, plan, cl in todo:
@@ -132,7 +150,8 @@ def main(out_dir: Path, deadline_s: float, which: str = "sharded") -> None:
         sim = simulate(g, plan, cl)
         mem_dir = Path("/tmp/memory-record") / name
         traced = name.endswith("+trace")
-        run_cl = base if which == "flows" else cl  # flows: no cap, their whole peak shows
+        # flows and placements: no cap, their whole peak shows
+        run_cl = base if which in ("flows", "gnmt-placements") else cl
         t = time.perf_counter()
         try:
             r = run_plan(plan, wl, cluster=run_cl, options=RunOptions(
