@@ -50,7 +50,7 @@ def side_pool_bytes(ga: GraphArrays, plan: Plan) -> float:
             or par.tensor > 1 or plan.num_devices != par.data):
         return 0.0
     d = shard_degree(plan)
-    units = fsdp_units(ga, [0] * ga.n, 1, par.shard_units)
+    units = fsdp_units(ga, [0] * ga.n, 1, par.shard_units, plan)
     gather = (1.0 + 1.0 / d) * max(units.unit_bytes, default=0.0) * ga.gather_scale
     return gather + float(ga.param_bytes.sum()) / d
 

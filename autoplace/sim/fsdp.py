@@ -39,7 +39,7 @@ class FsdpStreams:
 
     def __init__(self, ga, lp, cluster: Cluster, plan: Plan, shard_host: list[float]) -> None:
         self.k = lp.k
-        fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units)
+        fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units, plan)
         self.unit_of, self.unit_bytes, unit_dev = fu.unit_of, fu.unit_bytes, fu.unit_dev
         self.gather_scale = ga.gather_scale  # gathered at the autocast dtype, reduced in fp32
         self.gather_backward = lp.shard == "fsdp"

@@ -374,9 +374,40 @@ class FsdpUnits:
     root: list[bool]  # per unit: the root's
 
 
-def fsdp_units(ga: GraphArrays, dev: list[int], k: int, units: str = "blocks") -> FsdpUnits:
-    """The FSDP2 units of a replica whose op ``i`` runs on local device ``dev[i]``."""
+def rooted_keys(ga: GraphArrays, plan: Plan, keys: list[str]) -> list[str]:
+    """``keys`` (each op's FSDP2 unit) with the ops of the pieces the executor leaves to
+    the root's unit in the root's (``executor.data.unit_members``): a checkpointed or
+    compiled group holding a recurrent module, and a compiled group whose parameters
+    belong to several units or partly to the root's (hooks inside a compiled graph break
+    it). A piece is a group of a compiled plan, or a recomputed group."""
+    par = plan.parallel
+    pieces = set(plan.recompute) | set(plan.selective)
+    if not pieces and not par.compile:
+        return keys
+    group = [plan.groups[name] for name in ga.names]
+    by_group: dict[int, list[int]] = {}
+    for i, g in enumerate(group):
+        if ga.param_bytes[i] > 0 and (par.compile or g in pieces):
+            by_group.setdefault(g, []).append(i)
+    rnn = ga.packed_bytes if ga.packed_bytes is not None else np.zeros(ga.n)
+    out = list(keys)
+    for ops in by_group.values():
+        found = {keys[i] for i in ops}
+        if found == {ROOT_UNIT}:
+            continue
+        if any(rnn[i] > 0 for i in ops) or (par.compile and len(found) > 1):
+            for i in ops:
+                out[i] = ROOT_UNIT
+    return out
+
+
+def fsdp_units(ga: GraphArrays, dev: list[int], k: int, units: str = "blocks",
+               plan: Plan | None = None) -> FsdpUnits:
+    """The FSDP2 units of a replica whose op ``i`` runs on local device ``dev[i]``; with
+    ``plan``, its pieces that stay in the root's unit there (:func:`rooted_keys`)."""
     keys = ga.module_key if units == "modules" else ga.block_key
+    if plan is not None:
+        keys = rooted_keys(ga, plan, keys)
     found: dict[tuple[int, str], int] = {}
     out = FsdpUnits(unit_of=[-1] * ga.n, unit_bytes=[], unit_dev=[], root=[])
     order = [i for i in range(ga.n) if ga.param_bytes[i] > 0]

@@ -117,7 +117,7 @@ def offload_memory(ga: GraphArrays, lp, plan: Plan) -> MemoryModel:
     """GPU memory of one rank of an offloaded plan (see the module docstring); the bytes
     its host holds are :func:`host_bytes`."""
     mem = local_memory(ga, lp, plan)[0]  # activations and transients of the replica
-    fu = fsdp_units(ga, lp.dev, 1, plan.parallel.shard_units)
+    fu = fsdp_units(ga, lp.dev, 1, plan.parallel.shard_units, plan)
     root = sum(b for b, r in zip(fu.unit_bytes, fu.root) if r)
     largest = max((b for b, r in zip(fu.unit_bytes, fu.root) if not r), default=0.0)
     total = float(ga.param_bytes.sum())

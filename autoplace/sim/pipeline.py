@@ -114,7 +114,7 @@ def _run_stages(ga, lp, plan: Plan, cluster: Cluster, tables: CostTables, base: 
     fend: list[list[float | None]] = [[None] * m for _ in range(p)]
     farr[0] = [0.0] * m
     if lp.shard == "fsdp":  # gather each stage's units from the start; F0 waits for the first
-        fu = fsdp_units(ga, lp.dev, p, plan.parallel.shard_units)
+        fu = fsdp_units(ga, lp.dev, p, plan.parallel.shard_units, plan)
         for s in range(p):
             c = affine_collective(cluster, "allgather", replica_group(plan, s))
             t = 0.0

@@ -75,7 +75,7 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     if sharded(lp):
         # a unit's reduce-scatter, after its backward (its first op's): its unsharded
         # gradients at the gather dtype and their fp32 copy FSDP2 reduces
-        fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units)
+        fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units, plan)
         unit = np.asarray(fu.unit_of)
         once = np.zeros(ga.n)
         for u, b in enumerate(fu.unit_bytes):
@@ -115,7 +115,7 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
     max_unit = [0.0] * k
     root = [0.0] * k
     if lp.shard == "fsdp":  # the gathered units it holds (zero2 holds all of them)
-        fu = fsdp_units(ga, lp.dev, k, plan.parallel.shard_units)
+        fu = fsdp_units(ga, lp.dev, k, plan.parallel.shard_units, plan)
         for b, j, is_root in zip(fu.unit_bytes, fu.unit_dev, fu.root):
             if is_root:
                 root[j] += b

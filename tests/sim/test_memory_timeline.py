@@ -149,3 +149,35 @@ def test_sharded_recurrent_weights_stay_packed_on_gpus():
     assert (simulate(g, ddp, Cluster.uniform("gpu-x2", gpu, 2, alpha_s=1e-5, bandwidth=5e9))
             .memory_breakdown[0]["params"] == simulate(g, ddp, _cluster())
             .memory_breakdown[0]["params"])
+
+
+@pytest.mark.parametrize("compile_, recompute, rooted", [
+    (False, set(), set()), (False, {1}, {1}), (False, {2}, set()), (True, set(), {1})])
+def test_pieces_holding_a_recurrent_module_stay_in_the_roots_unit(compile_, recompute, rooted):
+    """As the executor wraps them (``executor.data.unit_members``): a checkpointed or
+    compiled group holding an LSTM leaves its modules to FSDP2's root unit, gathered for
+    the whole step; other pieces of one unit stay units of their own."""
+    from autoplace.sim.model import fsdp_units, graph_arrays
+
+    g = _chain(4, param=8 * MiB, act=MiB)
+    g.ops[1].kind = "LSTM"
+    plan = Plan.from_groups(g, {f"op{i}": i for i in range(4)}, [0] * 4,
+                            recompute=recompute,
+                            parallel=ParallelConfig(data=2, shard="fsdp", compile=compile_))
+    fu = fsdp_units(graph_arrays(g), [0] * 4, 1, "blocks", plan)
+    in_root = {i for i in range(4) if fu.root[fu.unit_of[i]]}
+    assert in_root == rooted
+
+
+def test_a_compiled_group_spanning_two_units_stays_in_the_roots_unit():
+    """A compiled piece whose parameters belong to two units (two blocks' ops in one
+    group) is left to the root's unit; checkpointed only, its blocks stay units."""
+    from autoplace.sim.model import fsdp_units, graph_arrays
+
+    g = _chain(4, param=8 * MiB, act=MiB)
+    groups = {"op0": 0, "op1": 1, "op2": 2, "op3": 2}
+    for compile_, rooted in ((True, {2, 3}), (False, set())):
+        plan = Plan.from_groups(g, groups, [0] * 3, recompute={2},
+                                parallel=ParallelConfig(data=2, shard="fsdp", compile=compile_))
+        fu = fsdp_units(graph_arrays(g), [0] * 4, 1, "blocks", plan)
+        assert {i for i in range(4) if fu.root[fu.unit_of[i]]} == rooted
