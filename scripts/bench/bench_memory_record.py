@@ -160,6 +160,9 @@ def main(out_dir: Path, deadline_s: float, which: str = "sharded") -> None:
                 trace_dir=str(mem_dir) if traced else None), timeout_s=300)
         except AutoplaceError as e:  # a rank died: that case failed, the others run
             r = RunReport(plan=plan.describe(), error=str(e)).finish()
+        except Exception as e:  # noqa: BLE001 -- a one-process case raised (GNMT-4's
+            # annealed placement: a SystemError from autograd's engine): record it, go on
+            r = RunReport(plan=plan.describe(), error=f"{type(e).__name__}: {e}").finish()
         gc.collect()  # a one-process case's model goes before the next case
         rec = json.loads((mem_dir / "memory-rank0.json").read_text()) \
             if (mem_dir / "memory-rank0.json").exists() else None
