@@ -123,15 +123,20 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
                 max_unit[j] = max(max_unit[j], b)
     pb = np.bincount(dev, weights=ga.param_bytes, minlength=k)[:k]
     is_sharded = sharded(lp)
-    # FSDP2 gathers at the autocast dtype: autocast then has nothing to cast
-    cast = np.zeros(k) if is_sharded else cast_copy_bytes(ga, dev, k)
-    if is_sharded and lp.cuda and ga.packed_bytes is not None:
-        cast = np.bincount(dev, weights=ga.packed_bytes, minlength=k)[:k]
+    # weight copies beside the parameters: autocast's where they are not sharded (FSDP2
+    # gathers at the autocast dtype: autocast then has nothing to cast), cuDNN's packed
+    # recurrent weights where they are, on GPUs
+    if not is_sharded:
+        copies = cast_copy_bytes(ga, dev, k)
+    elif lp.cuda and ga.packed_bytes is not None:
+        copies = np.bincount(dev, weights=ga.packed_bytes, minlength=k)[:k]
+    else:
+        copies = np.zeros(k)
     out = []
     for j in range(k):
         mem = state_memory(pb[j], shard_degree(plan), lp.shard, max_unit[j], ga.gather_scale,
                            replica_devices=k, root_bytes=root[j])
-        mem.params += cast[j]
+        mem.params += copies[j]
         mem.grads -= pb[j] * made_grad_share(lp, plan)  # the ops' ``grad`` events count it
         if is_sharded:  # the unsharded gradients: each unit's reduce-scatter (op_memory)
             mem.grads -= min(float(BUCKET_BYTES), pb[j])
