@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoplace import workloads
+from autoplace import planners, workloads
 from autoplace.cluster import Cluster
 from autoplace.costs.profile import profile
 from autoplace.errors import AutoplaceError
@@ -91,8 +91,6 @@ def gnmt_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
 def gnmt_placement_cases(base: Cluster) -> list[tuple[str, Any, Any, Any, Cluster]]:
     """The ``gnmt-placements`` set: (name, workload, graph, plan, cluster to simulate on);
     each runs on ``base`` without a cap."""
-    from autoplace import planners
-
     wl = workloads.get("gnmt-4", **GNMT)
     g = profile(wl, ["cuda:0"], repeats=3, cache_dir="/tmp/autoplace-profile")
     cl = base.with_memory_cap(GNMT_CAP)

@@ -18,6 +18,7 @@ import traceback
 import warnings
 
 import torch
+from bench_memory_record import GNMT, GNMT_CAP
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -27,9 +28,6 @@ from autoplace.costs.profile import profile
 from autoplace.executor.launch import run_plan
 from autoplace.executor.runner import RunOptions
 from autoplace.plan import Plan
-
-GNMT = dict(hidden=1024, vocab_size=32000, src_len=50, tgt_len=50, batch_size=128)
-GNMT_CAP = 4693539840  # the suite's
 
 
 def one_lstm(name: str, unpacked: bool = False, ignore: bool = False, autocast: bool = False,

@@ -21,6 +21,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from bench_memory_record import GNMT
 from torch.distributed.fsdp import fully_shard
 
 from autoplace import workloads
@@ -56,8 +57,7 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
-    wl = workloads.get("gnmt-4", hidden=1024, vocab_size=32000, src_len=50, tgt_len=50,
-                       batch_size=64)
+    wl = workloads.get("gnmt-4", **{**GNMT, "batch_size": 64})  # one of two replicas' share
     model = wl.model
     params = sum(p.numel() * p.element_size() for p in model.parameters()) / GIB
     lstms = [x for x in model.modules() if isinstance(x, torch.nn.LSTM)]
