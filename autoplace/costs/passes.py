@@ -138,3 +138,39 @@ def _calibrate(gm: nn.Module, flat: tuple, dev: torch.device, repeats: int,
         "sum_fwd_s": sum_f,
         "sum_bwd_s": sum_b,
     }
+
+
+def optimizer_host(tensors: int, dev: torch.device, repeats: int) -> dict[str, list[float]]:
+    """Host seconds of the executor's optimizer step (fused AdamW) and of
+    ``zero_grad(set_to_none=True)`` over ``tensors`` parameter tensors and over an eighth of
+    them, on ``dev`` (:mod:`autoplace.sim.optimizer_host`). The tensors are one-element
+    dummies: the host's work is per tensor, and the model's state is not allocated twice.
+    Each figure is the median of ``repeats`` timed steps after two untimed ones, the device
+    idle at each start."""
+    counts = sorted({max(1, tensors // 8), max(1, tensors)})
+    step_s, zero_s = [], []
+    for n in counts:
+        params = [torch.zeros(1, device=dev, requires_grad=True) for _ in range(n)]
+        opt = torch.optim.AdamW(params, lr=1e-3, **({"fused": True} if dev.type == "cuda"
+                                                    else {}))
+        ts, zs = [], []
+        for i in range(repeats + 2):
+            for p in params:
+                p.grad = torch.ones_like(p)
+            _sync(dev)
+            t0 = time.perf_counter()
+            opt.step()
+            t1 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            t2 = time.perf_counter()
+            _sync(dev)
+            if i >= 2:
+                ts.append(t1 - t0)
+                zs.append(t2 - t1)
+        step_s.append(statistics.median(ts))
+        zero_s.append(statistics.median(zs))
+        del opt, params
+    if len(counts) == 1:
+        counts, step_s, zero_s = counts * 2, step_s * 2, zero_s * 2
+    return {"tensors": counts, "step_host_s": step_s, "zero_grad_host_s": zero_s}
+

@@ -91,7 +91,7 @@ from autoplace.costs.fixed_parts import _fit_fixed as _fit_fixed
 from autoplace.costs.fixed_parts import _small_batch_pass
 from autoplace.costs.links import fit_alpha_beta as _fit_alpha_beta  # noqa: F401 (old name)
 from autoplace.costs.links import measure_links
-from autoplace.costs.passes import _timed_pass, _warm_up
+from autoplace.costs.passes import _timed_pass, _warm_up, optimizer_host
 from autoplace.costs.profile_cache import PROFILE_FORMAT, _apply, _load, _save, apply_cached
 from autoplace.errors import AutoplaceError
 from autoplace.graph import OpGraph
@@ -221,6 +221,9 @@ def _measure(graph: OpGraph, inputs: tuple, dev: torch.device, repeats: int,
         "bwd_time_s": bwd,
         **({"fwd_host_s": host["fwd"], "bwd_host_s": host["bwd"]} if host else {}),
         **scaling,
+        # the optimizer's host work per step, on GPUs (a CPU's is in its measured time)
+        **({"optimizer": optimizer_host(sum(1 for p in gm.parameters() if p.requires_grad),
+                                        dev, repeats)} if dev.type == "cuda" else {}),
     }
 
 

@@ -47,7 +47,8 @@ def _apply(graph: OpGraph, kind: str, cached: dict[str, Any]) -> None:
     info = dict(getattr(graph, "profile_info", None) or {})
     info[kind] = {k: cached[k] for k in ("calibration", "device", "torch_version",
                                          "fixed_parts", "batch_size", "small_batch", "share",
-                                         "small_calibration", "compiled", "recompute", "graphs")
+                                         "small_calibration", "compiled", "recompute", "graphs",
+                                         "optimizer")
                   if k in cached}
     info[kind].setdefault("fixed_parts", "absent: the profile record predates them")
     graph.profile_info = info

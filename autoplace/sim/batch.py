@@ -189,6 +189,8 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
         copy_on = np.logical_or.accumulate(copy_h != 0)[k_plan - 1]
         bpos, issued, copied = batch_backward_issue(ga, dev, order_t, m, hb_t, copy_h,
                                                     copy_on, host[-1, -1], kk, sends)
+    # when each plan's host has issued its whole backward (sim/optimizer_host.py)
+    host_end = np.zeros(num) if host is None else np.maximum(host[-1, -1], issued.max(0))
     st = step_tables(ga, sends, ss, order_t, kk, tf, tb, mdiv, tables, host)
     del ss, host
     dev_free, link_free = forward_steps(st, num, kk)
@@ -196,7 +198,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
     dev_free = dev_free.reshape(num, kk)
     last_bwd = bfin.reshape(m, n, num).max(0).T  # [P, n]
     return finish_batch(ga, plans, dev, gid, rc_op, last_bwd, dev_free, d, k_plan, kk, m,
-                        cluster, tables, order_t.T)
+                        cluster, tables, order_t.T, host_end)
 
 
 def _op_times(tables: CostTables, devs: np.ndarray, share: float

@@ -24,6 +24,7 @@ from autoplace.sim.model import (
     graphed_grad_bytes,
     shared_save_bytes,
 )
+from autoplace.sim.optimizer_host import optimizer_host_s
 
 __all__ = ["finish_batch"]
 
@@ -31,10 +32,12 @@ __all__ = ["finish_batch"]
 def finish_batch(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, gid: np.ndarray,
                  rc_op: np.ndarray, last_bwd: np.ndarray, dev_free: np.ndarray,
                  d: np.ndarray, k_plan: np.ndarray, kk: int, m: int, cluster: Cluster,
-                 tables: CostTables, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 tables: CostTables, order: np.ndarray, host_end: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(step_time_s [P], peak_memory_bytes [P, D])`` from each plan's device clocks
-    (``dev_free [P, K]``), when each op's gradient is final (``last_bwd [P, n]``) and its
-    forward issue order (``order [P, m n]``)."""
+    (``dev_free [P, K]``), when each op's gradient is final (``last_bwd [P, n]``), its
+    forward issue order (``order [P, m n]``) and when its host has issued the backward
+    (``host_end [P]``: the optimizer's host work follows, sim/optimizer_host.py)."""
     num, n = dev.shape
     cell = np.arange(num)[:, None] * kk + dev  # [P, n] device cell of every op
     pbytes = _per_device(cell, ga.param_bytes, num * kk).reshape(num, kk)
@@ -45,8 +48,15 @@ def finish_batch(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, gid: np.nd
                                    cluster)
     bw = tables.mem_bandwidth[:kk]
     t_up = UPDATE_TRAFFIC_PER_PARAM_BYTE * pbytes / bw[None, :]
-    upd_end = np.where(t_up > 0, np.maximum(dev_free, coll) + t_up, dev_free)
+    step_h, zero_h = optimizer_host_s(tables.opt_host, int(tables.kind_of_device[0]),
+                                      float(ga.param_count.sum()))
+    start = np.maximum(dev_free, coll)
+    if step_h:
+        start = np.maximum(start, (host_end + step_h)[:, None])
+    upd_end = np.where(t_up > 0, start + t_up, dev_free)
     step = np.maximum(upd_end, coll).max(1)
+    if step_h or zero_h:
+        step = np.maximum(step, host_end + step_h + zero_h)
 
     mem = _memory(ga, plans, dev, cell, gid, rc_op, pbytes, d, k_plan, kk, m, order)
     # replica r's local device j is cluster device r * k + j

@@ -50,6 +50,7 @@ from autoplace.sim.model import (
     shard_degree,
     update_time,
 )
+from autoplace.sim.optimizer_host import optimizer_host_s
 from autoplace.sim.replica_memory import local_memory
 
 
@@ -98,6 +99,7 @@ class ReplicaRun:
     coll_free: list[float]  # after FSDP reduce-scatters
     fsdp_reduced: bool = False  # the reduce-scatters above were simulated
     events: list[Event] = field(default_factory=list)
+    host_end: float = 0.0  # when the host has issued the whole backward
 
 
 def op_times(ga, lp: LocalPlan, tables: CostTables, base: int) -> tuple[list[float], list[float]]:
@@ -246,7 +248,9 @@ def run_replica(ga, lp: LocalPlan, tables: CostTables, cluster: Cluster, plan: P
         if record:
             events.append(Event(f"dev{base + d}", label(item), start, fin, "bwd"))
     coll_free = fs.coll_free if fs else [0.0] * k
-    return ReplicaRun(dev_free, fwd_end, busy, last_bwd, coll_free, fs is not None, events)
+    host_end = max(host_f, max(issued, default=0.0)) + max(host_b, default=0.0)
+    return ReplicaRun(dev_free, fwd_end, busy, last_bwd, coll_free, fs is not None, events,
+                      host_end)
 
 
 def backward_issue(ga, dev: list[int], order: list[int], hb: list[float],
@@ -421,8 +425,14 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
                 if record:
                     events.append(Event(coll_resource(j, k), f"bucket{b}", s0, coll_end[j], kind))
 
-    # ---- optimizer update (and ZeRO-2's all-gather of the updated parameters)
-    step = 0.0
+    # ---- optimizer update (and ZeRO-2's all-gather of the updated parameters), issued
+    # by each replica's process once its backward is issued (sim/optimizer_host.py)
+    # (pipeline stages' processes each update their own parameters: not charged)
+    step_h, zero_h = optimizer_host_s(tables.opt_host, int(tables.kind_of_device[0]),
+                                      float(ga.param_count.sum())) \
+        if plan.parallel.pipeline == 1 else (0.0, 0.0)
+    host_ready = max(getattr(runs[r], "host_end", 0.0) for r in reps) + step_h
+    step = host_ready + zero_h if step_h or zero_h else 0.0
     busy = [0.0] * cluster.num_devices
     upd_end = [0.0] * k
     for r in range(d):
@@ -431,13 +441,16 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
             c = r * k + j
             t_up = update_time(pbytes[j], tables.mem_bandwidth[c], shard_degree(plan), shard) \
                 if pbytes[j] else 0.0
-            s0 = max(run.dev_free[j], coll_end[j])
+            s0 = max(run.dev_free[j], coll_end[j], host_ready if step_h else 0.0)
             end = s0 + t_up if t_up else run.dev_free[j]
             upd_end[j] = max(upd_end[j], end)
             busy[c] = run.busy[j] + t_up
             step = max(step, end, coll_end[j])
             if record and r == 0 and t_up:
                 events.append(Event(f"dev{c}", "update", s0, end, "update"))
+    if record and step_h:
+        events.append(Event("host", "optimizer step, zero_grad", host_ready - step_h,
+                            host_ready + zero_h, "host"))
     if shard == "zero2" and not own_rs:  # pipeline stages: one gather after the update
         for j in range(k):
             if pbytes[j]:

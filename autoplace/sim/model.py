@@ -32,6 +32,7 @@ from autoplace.graph import OpGraph
 from autoplace.lowering import ROOT_UNIT, SELECTIVE_SAVED_KINDS, fsdp_unit_keys, gather_dtype
 from autoplace.plan import Plan
 from autoplace.sim.memory import loss_backward_bytes, loss_keep_bytes
+from autoplace.sim.optimizer_host import optimizer_host_table
 
 #: bytes of memory traffic per parameter byte of a fused AdamW step (reads p, g, m, v;
 #: writes p, m, v).
@@ -172,6 +173,9 @@ class CostTables:
     #: [num_kinds] host seconds per parameter tensor of a graphed piece's replay
     #: (GRAPH_PARAM_HOST_S; 0 where a profiled graph of several blocks already holds it)
     graph_param_host: np.ndarray
+    #: [num_kinds, 3] host seconds of the optimizer's step (fixed, per parameter tensor)
+    #: and of zero_grad per tensor (sim/optimizer_host.py)
+    opt_host: np.ndarray
 
 
 def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
@@ -204,6 +208,7 @@ def cost_tables(graph: OpGraph, cluster: Cluster) -> CostTables:
         alpha=alpha,
         inv_bw=inv,
         graph_param_host=np.full(len(kinds), GRAPH_PARAM_HOST_S),
+        opt_host=optimizer_host_table(graph, kinds),
     )
 
 
