@@ -370,6 +370,33 @@ RECIPE_OF = {"hand:eager": "eager", "hand:compile": "compile-blocks",
              "hand:hf-gradient-checkpointing": "checkpoint-blocks"}
 
 
+def apply_by_name(graph, profile_dir: Path, card: str) -> int:
+    """Apply the one ``card`` profile of ``profile_dir`` to ``graph`` by op name, where its
+    fingerprint differs (an exported graph captured by another torch version holds other
+    view ops): every profiled op must be in ``graph``; ``graph``'s other ops keep estimated
+    costs. Returns how many ops were estimated; raises when the profile does not fit."""
+    from autoplace.cluster import resolve
+    from autoplace.costs import estimate_costs
+    from autoplace.costs.profile_cache import _apply
+
+    found = sorted(profile_dir.glob(f"*-{card}.json"))
+    if len(found) != 1:
+        raise ValueError(f"--profile-dir {profile_dir}: no single {card} profile "
+                         f"({len(found)} found) for graph {graph.fingerprint}")
+    rec = json.loads(found[0].read_text())
+    names = {op.name for op in graph}
+    if not set(rec["fwd_time_s"]) <= names:
+        raise ValueError(f"--profile-dir {profile_dir}: its {card} profile names ops this "
+                         f"graph ({graph.fingerprint}) does not have")
+    estimate_costs(graph, resolve(f"{card}x1"))
+    missing = [op for op in graph if op.name not in rec["fwd_time_s"]]
+    for op in missing:
+        rec["fwd_time_s"][op.name] = op.fwd_time_s[card]
+        rec["bwd_time_s"][op.name] = op.bwd_time_s[card]
+    _apply(graph, card, rec)
+    return len(missing)
+
+
 def replay(folder: Path, profile_dir: str | None = None) -> str:
     """The simulator on every option of a stored run (``levers.json``): each option's
     plan (its recipe; eager: one device) simulated on the card's preset under the case's
@@ -392,9 +419,9 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
     card = out["card"].lower().replace("nvidia", "").strip().split()[0]
     meta = workloads.get(out["model"], device="meta", **out["options"])
     graph = capture_workload(meta)
+    extra = 0
     if profile_dir and not apply_cached(graph, profile_dir, [card]):
-        raise ValueError(f"--profile-dir {profile_dir}: no {card} profile of this run's graph "
-                         f"({graph.fingerprint})")
+        extra = apply_by_name(graph, Path(profile_dir), card)
     from autoplace.executor.profile_block import describe
 
     info = (getattr(graph, "profile_info", None) or {}).get(card) or {}
@@ -402,6 +429,10 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
         describe({k: info.get(k) for k in ("compiled", "recompute", "graphs")})
         if "recompute" in info else "not profiled") if profile_dir else
         "op costs estimated (as `auto` had them in this run: no profile)")
+    if extra:
+        costs += (f"; {extra} ops that this machine's capture has and the card's did not "
+                  f"(torch.export's graph of torch {torch.__version__} against the card's "
+                  f"{out['torch_version']}) at estimated costs")
     rows, cases = [], []
     for c in out["cases"]:
         cluster = resolve(f"{card}x1", memory_cap=c["memory_cap_bytes"])
@@ -410,6 +441,11 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
         auto_file = folder / "plans" / f"{slug}-auto.json"
         if auto_file.exists():  # auto's own plan (not one of the recipes)
             plans["auto"] = Plan.load(auto_file)
+            if extra and plans["auto"].model.get("fingerprint") != graph.fingerprint:
+                if len(set(plans["auto"].groups.values())) != 1:
+                    del plans["auto"]  # a grouping of the card's graph: not rebuilt here
+                else:  # one group: the same plan on this machine's graph
+                    plans["auto"] = Plan.single(graph, parallel=plans["auto"].parallel)
         by_recipe: dict[str, dict[str, Any]] = {}
         for key, r in c["options"].items():
             recipe = RECIPE_OF.get(key) or ((c["auto"].get("same_as") or "auto")
