@@ -8,6 +8,7 @@ replica ``r``; with ``pipeline == 1`` rank ``r`` runs all ``k`` devices of repli
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,13 @@ class Built:
     Attributes:
         model: the module whose parameters the optimizer updates.
         state_module: the module checkpoints save and load.
-        step: ``(global_inputs, global_targets) -> loss`` (forward and backward).
+        step: ``(global_inputs, global_targets, region) -> loss`` (forward and backward),
+            ``region`` a context manager factory (the workload's autocast) around the
+            forward and the loss: a one-process program's backward runs outside it, as
+            PyTorch's autocast recipe has it (autocast's cached weight copies then die with
+            the backward of the ops that saved them instead of all at its end), but for a
+            plan with selective checkpointing; a pipeline's schedule interleaves the two
+            and runs wholly inside it.
         devices: this rank's devices.
         cluster_indices: their cluster device indices.
         has_loss: whether this rank computes a loss (pipeline: last stage only).
@@ -56,7 +63,7 @@ class Built:
 
     model: nn.Module
     state_module: nn.Module
-    step: Callable[[tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor]
+    step: Callable[..., torch.Tensor]
     devices: list[torch.device]
     cluster_indices: list[int]
     has_loss: bool = True
@@ -134,13 +141,23 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                                        mesh=one_rank_mesh(devices[0]), device=devices[0],
                                        param_dtype=_gather_dtype(low), offload=True)
         dp_group = mesh["dp"].get_group() if manual and tp else None
+        # a selective checkpoint's recompute must issue the ops its forward issued: with the
+        # backward outside autocast, the region's cache is gone and the recompute casts a
+        # weight that a later microbatch's forward had found cached ("aten._to_copy ...
+        # encountered during backward but not found in storage"); there the backward stays
+        # inside the region, the copies held to its end
+        whole_step = bool(plan.selective)
         params = [q for q in program.parameters() if q.requires_grad] if manual else []
 
-        def step(inputs, targets):
+        def step(inputs, targets, region=contextlib.nullcontext):
             xs = tuple(_replica_slice(x, replica, par.data) for x in inputs)
             y = _replica_slice(targets, replica, par.data)
-            loss = model(xs, y)
-            loss.backward()
+            with region():  # autocast around the forward and the loss
+                loss = model(xs, y)
+                if whole_step:
+                    loss.backward()
+            if not whole_step:
+                loss.backward()
             if manual:
                 allreduce_grads(params, dp_group, device=devices[0])
             return loss
@@ -190,7 +207,11 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                              stage_loss, group=group)
     last = stage == p - 1
 
-    def pp_step(inputs, targets):
+    def pp_step(inputs, targets, region=contextlib.nullcontext):
+        with region():  # the schedule interleaves forwards and backwards: all of it
+            return _pp_step(inputs, targets)
+
+    def _pp_step(inputs, targets):
         # stage 0's placeholders: the captured graph's tensor inputs (others are constants)
         xs = tuple(_replica_slice(x, replica, par.data).to(device)
                    for x in program_inputs(gm, inputs) if isinstance(x, torch.Tensor))

@@ -372,8 +372,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             inputs, targets = global_batch(workload, step, opts.seed, pin=pin)
             _sync(built.devices)
             t0 = time.perf_counter()
-            with workload_autocast(workload, built.devices[0], cache=cache):
-                loss = built.step(inputs, targets)
+            loss = built.step(inputs, targets, lambda: workload_autocast(
+                workload, built.devices[0], cache=cache))
             opt.step()
             opt.zero_grad(set_to_none=True)
             _sync(built.devices)

@@ -190,15 +190,18 @@ def cast_weight_bytes(ga) -> np.ndarray:
 
 
 def cast_copy_bytes(ga, dev: np.ndarray, size: int) -> np.ndarray:
-    """``[size]`` bytes of autocast's low-precision weight copies per device cell.
+    """``[size]`` bytes of autocast's low-precision weight copies per device cell, where
+    they are held from first use to the end of the step.
 
-    The executor runs a step's forward and backward in one autocast region with its cast
-    cache on, so each weight autocast casts (matmuls, convolutions, recurrent layers: the
-    ``saved`` kinds) keeps a bf16 / fp16 copy from its first use to the end of the
-    backward (an exported graph's weight ops count where a matmul reads them); without
-    autocast there are none, nor in a compiled plan, whose pieces cast inside their
-    graphs and keep the copies per call (``GraphArrays.call_keep``). ``dev``: ``[n]`` or
-    ``[P, n]`` cell of every op."""
+    A pipeline's schedule, and a one-process plan with selective checkpointing, run their
+    forward and backward in one autocast region with its cast cache on, so each weight
+    autocast casts (matmuls, convolutions, recurrent layers: the ``saved`` kinds) keeps a
+    bf16 / fp16 copy from its first use to the end of the backward (an exported graph's
+    weight ops count where a matmul reads them). Other one-process plans run the backward
+    outside the region: their copies live in the ops' saved tensors
+    (``replica_memory.casts_saved``). Without autocast there are none, nor in a compiled
+    plan, whose pieces cast inside their graphs and keep the copies per call
+    (``GraphArrays.call_keep``). ``dev``: ``[n]`` or ``[P, n]`` cell of every op."""
     if ga.call_keep is not None:  # compiled: each call keeps its own copies (op_memory)
         return np.zeros(size)
     w = cast_weight_bytes(ga)

@@ -13,7 +13,13 @@ import numpy as np
 
 from autoplace.lowering import issue_order_items
 from autoplace.plan import Plan
-from autoplace.sim.memory import Peak, cast_copy_bytes, replica_events, timeline_peak
+from autoplace.sim.memory import (
+    Peak,
+    cast_copy_bytes,
+    cast_weight_bytes,
+    replica_events,
+    timeline_peak,
+)
 from autoplace.sim.model import (
     BUCKET_BYTES,
     MemoryModel,
@@ -29,7 +35,8 @@ from autoplace.sim.model import (
 if TYPE_CHECKING:
     from autoplace.sim.local import LocalPlan
 
-__all__ = ["local_memory", "made_grad_share", "op_memory", "static_memory", "with_peak"]
+__all__ = ["casts_saved", "local_memory", "made_grad_share", "op_memory", "static_memory",
+           "with_peak"]
 
 
 def sharded(lp: LocalPlan) -> bool:
@@ -61,6 +68,9 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
         # kept per microbatch whatever its size; the events scale kept by 1 / (m d)
         act = act + ga.call_keep * (lp.m * lp.d)
     kept = np.where(rc_op, 0.0, act) + ga.loss_keep
+    if casts_saved(ga, lp, plan):
+        # one copy per replica, shared by its microbatches (m items of 1 / (m d) each)
+        kept = kept + cast_weight_bytes(ga) * lp.d
     for g, b in recompute_boundary_bytes(ga, lp.group, lp.recompute | lp.selective).items():
         kept[int(np.argmax(group == g))] += b
     gact = np.zeros(int(group.max()) + 1 if len(group) else 1)
@@ -82,6 +92,21 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
             once[int(np.argmax(unit == u))] = b * (1.0 + ga.gather_scale)
     return {"kept": kept, "back": back, "fwd_out": fwd_out, "grad": grad, "shared": shared,
             "once": once}
+
+
+def casts_saved(ga, lp: LocalPlan, plan: Plan) -> bool:
+    """Whether autocast's weight copies live as the ops that read them save them, from
+    the op's forward to its backward: in a one-process program, whose backward runs
+    outside the autocast region (``executor.build``: the region's exit drops its cache,
+    and each copy lives on in the saved tensors of the ops that read it; a recomputed op's
+    copy is counted the same way, an over-count until its group's backward). A pipeline's
+    schedule runs wholly inside the region: its copies stay to the step's end
+    (:func:`static_memory`). None where FSDP2 or ZeRO-2 shard (gathered at the autocast
+    dtype) or in a compiled plan (``GraphArrays.call_keep``). A plan with selective
+    checkpointing runs its backward inside the region too (a selective recompute must
+    issue the casts its forward issued): its copies stay to the step's end."""
+    return (plan.parallel.pipeline == 1 and not sharded(lp) and ga.call_keep is None
+            and not plan.selective)
 
 
 def made_grad_share(lp: LocalPlan, plan: Plan) -> float:
@@ -127,7 +152,7 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
     # gathers at the autocast dtype: autocast then has nothing to cast), cuDNN's packed
     # recurrent weights where they are, on GPUs
     if not is_sharded:
-        copies = cast_copy_bytes(ga, dev, k)
+        copies = np.zeros(k) if casts_saved(ga, lp, plan) else cast_copy_bytes(ga, dev, k)
     elif lp.cuda and ga.packed_bytes is not None:
         copies = np.bincount(dev, weights=ga.packed_bytes, minlength=k)[:k]
     else:

@@ -5,8 +5,9 @@
 state is made there) and measures the second: under :class:`LiveStorages` every storage an
 op makes is counted until it dies, whoever holds it (autograd's saved tensors too), so
 the peak and what was alive at it are exact at op granularity. Autocast, where asked, is
-one CPU region over forward and backward with its cast cache on, as the executor's loop
-runs it on GPUs. Used by ``scripts/bench/step_memory.py`` and the simulator's tests, to
+a CPU region with its cast cache on that the program's step opens as the executor's loop
+does on GPUs (around the forward and the loss; the whole step for a plan with selective
+checkpointing). Used by ``scripts/bench/step_memory.py`` and the simulator's tests, to
 set the simulated peak beside a measured one.
 """
 
@@ -58,12 +59,13 @@ class LiveStorages(TorchDispatchMode):
         return out
 
 
-def measure_step(wl: Any, graph: Any, plan: Any, cluster: Any, autocast: str | None
-                 ) -> dict[str, Any]:
+def measure_step(wl: Any, graph: Any, plan: Any, cluster: Any, autocast: str | None,
+                 *, optimizer: bool = True) -> dict[str, Any]:
     """The second step's measured peak of ``plan`` (one device) on the CPU:
     ``measured_bytes`` (parameters, optimizer state and batch, ``static_bytes``, plus the
     most the step holds at once), ``peak_op`` and ``alive_at_peak`` (see
-    :class:`LiveStorages`)."""
+    :class:`LiveStorages`). ``optimizer=False``: the forward and backward alone (the CPU's
+    foreach AdamW makes temporaries the GPUs' fused one does not)."""
     microbatch = wl.batch_size // plan.parallel.microbatches
     built = build.build_rank(wl, graph, plan, cluster, 0, microbatch)
     params = [p for p in built.model.parameters() if p.requires_grad]
@@ -76,8 +78,11 @@ def measure_step(wl: Any, graph: Any, plan: Any, cluster: Any, autocast: str | N
                   *(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))]
         mode = LiveStorages(before)
         with mode:
-            with region():
-                built.step(inputs, targets)
+            built.step(inputs, targets, region)
+            if optimizer:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        if not optimizer:
             opt.step()
             opt.zero_grad(set_to_none=True)
     static = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes()
