@@ -12,7 +12,7 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.plan import Plan
-from autoplace.sim.memory import cast_weight_bytes, replica_events, timeline_peak
+from autoplace.sim.memory import cast_copy_bytes, cast_weight_bytes, replica_events, timeline_peak
 from autoplace.sim.model import (
     BUCKET_BYTES,
     DDP_GRAD_COPIES,
@@ -141,9 +141,11 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
     grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
     # [P, n] (replica_memory.op_memory): autocast's weight copies saved by the ops that read
-    # them (replica_memory.casts_saved: one-process plans, whose backward runs outside
-    # autocast), one copy per replica
-    kept = np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep + cast_weight_bytes(ga) * d[:, None]
+    # them, one copy per replica (replica_memory.casts_saved: one-process plans, whose
+    # backward runs outside autocast); a graphed plan's stay in its pools (static_memory)
+    cast = np.where(graphed, cast_copy_bytes(ga, cell, size).reshape(num, kk), 0.0)
+    kept = (np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep
+            + np.where(graphed, 0.0, cast_weight_bytes(ga)[None, :] * d[:, None]))
     fwd_out = ga.out_bytes - ga.loss_keep
     back = np.broadcast_to(ga.back_bytes, (num, n))
     shared = shared_save_bytes(ga, cell, ~rc_op, size)
@@ -179,4 +181,4 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
     grad = np.where(ddp, 0.0, np.broadcast_to(ga.param_bytes, (num, n)))
     peak = timeline_peak(*replica_events(n, dev, order, kept, back, fwd_out, grad,
                                          1.0 / (m * d)), kk)
-    return pbytes + grads + opt + (peak.total + shared).reshape(num, kk)
+    return pbytes + cast + grads + opt + (peak.total + shared).reshape(num, kk)

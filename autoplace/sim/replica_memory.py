@@ -101,12 +101,15 @@ def casts_saved(ga, lp: LocalPlan, plan: Plan) -> bool:
     and each copy lives on in the saved tensors of the ops that read it; a recomputed op's
     copy is counted the same way, an over-count until its group's backward). A pipeline's
     schedule runs wholly inside the region: its copies stay to the step's end
-    (:func:`static_memory`). None where FSDP2 or ZeRO-2 shard (gathered at the autocast
-    dtype) or in a compiled plan (``GraphArrays.call_keep``). A plan with selective
-    checkpointing runs its backward inside the region too (a selective recompute must
-    issue the casts its forward issued): its copies stay to the step's end."""
-    return (plan.parallel.pipeline == 1 and not sharded(lp) and ga.call_keep is None
-            and not plan.selective)
+    (:func:`static_memory`). None under FSDP2 or ZeRO-2 (gathered at the autocast dtype,
+    one rank included) or in a compiled plan (``GraphArrays.call_keep``). A plan with
+    selective checkpointing runs its backward inside the region too (a selective
+    recompute must issue the casts its forward issued), and a graphed plan's copies are
+    made in its graphs' private pools, which keep them: both hold them to the step's
+    end."""
+    par = plan.parallel
+    return (par.pipeline == 1 and par.shard == "none" and ga.call_keep is None
+            and not plan.selective and not par.graphs)
 
 
 def made_grad_share(lp: LocalPlan, plan: Plan) -> float:
