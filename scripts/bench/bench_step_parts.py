@@ -64,32 +64,31 @@ def hand_loop(model, wl, opt, batches, parts: bool) -> dict[str, Any]:
     def add(k: str, v: float) -> None:
         rec.setdefault(k, []).append(v)
 
+    def part(name: str, since: float, memory: bool = False) -> float:
+        """Record a part begun at ``since``: its issue time, then (synced) its wall time;
+        returns when the next part begins."""
+        add(f"{name}_host", time.perf_counter() - since)
+        _sync()
+        add(name, time.perf_counter() - since)
+        if memory:
+            add(f"mem_after_{name}", _allocated())
+        return time.perf_counter()
+
     if CUDA:
         torch.cuda.reset_peak_memory_stats()
     for i, (xs, y) in enumerate(batches):
         _sync()
-        t0 = time.perf_counter()
+        t0 = t1 = time.perf_counter()
         with amp:
             loss = wl.loss_fn(model(*xs), y)
         if parts:
-            add("fwd_host", time.perf_counter() - t0)
-            _sync()
-            add("fwd", time.perf_counter() - t0)
-            add("mem_after_fwd", _allocated())
-            t1 = time.perf_counter()
+            t1 = part("fwd", t1, memory=True)
         loss.backward()
         if parts:
-            add("bwd_host", time.perf_counter() - t1)
-            _sync()
-            add("bwd", time.perf_counter() - t1)
-            add("mem_after_bwd", _allocated())
-            t1 = time.perf_counter()
+            t1 = part("bwd", t1, memory=True)
         opt.step()
         if parts:
-            add("opt_host", time.perf_counter() - t1)
-            _sync()
-            add("opt", time.perf_counter() - t1)
-            t1 = time.perf_counter()
+            t1 = part("opt", t1)
         opt.zero_grad(set_to_none=True)
         if parts:
             add("zero_host", time.perf_counter() - t1)
