@@ -12,7 +12,7 @@ from typing import Any
 from autoplace.files import write_json_atomic
 from autoplace.graph import OpGraph
 
-__all__ = ["PROFILE_FORMAT", "apply_cached", "record_block"]
+__all__ = ["PROFILE_FORMAT", "apply_by_name", "apply_cached", "record_block"]
 
 PROFILE_FORMAT = "autoplace.profile/1"
 
@@ -141,3 +141,31 @@ def _save(cache_dir: str | Path | None, graph: OpGraph, kind: str, data: dict) -
     path = _cache_path(cache_dir, graph, kind)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, data)
+
+
+def apply_by_name(graph: OpGraph, record: dict[str, Any], kind: str, cluster: Any) -> int:
+    """Apply a profile ``record`` of device ``kind`` to ``graph`` by op name, where its
+    fingerprint differs (an exported graph captured by another torch version holds other
+    view ops): every op the record times must be in ``graph``; ``graph``'s other ops get
+    estimated costs on ``cluster``. Returns how many were estimated.
+
+    Raises:
+        ValueError: the record times an op ``graph`` does not have.
+    """
+    from autoplace.costs.estimate import estimate_costs
+
+    names = {op.name for op in graph}
+    extra = sorted(set(record["fwd_time_s"]) - names)
+    if extra:
+        raise ValueError(f"the {kind} profile times {len(extra)} ops graph "
+                         f"{graph.fingerprint} does not have, e.g. {extra[:3]}")
+    estimate_costs(graph, cluster)
+    rec = {**record, "fwd_time_s": dict(record["fwd_time_s"]),
+           "bwd_time_s": dict(record["bwd_time_s"])}
+    missing = [op for op in graph if op.name not in rec["fwd_time_s"]]
+    for op in missing:
+        rec["fwd_time_s"][op.name] = op.fwd_time_s[kind]
+        rec["bwd_time_s"][op.name] = op.bwd_time_s[kind]
+    _apply(graph, kind, rec)
+    return len(missing)
+

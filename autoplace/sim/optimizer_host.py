@@ -30,8 +30,7 @@ __all__ = ["OPT_STEP_HOST_S", "OPT_STEP_TENSOR_HOST_S", "ZERO_GRAD_TENSOR_HOST_S
 #: host seconds of fused AdamW's ``step`` beyond its per-tensor work, and per parameter
 #: tensor, on a GPU kind without a profiled figure: fitted on one H200 (torch 2.11) to a
 #: U-Net's 50 tensors (0.366 ms) and branchy-mlp's 28 (0.262 ms); held out, a residual
-#: MLP's 1,206 tensors: 5.46 ms measured, 5.80 predicted (+6%)
-#: (bench/results/2026-11-30-h200x1-step-parts)
+#: MLP's 1,206 tensors: 5.46 ms measured, 5.80 predicted (+6%) (docs/simulator.md, constants)
 OPT_STEP_HOST_S = 0.13e-3
 OPT_STEP_TENSOR_HOST_S = 4.7e-6
 #: host seconds of ``zero_grad(set_to_none=True)`` per parameter tensor, the same run: 2.1

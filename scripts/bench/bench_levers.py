@@ -370,33 +370,6 @@ RECIPE_OF = {"hand:eager": "eager", "hand:compile": "compile-blocks",
              "hand:hf-gradient-checkpointing": "checkpoint-blocks"}
 
 
-def apply_by_name(graph, profile_dir: Path, card: str) -> int:
-    """Apply the one ``card`` profile of ``profile_dir`` to ``graph`` by op name, where its
-    fingerprint differs (an exported graph captured by another torch version holds other
-    view ops): every profiled op must be in ``graph``; ``graph``'s other ops keep estimated
-    costs. Returns how many ops were estimated; raises when the profile does not fit."""
-    from autoplace.cluster import resolve
-    from autoplace.costs import estimate_costs
-    from autoplace.costs.profile_cache import _apply
-
-    found = sorted(profile_dir.glob(f"*-{card}.json"))
-    if len(found) != 1:
-        raise ValueError(f"--profile-dir {profile_dir}: no single {card} profile "
-                         f"({len(found)} found) for graph {graph.fingerprint}")
-    rec = json.loads(found[0].read_text())
-    names = {op.name for op in graph}
-    if not set(rec["fwd_time_s"]) <= names:
-        raise ValueError(f"--profile-dir {profile_dir}: its {card} profile names ops this "
-                         f"graph ({graph.fingerprint}) does not have")
-    estimate_costs(graph, resolve(f"{card}x1"))
-    missing = [op for op in graph if op.name not in rec["fwd_time_s"]]
-    for op in missing:
-        rec["fwd_time_s"][op.name] = op.fwd_time_s[card]
-        rec["bwd_time_s"][op.name] = op.bwd_time_s[card]
-    _apply(graph, card, rec)
-    return len(missing)
-
-
 def replay(folder: Path, profile_dir: str | None = None) -> str:
     """The simulator on every option of a stored run (``levers.json``): each option's
     plan (its recipe; eager: one device) simulated on the card's preset under the case's
@@ -410,6 +383,7 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
     from autoplace.capture import capture_workload
     from autoplace.cluster import resolve
     from autoplace.costs.profile import apply_cached
+    from autoplace.costs.profile_cache import apply_by_name
     from autoplace.plan import Plan
     from autoplace.planners.manual import lever_plans
     from autoplace.search.families import family
@@ -421,7 +395,13 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
     graph = capture_workload(meta)
     extra = 0
     if profile_dir and not apply_cached(graph, profile_dir, [card]):
-        extra = apply_by_name(graph, Path(profile_dir), card)
+        # the card's torch exported another graph: its one profile, by op name
+        found = sorted(Path(profile_dir).glob(f"*-{card}.json"))
+        if len(found) != 1:
+            raise ValueError(f"--profile-dir {profile_dir}: no single {card} profile "
+                             f"({len(found)} found) for graph {graph.fingerprint}")
+        extra = apply_by_name(graph, json.loads(found[0].read_text()), card,
+                              resolve(f"{card}x1"))
     from autoplace.executor.profile_block import describe
 
     info = (getattr(graph, "profile_info", None) or {}).get(card) or {}

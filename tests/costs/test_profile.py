@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import autoplace.costs.profile as prof
-from autoplace.capture import capture
+from autoplace import workloads
+from autoplace.capture import capture, capture_workload
 from autoplace.costs.profile import measure_links, profile
 from autoplace.errors import AutoplaceError
 from autoplace.workloads import Workload
@@ -159,3 +160,26 @@ def test_host_times_are_measured_and_scaled_to_a_whole_pass(tmp_path):
     pr._apply(g, "h200", {**rec, **scaling})
     assert np.isfinite(g.host_fixed_times("h200")).all()
     assert (g.host_fixed_times("h200", backward=True) <= g.bwd_host_times("h200")).all()
+
+
+def test_a_profile_applies_by_name_where_the_export_differs():
+    """A profile taken on another torch version's graph (other view ops, so another
+    fingerprint) is applied by op name: its ops get its times, the graph's others keep
+    estimated costs; a profile timing an op the graph lacks is refused."""
+    from autoplace.cluster import resolve
+    from autoplace.costs.profile_cache import apply_by_name
+
+    graph = capture_workload(workloads.get("gpt-tiny", device="meta"))
+    names = [op.name for op in graph]
+    dropped = names[3]
+    rec = {"fwd_time_s": {n: 1e-3 for n in names if n != dropped},
+           "bwd_time_s": {n: 2e-3 for n in names if n != dropped}}
+    assert apply_by_name(graph, rec, "h200", resolve("h200x1")) == 1
+    assert graph[names[0]].fwd_time_s["h200"] == 1e-3
+    assert graph[names[0]].bwd_time_s["h200"] == 2e-3
+    assert graph[dropped].fwd_time_s["h200"] not in (0.0, 1e-3)  # estimated
+    assert dropped not in rec["fwd_time_s"]  # the record is not changed
+    rec["fwd_time_s"]["not-in-the-graph"] = 1e-3
+    with pytest.raises(ValueError, match="does not have"):
+        apply_by_name(capture_workload(workloads.get("gpt-tiny", device="meta")), rec,
+                      "h200", resolve("h200x1"))

@@ -8,8 +8,6 @@ import math
 import subprocess
 import sys
 
-import pytest
-
 from tests.helpers import BENCH
 
 
@@ -48,30 +46,3 @@ def test_bench_levers_smoke(tmp_path):
     assert run["headline"][0]["auto_plan"] == auto["split"]
     assert json.loads((tmp_path / "env.json").read_text())["gpus"] == 1
 
-
-def test_replay_applies_a_profile_by_name_where_the_export_differs(tmp_path, monkeypatch):
-    """A profile taken on another torch version's graph (other view ops, so another
-    fingerprint) is applied by op name: its ops get its times, the graph's others keep
-    estimated costs; a profile naming an op the graph lacks is refused."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    from bench_levers import apply_by_name
-
-    from autoplace import workloads
-    from autoplace.capture import capture_workload
-
-    graph = capture_workload(workloads.get("gpt-tiny", device="meta"))
-    names = [op.name for op in graph]
-    dropped = names[3]
-    rec = {"format": "autoplace.profile/1", "fingerprint": "another",
-           "fwd_time_s": {n: 1e-3 for n in names if n != dropped},
-           "bwd_time_s": {n: 2e-3 for n in names if n != dropped}}
-    (tmp_path / "another-h200.json").write_text(json.dumps(rec))
-    assert apply_by_name(graph, tmp_path, "h200") == 1
-    assert graph[names[0]].fwd_time_s["h200"] == 1e-3
-    assert graph[names[0]].bwd_time_s["h200"] == 2e-3
-    assert graph[dropped].fwd_time_s["h200"] not in (0.0, 1e-3)  # estimated
-    rec["fwd_time_s"]["not-in-the-graph"] = 1e-3
-    (tmp_path / "another-h200.json").write_text(json.dumps(rec))
-    with pytest.raises(ValueError, match="does not have"):
-        apply_by_name(capture_workload(workloads.get("gpt-tiny", device="meta")), tmp_path,
-                      "h200")

@@ -11,11 +11,11 @@ import torch
 from autoplace.cluster import preset
 from autoplace.costs.passes import optimizer_host
 from autoplace.graph import OpGraph, OpNode
+from autoplace.parallel_config import ParallelConfig
 from autoplace.plan import Plan
 from autoplace.sim import optimizer_host as oh
-from autoplace.sim import simulate
+from autoplace.sim import simulate, simulate_batch
 from autoplace.sim.model import cost_tables
-from tests.sim.test_sim_host import assert_batch_equals_scalar, mixed_plans
 
 
 def gpu_chain(n: int, fwd: float, param_bytes: int = 4) -> OpGraph:
@@ -60,9 +60,20 @@ def test_host_bound_step_waits_for_the_optimizer_device_bound_does_not(monkeypat
 
 
 def test_batch_equals_scalar_with_the_optimizer_host():
+    """Random one-process placements, with microbatches and data parallelism, of a
+    host-bound chain: the batched simulator's steps equal the scalar one's."""
     g = gpu_chain(24, 3e-6)
-    plans = mixed_plans(g, random.Random(3), 4, 2)
-    assert_batch_equals_scalar(g, plans, preset("h200x4"))
+    rng = random.Random(3)
+    plans = []
+    for k, m, d in ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 4, 1), (1, 2, 2), (2, 1, 2)):
+        groups = {op.name: i * 6 // len(g) for i, op in enumerate(g)}
+        placement = [0, *(rng.randrange(k) for _ in range(4)), k - 1]
+        plans.append(Plan.from_groups(g, groups, placement,
+                                      parallel=ParallelConfig(microbatches=m, data=d)))
+    cluster = preset("h200x4")
+    batch = simulate_batch(g, plans, cluster)
+    np.testing.assert_allclose(batch.step_time_s,
+                               [simulate(g, p, cluster).step_time_s for p in plans], rtol=1e-12)
 
 
 def test_profile_measures_step_and_zero_grad_at_two_counts():
