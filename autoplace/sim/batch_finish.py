@@ -25,6 +25,7 @@ from autoplace.sim.model import (
     shared_save_bytes,
 )
 from autoplace.sim.optimizer_host import optimizer_host_s
+from autoplace.sim.replica_memory import casts_saved
 
 __all__ = ["finish_batch"]
 
@@ -141,11 +142,12 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
     grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes
     # [P, n] (replica_memory.op_memory): autocast's weight copies saved by the ops that read
-    # them, one copy per replica (replica_memory.casts_saved: one-process plans, whose
-    # backward runs outside autocast); a graphed plan's stay in its pools (static_memory)
-    cast = np.where(graphed, cast_copy_bytes(ga, cell, size).reshape(num, kk), 0.0)
+    # them, one copy per replica, where replica_memory.casts_saved says so; else held the
+    # whole step beside the parameters (replica_memory.static_memory)
+    saved = np.array([casts_saved(ga, pl) for pl in plans])[:, None]
+    cast = np.where(saved, 0.0, cast_copy_bytes(ga, cell, size).reshape(num, kk))
     kept = (np.where(rc_op, 0.0, ga.act_bytes) + ga.loss_keep
-            + np.where(graphed, 0.0, cast_weight_bytes(ga)[None, :] * d[:, None]))
+            + np.where(saved, cast_weight_bytes(ga)[None, :] * d[:, None], 0.0))
     fwd_out = ga.out_bytes - ga.loss_keep
     back = np.broadcast_to(ga.back_bytes, (num, n))
     shared = shared_save_bytes(ga, cell, ~rc_op, size)

@@ -68,7 +68,7 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
         # kept per microbatch whatever its size; the events scale kept by 1 / (m d)
         act = act + ga.call_keep * (lp.m * lp.d)
     kept = np.where(rc_op, 0.0, act) + ga.loss_keep
-    if casts_saved(ga, lp, plan):
+    if casts_saved(ga, plan):
         # one copy per replica, shared by its microbatches (m items of 1 / (m d) each)
         kept = kept + cast_weight_bytes(ga) * lp.d
     for g, b in recompute_boundary_bytes(ga, lp.group, lp.recompute | lp.selective).items():
@@ -94,7 +94,7 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
             "once": once}
 
 
-def casts_saved(ga, lp: LocalPlan, plan: Plan) -> bool:
+def casts_saved(ga, plan: Plan) -> bool:
     """Whether autocast's weight copies live as the ops that read them save them, from
     the op's forward to its backward: in a one-process program, whose backward runs
     outside the autocast region (``executor.build``: the region's exit drops its cache,
@@ -155,7 +155,7 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
     # gathers at the autocast dtype: autocast then has nothing to cast), cuDNN's packed
     # recurrent weights where they are, on GPUs
     if not is_sharded:
-        copies = np.zeros(k) if casts_saved(ga, lp, plan) else cast_copy_bytes(ga, dev, k)
+        copies = np.zeros(k) if casts_saved(ga, plan) else cast_copy_bytes(ga, dev, k)
     elif lp.cuda and ga.packed_bytes is not None:
         copies = np.bincount(dev, weights=ga.packed_bytes, minlength=k)[:k]
     else:
