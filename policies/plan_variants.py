@@ -14,6 +14,9 @@ best plans a zero-shot search already has and scores, until a deadline:
    compute midpoint, or the lightest adjacent pair merged, until there are ``p``) and the
    ``p`` stages of equal compute, each with every microbatch count ``>= p``, eager and
    compiled;
+
+   the seeds' own variants (1) and each stage count's (2) taken in turn, one at a time, so
+   a deadline leaves every family some variants scored;
 3. a hill climb of the best pipeline's stage cuts (each moved a few ops either way).
 
 Stages are contiguous runs of :func:`~autoplace.grouping.placement_order`, so every
@@ -23,6 +26,7 @@ variant is a chain the pipeline executor runs. Variants that do not fit in memor
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -163,8 +167,8 @@ def execution_variants(graph: OpGraph, cluster: Cluster, seeds: Sequence[Plan], 
     if base is None:
         return []
 
-    def variants() -> Iterator[tuple[tuple, Plan]]:
-        # 1. the seeds' own microbatch counts and compilation
+    def own() -> Iterator[tuple[tuple, Plan]]:
+        """1. the seeds' own microbatch counts and compilation"""
         for plan in seeds:
             cuts = stage_cuts(plan, order)
             for m in split.microbatches:
@@ -173,25 +177,29 @@ def execution_variants(graph: OpGraph, cluster: Cluster, seeds: Sequence[Plan], 
                 for c in compiles:
                     yield _variant(plan, order, cuts, plan.parallel.data,
                                    plan.parallel.pipeline, m, c, restaged=False)
-        # 2. other stage counts: the seeds' cuts refitted, and stages of equal compute
-        cut_sets = [stage_cuts(p, order) for p in seeds]
-        for p in split.pipeline:
-            if p <= 1:
-                continue
-            fitted = [_balanced(p, weight)]
-            fitted += [refit_cuts(c, p, weight) for c in cut_sets if c is not None]
-            for cuts in dict.fromkeys(tuple(c) for c in fitted if c is not None):
-                for d in split.data:
-                    if d * p > split.num_devices:
-                        continue
-                    for m in split.microbatches:
-                        if m < p:
-                            continue
-                        for c in compiles:
-                            yield _variant(base, order, list(cuts), d, p, m, c,
-                                           restaged=True)
 
-    for key, plan in variants():
+    cut_sets = [stage_cuts(p, order) for p in seeds]
+
+    def staged(p: int) -> Iterator[tuple[tuple, Plan]]:
+        """2. ``p`` stages: the seeds' cuts refitted, and stages of equal compute"""
+        fitted = [_balanced(p, weight)]
+        fitted += [refit_cuts(c, p, weight) for c in cut_sets if c is not None]
+        for cuts in dict.fromkeys(tuple(c) for c in fitted if c is not None):
+            for d in split.data:
+                if d * p > split.num_devices:
+                    continue
+                for m in split.microbatches:
+                    if m < p:
+                        continue
+                    for c in compiles:
+                        yield _variant(base, order, list(cuts), d, p, m, c, restaged=True)
+
+    # breadth first, so that a deadline cuts every family short rather than the last ones
+    # whole: one variant of each in turn
+    families = [own()] + [staged(p) for p in split.pipeline if p > 1]
+    variants = (v for vs in itertools.zip_longest(*families) for v in vs if v is not None)
+
+    for key, plan in variants:
         if scorer.expired():
             return scorer.outcomes
         scorer.score(key, plan)
