@@ -56,6 +56,11 @@ class ParallelConfig:
         sequence_parallel: with ``tensor > 1``, the residual stream between the Linear
             pairs (norms, residual adds) runs on ``1 / tensor`` of the sequence on each
             rank of a group (columns all-gather, rows reduce-scatter); not with a pipeline.
+        shard_optimizer: ZeRO-1 under DDP: each replica keeps the AdamW state of ``1 /
+            data`` of the parameters and updates only those, then broadcasts them to the
+            others (``torch.distributed.optim.ZeroRedundancyOptimizer``); gradients and
+            parameters stay whole. Only with ``shard="none"``, ``data > 1``,
+            ``pipeline == 1`` and ``tensor == 1``.
     """
 
     data: int = 1
@@ -70,6 +75,7 @@ class ParallelConfig:
     replicate: int = 1
     offload: bool = False
     sequence_parallel: bool = False
+    shard_optimizer: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data", "pipeline", "microbatches", "tensor", "replicate"):
@@ -123,6 +129,11 @@ class ParallelConfig:
             raise PlanError("parallel.sequence_parallel splits a tensor group's residual "
                             "stream: it needs parallel.tensor > 1 and parallel.pipeline = 1, "
                             f"got tensor={self.tensor}, pipeline={self.pipeline}")
+        if not isinstance(self.shard_optimizer, bool):
+            raise PlanError("parallel.shard_optimizer must be true or false, got "
+                            f"{self.shard_optimizer!r}")
+        if self.shard_optimizer:
+            self._check_shard_optimizer()
         if self.pipeline > 1 and self.microbatches < self.pipeline:
             raise PlanError(
                 f"a {self.pipeline}-stage pipeline needs at least {self.pipeline} microbatches, "
@@ -140,6 +151,17 @@ class ParallelConfig:
                 raise PlanError(f"parallel.offload is valid only with parallel.{name} = "
                                 f"{valid}, got {getattr(self, name)!r} (offloaded plans run "
                                 "one FSDP2 rank per device, eagerly or compiled)")
+
+    def _check_shard_optimizer(self) -> None:
+        for name, bad, valid in (("shard", self.shard != "none", "'none'"),
+                                 ("data", self.data < 2, "2 or more"),
+                                 ("pipeline", self.pipeline > 1, "1"),
+                                 ("tensor", self.tensor > 1, "1")):
+            if bad:
+                raise PlanError(f"parallel.shard_optimizer (ZeRO-1: DDP replicas sharing out "
+                                f"the AdamW state) needs parallel.{name} = {valid}, got "
+                                f"{getattr(self, name)!r}; zero2 and fsdp shard the optimizer "
+                                "state already")
 
     def micro_batch_size(self, batch_size: int) -> int:
         """Samples per microbatch of one replica; raises :class:`PlanError` when a global
@@ -171,6 +193,8 @@ class ParallelConfig:
             out["offload"] = True
         if self.sequence_parallel:  # likewise
             out["sequence_parallel"] = True
+        if self.shard_optimizer:  # likewise
+            out["shard_optimizer"] = True
         return out
 
     @classmethod
@@ -179,7 +203,7 @@ class ParallelConfig:
             raise PlanError(f"\"parallel\" must be an object, got {type(d).__name__}")
         unknown = set(d) - {"data", "pipeline", "microbatches", "schedule", "shard", "graphs",
                             "shard_units", "compile", "tensor", "replicate", "offload",
-                            "sequence_parallel"}
+                            "sequence_parallel", "shard_optimizer"}
         if unknown:
             raise PlanError(f"unknown keys in \"parallel\": {sorted(unknown)}")
         return cls(**d)
@@ -188,6 +212,7 @@ class ParallelConfig:
         parts = []
         if self.data > 1:
             parts.append(f"dp={self.data}" + ("" if self.shard == "none" else f"/{self.shard}")
+                         + ("/zero1" if self.shard_optimizer else "")
                          + ("" if self.replicate == 1 else f"/hsdp{self.replicate}")
                          + ("" if self.shard_units == "blocks" else f"/{self.shard_units}"))
         elif self.shard != "none":  # one sharded rank: FSDP2 with offload

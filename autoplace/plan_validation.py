@@ -84,6 +84,11 @@ def validate_plan(plan: Plan, graph: OpGraph, cluster: Cluster | None = None) ->
             f"{plan.devices_per_replica} devices in one process is not supported (FSDP2 "
             "keeps one device per rank); use shard='none' (DDP) or a pipeline"
         )
+    if par.shard_optimizer and plan.devices_per_replica > 1:
+        raise PlanError(
+            f"parallel.shard_optimizer with a replica spread over {plan.devices_per_replica} "
+            "devices in one process is not supported (ZeRO-1 shards AdamW over DDP "
+            "replicas of one device each); place every group on local device 0")
     if par.tensor > 1 and par.pipeline == 1 and plan.devices_per_replica > 1:
         raise PlanError(
             f"parallel.tensor={par.tensor} with a replica spread over "

@@ -53,7 +53,14 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 def _optimizers(optimizer: Any) -> Any:
     """What ``torch.distributed.checkpoint.state_dict`` takes: the optimizer, or none for a
-    rank without parameters (``runner.NoParameters``)."""
+    rank without parameters (``runner.NoParameters``). Under ZeRO-1
+    (``ZeroRedundancyOptimizer``) the rank's own AdamW over its share of the parameters:
+    each rank saves and loads the state of its share, under those parameters' names (the
+    shares are the same again when the plan is)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return optimizer.optim
     return optimizer if isinstance(optimizer, torch.optim.Optimizer) else ()
 
 

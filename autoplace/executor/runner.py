@@ -114,14 +114,24 @@ class NoParameters:
 
 
 def workload_optimizer(params: list[nn.Parameter], workload: Workload,
-                       device: torch.device) -> torch.optim.Optimizer | NoParameters:
+                       device: torch.device, *, shard_state: bool = False
+                       ) -> torch.optim.Optimizer | NoParameters:
     """The workload's AdamW over ``params`` (fused on CUDA); a stand-in that steps nothing
-    for a program without parameters."""
+    for a program without parameters. ``shard_state`` (``parallel.shard_optimizer``, DDP
+    replicas in the default process group): ZeRO-1, each rank keeping the state of and
+    updating its share of ``params``, then broadcasting them
+    (``ZeroRedundancyOptimizer``, the parameters packed into one buffer per rank so that
+    each rank's broadcast is one collective)."""
     if not params:
         return NoParameters()
     # fused on CUDA, sharded (DTensor) parameters included: foreach AdamW allocates
     # temporaries as large as all the parameters it updates, which a memory cap feels
     kw: dict[str, Any] = {"fused": True} if device.type == "cuda" else {}
+    if shard_state:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                       parameters_as_bucket_view=True, lr=workload.lr, **kw)
     return torch.optim.AdamW(param_groups(params), lr=workload.lr, **kw)
 
 
@@ -350,7 +360,8 @@ def run_here(workload: Workload, plan: Plan, cluster: Cluster, opts: RunOptions,
             report.extra["host_threads"] = group.enter_context(host_threads(built.devices[0]))
             opt = offload_optimizer(params, workload.lr)
         else:
-            opt = workload_optimizer(params, workload, built.devices[0])
+            opt = workload_optimizer(params, workload, built.devices[0],
+                                     shard_state=par.shard_optimizer)
         if opts.resume and opts.checkpoint_dir:
             start = load_checkpoint(opts.checkpoint_dir, built.state_module, opt)
         losses: list[torch.Tensor] = []

@@ -77,6 +77,11 @@ def test_pipeline_chain(graph):
         (dict(graphs=1), "parallel.graphs must be true or false"),
         (dict(graphs=True, data=2), "valid only for a plan run in one process"),
         (dict(graphs=True, pipeline=2, microbatches=2), "valid only for a plan run in one"),
+        (dict(shard_optimizer=True), r"needs parallel.data = 2 or more, got 1"),
+        (dict(shard_optimizer=True, data=2, shard="zero2"), "needs parallel.shard = 'none'"),
+        (dict(shard_optimizer=True, data=2, pipeline=2, microbatches=2),
+         "needs parallel.pipeline = 1"),
+        (dict(shard_optimizer="yes", data=2), "must be true or false"),
     ],
 )
 def test_parallel_errors(kw, msg):
@@ -95,6 +100,20 @@ def test_graphs_round_trip_and_older_plans(graph):
     with pytest.raises(PlanError, match="cannot be combined with recompute"):
         Plan.from_groups(graph, graphed.groups, list(graphed.placement),
                          parallel=graphed.parallel, recompute={0}).validate(graph)
+
+
+def test_shard_optimizer_round_trip_and_one_device_replicas(graph):
+    """ZeRO-1 is written only when on, reads back, names itself in the split, and is
+    refused for a replica spread over several devices (not one DDP module)."""
+    assert "shard_optimizer" not in Plan.single(graph).to_json()["parallel"]
+    plan = Plan.single(graph).with_parallel(data=2, shard_optimizer=True)
+    back = Plan.loads(json.dumps(plan.to_json()))
+    assert back.parallel.shard_optimizer is True and back.split() == "dp=2/zero1"
+    plan.validate(graph, preset("h100x2"))
+    spread = Plan.from_groups(graph, {op: i % 2 for i, op in enumerate(graph.order)}, [0, 1],
+                              parallel=plan.parallel)
+    with pytest.raises(PlanError, match="one device each"):
+        spread.validate(graph, preset("h100x4"))
 
 
 def test_shard_needs_data(graph):

@@ -64,6 +64,27 @@ def test_ddp_with_checkpointed_groups(tiny):
     check(execute(wl, plan, cluster=CPU2, steps=3, warmup=1))
 
 
+def test_ddp_zero1_trains_like_the_reference_and_resumes(tiny, tmp_path, monkeypatch):
+    """DDP with AdamW's state sharded over the replicas (``shard_optimizer``: each rank
+    updates half the parameters, then broadcasts them) trains like the unpartitioned
+    reference; killed after a checkpoint, it resumes where it stopped, each rank
+    restoring its own share of the state, and continues the same losses."""
+    wl, graph = tiny
+    plan = single(graph, data=2, shard_optimizer=True)
+    full = execute(wl, plan, cluster=CPU2, steps=4, warmup=1)
+    check(full, steps=4)
+    monkeypatch.setenv("AUTOPLACE_FAIL_AT_STEP", "2")
+    monkeypatch.setenv("AUTOPLACE_FAIL_RANK", "1")
+    with pytest.raises(AutoplaceError, match="SIGKILL"):
+        execute(wl, plan, cluster=CPU2, steps=4, warmup=0, reference=False,
+                checkpoint_dir=tmp_path)
+    monkeypatch.delenv("AUTOPLACE_FAIL_AT_STEP")
+    rest = execute(wl, plan, cluster=CPU2, steps=4, warmup=0, reference=False,
+                   checkpoint_dir=tmp_path, resume=True)
+    assert rest.extra["start_step"] == 2
+    assert rest.loss == pytest.approx(full.loss[2:], rel=1e-6)
+
+
 def test_data_parallel_over_placed_replicas(tiny):
     wl, graph = tiny
     check(execute(wl, split(graph, data=2, microbatches=2), cluster=CPU4, steps=3, warmup=1))
