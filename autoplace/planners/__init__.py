@@ -5,7 +5,7 @@ records the planner's name and its search time in ``plan.planner["search_time_s"
 Families (one module each): trivial (``single``, ``round-robin``, ``random``), hashing
 (``hash``), critical path (``critical-path``, ``critical-path-mo``), min-cut
 (``mincut``), expert (``expert``), Baechi (``m-topo``, ``m-etf``, ``m-sct``),
-pipeline / data-parallel search (``hybrid-dp``, ``ddp``, ``zero2``, ``fsdp``,
+pipeline / data-parallel search (``hybrid-dp``, ``ddp``, ``zero1``, ``zero2``, ``fsdp``,
 ``pipeline``), local search (``anneal``) and the device-mesh search for multi-node
 clusters (``mesh``).
 """
@@ -45,6 +45,7 @@ _REGISTRY: dict[str, str] = {
     "m-sct": "autoplace.planners.baechi:m_sct",
     "hybrid-dp": "autoplace.planners.pipeline_dp:hybrid_dp",
     "ddp": "autoplace.planners.pipeline_dp:ddp",
+    "zero1": "autoplace.planners.pipeline_dp:zero1",
     "zero2": "autoplace.planners.pipeline_dp:zero2",
     "fsdp": "autoplace.planners.pipeline_dp:fsdp",
     "pipeline": "autoplace.planners.pipeline_dp:pipeline",

@@ -1,6 +1,6 @@
 """Data-parallel and pipeline plans, and the hybrid search over both (``hybrid-dp``).
 
-Plain plans (what a practitioner writes): ``ddp`` / ``zero2`` / ``fsdp`` put every op
+Plain plans (what a practitioner writes): ``ddp`` / ``zero1`` / ``zero2`` / ``fsdp`` put every op
 on local device 0 and replicate over all devices; ``pipeline`` cuts the ops into one
 compute-balanced contiguous stage per device (torch.distributed.pipelining).
 
@@ -48,23 +48,30 @@ from autoplace.planners.stage_split import (
 from autoplace.sim import simulate
 from autoplace.sim.model import graph_arrays, recompute_boundary_bytes
 
-__all__ = ["ddp", "zero2", "fsdp", "pipeline", "hybrid_dp", "hybrid_candidates", "dp_recompute",
+__all__ = ["ddp", "zero1", "zero2", "fsdp", "pipeline", "hybrid_dp", "hybrid_candidates", "dp_recompute",
            "hybrid_family", "SplitCosts", "SplitConfig",
            "split_costs", "best_split", "split_objective", "chain_groups"]
 
 
 # ------------------------------------------------------------------ plain plans
 def _data_parallel(graph: OpGraph, cluster: Cluster, name: str, shard: str,
-                   microbatches: int) -> Plan:
+                   microbatches: int, shard_optimizer: bool = False) -> Plan:
     t0 = time.perf_counter()
     n = cluster.num_devices
-    par = ParallelConfig(data=n, microbatches=microbatches, shard=shard if n > 1 else "none")
+    par = ParallelConfig(data=n, microbatches=microbatches, shard=shard if n > 1 else "none",
+                         shard_optimizer=shard_optimizer and n > 1)
     return make_plan(graph, cluster, name, t0, {op: 0 for op in graph.order}, [0], parallel=par)
 
 
 def ddp(graph: OpGraph, cluster: Cluster, *, microbatches: int = 1) -> Plan:
     """DistributedDataParallel over every device (whole model per device)."""
     return _data_parallel(graph, cluster, "ddp", "none", microbatches)
+
+
+def zero1(graph: OpGraph, cluster: Cluster, *, microbatches: int = 1) -> Plan:
+    """DDP over every device with the optimizer state sharded (ZeRO-1:
+    ``ZeroRedundancyOptimizer``)."""
+    return _data_parallel(graph, cluster, "zero1", "none", microbatches, shard_optimizer=True)
 
 
 def zero2(graph: OpGraph, cluster: Cluster, *, microbatches: int = 1) -> Plan:
@@ -165,8 +172,9 @@ def _plan_for(graph: OpGraph, cluster: Cluster, groups: dict[str, int], cfg: Spl
 
 
 def dp_recompute(graph: OpGraph, cluster: Cluster, *, granularity: int = 48,
-                 margin: float = 0.05) -> list[Plan]:
-    """DDP over every device with just enough activation checkpointing to fit memory.
+                 margin: float = 0.05, shard_optimizer: bool = False) -> list[Plan]:
+    """DDP over every device with just enough activation checkpointing to fit memory
+    (with ``shard_optimizer``, ZeRO-1's DDP: AdamW's state sharded too).
 
     What a practitioner does when DDP runs out of memory. When plain DDP's simulated peak
     is over a device's usable memory, the ops are cut into ``granularity`` contiguous
@@ -183,8 +191,9 @@ def dp_recompute(graph: OpGraph, cluster: Cluster, *, granularity: int = 48,
     if d < 2 or (batch and batch % d):
         return []
     usable = min(x.usable_memory_bytes for x in cluster.devices)
-    par = ParallelConfig(data=d)
-    if not simulate(graph, ddp(graph, cluster), cluster).oom:
+    par = ParallelConfig(data=d, shard_optimizer=shard_optimizer)
+    plain = zero1(graph, cluster) if shard_optimizer else ddp(graph, cluster)
+    if not simulate(graph, plain, cluster).oom:
         return []
     groups = coarsen(graph, granularity, weights=op_weights(graph, cluster))
     n_groups = max(groups.values()) + 1
@@ -228,7 +237,8 @@ def hybrid_family(plan: Plan) -> str:
     k = plan.devices_per_replica
     parts = []
     if par.data > 1:
-        parts.append(f"dp={par.data}" + (f"/{par.shard}" if par.shard != "none" else ""))
+        parts.append(f"dp={par.data}" + (f"/{par.shard}" if par.shard != "none" else "")
+                     + ("/zero1" if par.shard_optimizer else ""))
     if par.pipeline > 1:
         parts.append(f"pp={par.pipeline} {par.schedule}")
     elif k > 1:
@@ -289,12 +299,14 @@ def hybrid_candidates(
             continue
         plans.append(p)
         kept.append(cfg)
-    if cluster.num_devices > 1:  # DDP checkpointing just enough groups to fit
-        for p in dp_recompute(graph, cluster, granularity=granularity, margin=memory_margin):
-            plans.append(p)
-            kept.append(SplitConfig(1, p.parallel.data, 1, "data", "gpipe", "none"))
+    if cluster.num_devices > 1:  # DDP (and ZeRO-1) checkpointing just enough groups to fit
+        for flag in (False, True):
+            for p in dp_recompute(graph, cluster, granularity=granularity,
+                                  margin=memory_margin, shard_optimizer=flag):
+                plans.append(p)
+                kept.append(SplitConfig(1, p.parallel.data, 1, "data", "gpipe", "none"))
     if cluster.num_devices > 1:  # the plain options are always candidates
-        for planner in (ddp, zero2, fsdp, pipeline):
+        for planner in (ddp, zero1, zero2, fsdp, pipeline):
             try:
                 p = planner(graph, cluster)
                 p.validate(graph, cluster)

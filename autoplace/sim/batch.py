@@ -65,7 +65,8 @@ def run_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster, tables: CostT
         key = (par.data, int(k_all[p]))
         if key not in alike:
             alike[key] = replicas_identical(cluster, plan)
-        if par.pipeline > 1 or par.shard != "none" or plan.selective or not alike[key]:
+        if (par.pipeline > 1 or par.shard != "none" or par.shard_optimizer or plan.selective
+                or not alike[key]):
             sim = simulate_pipeline if par.pipeline > 1 else simulate_local
             out = sim(ga, plan, cluster, block_tables(graph, tables, ga, plan), False)
             step[p] = out["step"]
@@ -110,6 +111,7 @@ def _validate_and_group_ids(ga: GraphArrays, graph: OpGraph, plans: list[Plan],
             and all(0 <= g < len(plan.placement) for g in plan.recompute)
             and low_ok[p] and int(k_all[p]) * par.data <= cluster.num_devices
             and not (par.shard != "none" and par.data == 1)
+            and not (par.shard_optimizer and int(k_all[p]) > 1)
         )
         if not light_ok:
             validate(graph, plan, cluster)

@@ -43,6 +43,7 @@ from autoplace.sim.model import (
     grad_reduction,
     graphed_host,
     host_times,
+    optimizer_shares,
     recomputed_ops,
     replica_group,
     replicas_identical,
@@ -428,8 +429,10 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
     # ---- optimizer update (and ZeRO-2's all-gather of the updated parameters), issued
     # by each replica's process once its backward is issued (sim/optimizer_host.py)
     # (pipeline stages' processes each update their own parameters: not charged)
+    # ZeRO-1: each rank updates its share of the tensors, then broadcasts them
+    opt_bytes, opt_tensors = optimizer_shares(ga, plan)
     step_h, zero_h = optimizer_host_s(tables.opt_host, int(tables.kind_of_device[0]),
-                                      float(ga.param_count.sum())) \
+                                      float(ga.param_count.sum()), opt_tensors) \
         if plan.parallel.pipeline == 1 else (0.0, 0.0)
     host_ready = max(getattr(runs[r], "host_end", 0.0) for r in reps) + step_h
     step = host_ready + zero_h if step_h or zero_h else 0.0
@@ -439,8 +442,8 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
         run = runs[r if r in runs else reps[0]]
         for j in range(k):
             c = r * k + j
-            t_up = update_time(pbytes[j], tables.mem_bandwidth[c], shard_degree(plan), shard) \
-                if pbytes[j] else 0.0
+            t_up = update_time(pbytes[j] * opt_bytes, tables.mem_bandwidth[c],
+                               shard_degree(plan), shard) if pbytes[j] else 0.0
             s0 = max(run.dev_free[j], coll_end[j], host_ready if step_h else 0.0)
             end = s0 + t_up if t_up else run.dev_free[j]
             upd_end[j] = max(upd_end[j], end)
@@ -451,12 +454,16 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
     if record and step_h:
         events.append(Event("host", "optimizer step, zero_grad", host_ready - step_h,
                             host_ready + zero_h, "host"))
-    if shard == "zero2" and not own_rs:  # pipeline stages: one gather after the update
+    zero1 = plan.parallel.shard_optimizer and d > 1
+    if (shard == "zero2" and not own_rs) or zero1:
+        # pipeline stages: one gather after the update; ZeRO-1: every rank's broadcast of
+        # the fp32 parameters it updated (the volume of one all-gather of them all)
+        scale = 1.0 if zero1 else ga.gather_scale
         for j in range(k):
             if pbytes[j]:
                 c = affine_collective(cluster, "allgather", replica_group(plan, j))
                 s0 = max(coll_end[j], upd_end[j])
-                e0 = s0 + collective_time(c, ga.gather_scale * pbytes[j])
+                e0 = s0 + collective_time(c, scale * pbytes[j])
                 step = max(step, e0)
                 if record:
                     events.append(Event(coll_resource(j, k), "params", s0, e0, "allgather"))

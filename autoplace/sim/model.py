@@ -319,6 +319,28 @@ def shard_degree(plan: Plan) -> int:
     return plan.parallel.data // plan.parallel.replicate
 
 
+def optimizer_shares(ga: GraphArrays, plan: Plan) -> tuple[float, float]:
+    """``(bytes share, tensor share)``: what the most loaded rank of a ZeRO-1 plan
+    (``parallel.shard_optimizer``) keeps AdamW state for and updates, of the replica's
+    parameters; ``(1, 1)`` otherwise. ``ZeroRedundancyOptimizer`` hands the parameter
+    tensors out largest first, each to the rank with the fewest elements so far; an op's
+    tensors are taken as equal shares of its parameter bytes."""
+    d = plan.parallel.data
+    total = float(ga.param_bytes.sum())
+    if not plan.parallel.shard_optimizer or d < 2 or total <= 0:
+        return 1.0, 1.0
+    # an op with parameter bytes but no names (a graph built by hand) holds one tensor
+    count = np.maximum(ga.param_count.astype(np.int64), ga.param_bytes > 0)
+    has = count > 0
+    sizes = np.sort(np.repeat(ga.param_bytes[has] / count[has], count[has]))[::-1]
+    load, tensors = np.zeros(d), np.zeros(d)
+    for size in sizes:
+        r = int(np.argmin(load))
+        load[r] += size
+        tensors[r] += 1
+    return float(load.max()) / total, float(tensors.max()) / max(1, len(sizes))
+
+
 def grad_reduction(cluster: Cluster, plan: Plan, local: int) -> tuple[float, float]:
     """:func:`affine_collective` of a sharded plan's gradient reduction on local device
     ``local``: a reduce-scatter over its shard group, and under HSDP an all-reduce of the

@@ -63,10 +63,13 @@ def fitted(measured: dict) -> tuple[float, float, float]:
     return fixed, slope, max(0.0, z1 / max(n1, 1))
 
 
-def optimizer_host_s(table: np.ndarray, kind: int, tensors: float) -> tuple[float, float]:
-    """``(step, zero_grad)`` host seconds of one process updating ``tensors`` parameter
-    tensors on a device of kind index ``kind`` (none without parameters)."""
+def optimizer_host_s(table: np.ndarray, kind: int, tensors: float,
+                     updated: float = 1.0) -> tuple[float, float]:
+    """``(step, zero_grad)`` host seconds of one process holding ``tensors`` parameter
+    tensors on a device of kind index ``kind`` (none without parameters), of which it
+    updates the share ``updated`` (ZeRO-1's rank: :func:`~autoplace.sim.model.
+    optimizer_shares`; ``zero_grad`` still drops every gradient)."""
     if tensors <= 0:
         return 0.0, 0.0
     fixed, per, zero = table[kind]
-    return float(fixed + per * tensors), float(zero * tensors)
+    return float(fixed + per * tensors * updated), float(zero * tensors)

@@ -25,6 +25,7 @@ from autoplace.sim.model import (
     MemoryModel,
     fsdp_units,
     graphed_grad_bytes,
+    optimizer_shares,
     recompute_boundary_bytes,
     recomputed_ops,
     shard_degree,
@@ -127,7 +128,8 @@ def made_grad_share(lp: LocalPlan, plan: Plan) -> float:
 
 def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
     """Per local device, the memory a step holds throughout: parameters (and autocast's
-    weight copies where they are not sharded), AdamW state, and the gradients that are not
+    weight copies where they are not sharded), AdamW state (under ZeRO-1 the most loaded
+    rank's share, :func:`~autoplace.sim.model.optimizer_shares`), and the gradients that are not
     made by the backward (sharded ones, DDP's buckets, a graphed plan's static buffers).
 
     Sharded on GPUs, a recurrent module's whole weights at the gather dtype stay too
@@ -161,9 +163,11 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
     else:
         copies = np.zeros(k)
     out = []
+    opt_share = optimizer_shares(ga, plan)[0]  # ZeRO-1: this rank's share of AdamW's state
     for j in range(k):
         mem = state_memory(pb[j], shard_degree(plan), lp.shard, max_unit[j], ga.gather_scale,
                            replica_devices=k, root_bytes=root[j])
+        mem.optimizer *= opt_share
         mem.params += copies[j]
         mem.grads -= pb[j] * made_grad_share(lp, plan)  # the ops' ``grad`` events count it
         if is_sharded:  # the unsharded gradients: each unit's reduce-scatter (op_memory)

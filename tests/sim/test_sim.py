@@ -63,9 +63,10 @@ def random_plan(graph: OpGraph, cluster: Cluster, rng: random.Random, *,
     d = rng.choice([x for x in (1, 2, 4) if x * k <= n_dev])
     placement = [rng.randrange(k) for _ in range(num_groups)]
     k = max(placement) + 1
-    par = ParallelConfig(data=d, microbatches=rng.choice([1, 2, 3]),
-                         shard=rng.choice(["none", "zero2", "fsdp"]) if d > 1 and k == 1
-                         else "none")
+    shard = rng.choice(["none", "zero2", "fsdp"]) if d > 1 and k == 1 else "none"
+    zero1 = shard == "none" and d > 1 and k == 1 and rng.random() < 0.5
+    par = ParallelConfig(data=d, microbatches=rng.choice([1, 2, 3]), shard=shard,
+                         shard_optimizer=zero1)
     rc = {g for g in range(num_groups) if rng.random() < 0.2}
     return Plan.from_groups(graph, groups, placement, parallel=par, recompute=rc)
 
@@ -213,6 +214,30 @@ def test_sharding_lowers_memory_per_device():
     mem = {s: simulate(graph, plan.with_parallel(shard=s), cluster).peak_memory_bytes[0]
            for s in ("none", "zero2", "fsdp")}
     assert mem["fsdp"] < mem["zero2"] < mem["none"]
+
+
+def test_zero1_shards_the_optimizer_state_and_broadcasts_the_update():
+    """ZeRO-1 under DDP: each of 4 ranks holds AdamW state for and updates 8 of the 32
+    equal tensors, then the updated parameters travel as one all-gather of them all."""
+    from autoplace.sim.model import affine_collective, collective_time, replica_group
+
+    graph = chain(32, param_bytes=2**20, act=8 * 2**20)
+    cluster = cpu_cluster(4)
+    ddp = Plan.single(graph).with_parallel(data=4)
+    z1 = ddp.with_parallel(shard_optimizer=True)
+    a, b = simulate(graph, ddp, cluster), simulate(graph, z1, cluster)
+    opt = a.memory_breakdown[0]["optimizer"]
+    assert opt == 2 * graph.param_bytes
+    assert b.memory_breakdown[0]["optimizer"] == pytest.approx(opt / 4)
+    assert b.peak_memory_bytes[0] == pytest.approx(a.peak_memory_bytes[0] - 3 * opt / 4)
+    update = UPDATE_TRAFFIC_PER_PARAM_BYTE * graph.param_bytes / 10e9
+    gather = collective_time(affine_collective(cluster, "allgather", replica_group(z1, 0)),
+                             graph.param_bytes)
+    assert gather > 0
+    assert b.step_time_s == pytest.approx(a.step_time_s - 3 * update / 4 + gather, rel=1e-9)
+    batched = simulate_batch(graph, [ddp, z1], cluster)
+    assert batched.step_time_s[1] == pytest.approx(b.step_time_s, rel=1e-9)
+    assert batched.peak_memory_bytes[1, 0] == pytest.approx(b.peak_memory_bytes[0], abs=1)
 
 
 def test_1f1b_holds_no_more_memory_than_gpipe():
