@@ -1,8 +1,8 @@
 """The shard mode (and, where it pays, compilation) of a policy's plan, chosen after it.
 
 The placement env's actions have no shard mode, and the shipped pre-trained GNN has no
-compile lever either: a policy's data-parallel plan is therefore also simulated with ZeRO-2
-and FSDP (and compiled, when asked), and the fastest variant that fits is kept. Both the
+compile lever either: a policy's data-parallel plan is therefore also simulated with ZeRO-1
+(one device per replica), ZeRO-2 and FSDP (and compiled, when asked), and the fastest variant that fits is kept. Both the
 pre-trained GNN's zero-shot and fine-tuned plans (:mod:`autoplace.policies.pretrained`) and
 the demo's freshly trained policy go through :func:`best_shard_variant`.
 """
@@ -26,7 +26,7 @@ CHOSEN_AFTER = "chosen on the simulator after the policy"
 
 def best_shard_variant(graph: OpGraph, plan: Plan, cluster: Cluster, *, compile: bool = False,
                        beat_s: float | None = None) -> tuple[Plan, float]:
-    """``plan``, or the fastest of its variants with another shard mode (ZeRO-2, FSDP: only
+    """``plan``, or the fastest of its variants with another shard mode (ZeRO-1, ZeRO-2, FSDP: only
     for a data-parallel plan without sharding) or, with ``compile``, compiled, that fits in
     memory and is simulated faster than ``beat_s``.
 
@@ -46,16 +46,19 @@ def best_shard_variant(graph: OpGraph, plan: Plan, cluster: Cluster, *, compile:
     """
     if beat_s is None:
         beat_s = simulate(graph, plan, cluster).step_time_s
-    shards = SHARD_MODES if plan.parallel.data > 1 and plan.parallel.shard == "none" \
-        else (plan.parallel.shard,)
-    compiles = (plan.parallel.compile, True) if compile else (plan.parallel.compile,)
+    par = plan.parallel
+    # (shard, shard_optimizer): DDP, ZeRO-1, ZeRO-2, FSDP
+    shards = [(s, False) for s in SHARD_MODES] + [("none", True)] \
+        if par.data > 1 and par.shard == "none" else [(par.shard, par.shard_optimizer)]
+    compiles = (par.compile, True) if compile else (par.compile,)
     best, best_s = plan, beat_s
-    for shard in shards:
+    for shard, zero1 in shards:
         for compiled in dict.fromkeys(compiles):
-            if (shard, compiled) == (plan.parallel.shard, plan.parallel.compile):
+            if (shard, zero1, compiled) == (par.shard, par.shard_optimizer, par.compile):
                 continue
             try:
-                variant = plan.with_parallel(shard=shard, compile=compiled)
+                variant = plan.with_parallel(shard=shard, shard_optimizer=zero1,
+                                             compile=compiled)
                 res = simulate(graph, variant, cluster)
             except AutoplaceError:  # a split this shard mode does not combine with
                 continue
@@ -64,6 +67,7 @@ def best_shard_variant(graph: OpGraph, plan: Plan, cluster: Cluster, *, compile:
     if best is plan:
         return plan, beat_s
     chosen = {k: CHOSEN_AFTER for k, changed in (
-        ("shard", best.parallel.shard != plan.parallel.shard),
+        ("shard", (best.parallel.shard, best.parallel.shard_optimizer)
+         != (par.shard, par.shard_optimizer)),
         ("compile", best.parallel.compile != plan.parallel.compile)) if changed}
     return replace(best, planner={**best.planner, **chosen}), best_s

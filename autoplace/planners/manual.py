@@ -4,9 +4,10 @@ One device; the model cut into one contiguous run per device in one process (the
 halves); DDP; FSDP2; an even ``torch.distributed.pipelining`` split with GPipe and 1F1B;
 and the per-block levers a strong user adds to the one-device and data-parallel options
 (:func:`lever_plans`): ``torch.compile`` on each block, ``torch.utils.checkpoint`` on each
-block (whole or selective), both; DDP + compile; FSDP2 + per-block checkpointing + compile
-(torchtitan's recipe); FSDP2 with the parameters, gradients and optimizer state offloaded to
-the host, with and without per-block checkpointing (what trains when nothing else fits).
+block (whole or selective), both; DDP + per-block checkpointing; DDP + compile; FSDP2 +
+per-block checkpointing + compile (torchtitan's recipe); FSDP2 with the parameters,
+gradients and optimizer state offloaded to the host, with and without per-block
+checkpointing (what trains when nothing else fits).
 The splits are balanced by the graph's *analytic* costs (FLOPs and bytes, as
 :func:`autoplace.costs.estimate_costs` estimates them), never by a profile: a hand-made
 split does not move with a profile's noise, so the same options come out of every run
@@ -79,7 +80,7 @@ def lever_plans(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
     """The per-block recipes, by name, as plans whose groups are the model's blocks
     (:func:`autoplace.lowering.block_groups`): ``compile-blocks``, ``checkpoint-blocks``,
     ``selective-blocks``, ``checkpoint-blocks+compile``, ``selective-blocks+compile`` on one
-    device, and with two or more devices ``ddp+compile`` and
+    device, and with two or more devices ``ddp+checkpoint-blocks``, ``ddp+compile`` and
     ``fsdp+checkpoint-blocks+compile``; on GPUs ``fsdp+offload`` and
     ``fsdp+offload+checkpoint-blocks`` (FSDP2 over every device, one included, with its
     shards, gradients and AdamW state in host memory: ``parallel.offload``). None when the
@@ -101,6 +102,8 @@ def lever_plans(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
         "checkpoint-blocks": plan("checkpoint-blocks", recompute=blocks),
         "selective-blocks": plan("selective-blocks", selective=blocks),
     }
+    if n > 1:  # DDP that does not fit: checkpointing each block, as on one device
+        out["ddp+checkpoint-blocks"] = plan("ddp+checkpoint-blocks", recompute=blocks, data=n)
     if any(d.kind == "cpu" for d in cluster.devices):
         return out
     out.update({

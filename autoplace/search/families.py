@@ -20,7 +20,8 @@ def family(plan: Plan) -> str:
 
 def _layout(plan: Plan) -> str:
     p = plan.parallel
-    dp = f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "")
+    dp = f"dp-{p.shard}" + ("+modules" if p.shard_units == "modules" else "") \
+        + ("+zero1" if p.shard_optimizer else "")
     if p.offload and p.data == 1:  # FSDP2 on one rank
         return dp
     if p.pipeline > 1:

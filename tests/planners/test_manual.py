@@ -36,12 +36,14 @@ def test_the_options_and_their_names(graphs):
     opts = hand_written(plain, cluster, levers=False)
     assert list(opts) == ["single", "two-halves", "ddp", "fsdp", "pipeline-gpipe",
                           "pipeline-1f1b"]
-    blocks = ["checkpoint-blocks", "selective-blocks", "compile-blocks",
-              "checkpoint-blocks+compile", "selective-blocks+compile"]
+    blocks = ["checkpoint-blocks", "selective-blocks", "ddp+checkpoint-blocks",
+              "compile-blocks", "checkpoint-blocks+compile", "selective-blocks+compile"]
     assert list(hand_written(plain, cluster)) == [
         *opts, *blocks, "fsdp+offload", "fsdp+offload+checkpoint-blocks", "ddp+compile",
         "fsdp+checkpoint-blocks+compile"]
-    assert list(lever_plans(plain, preset("cpu-x2"))) == blocks[:2]  # no compile on CPUs
+    assert list(lever_plans(plain, preset("cpu-x2"))) == blocks[:3]  # no compile on CPUs
+    ddp_ckpt = hand_written(plain, cluster)["ddp+checkpoint-blocks"]
+    assert ddp_ckpt.parallel.data == 2 and ddp_ckpt.recompute
     ckpt = hand_written(plain, cluster)["fsdp+checkpoint-blocks+compile"]
     assert ckpt.parallel.compile and ckpt.parallel.shard == "fsdp" and ckpt.recompute
     regions = dict(zip(plain.order, block_regions(plain)))
