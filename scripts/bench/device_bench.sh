@@ -5,7 +5,8 @@
 #                                          # comma-separated SCENARIOS (hf-* ones train the
 #                                          # models of $HF_MODULE, default tests.helpers.hf_models;
 #                                          # $SUITE_ARGS: more bench_plans.py options)
-#   scripts/bench/device_bench.sh gputests OUT            # every GPU test (-m gpu)
+#   scripts/bench/device_bench.sh gputests OUT [TESTS...] # every GPU test (-m gpu), or
+#                                          # those of the pytest paths / node ids TESTS
 #   scripts/bench/device_bench.sh profiles OUT [SCENARIOS] # the scenarios' per-op profiles alone
 #   scripts/bench/device_bench.sh models OUT [SPECS] [BUDGET]
 #                                          # $HF_MODULE's models on the devices present:
@@ -50,8 +51,11 @@ suite)
     rc=$?
     tar czf "$out/cache.tgz" -C /tmp autoplace-profile 2>/dev/null
     ;;
-gputests)  # every GPU test (more than 240 s on 2x H200)
-    timeout 540 python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.txt"
+gputests)  # every GPU test (more than 540 s on 2x H200), or those of $3...
+    shift 2
+    [ $# -gt 0 ] || set -- tests
+    timeout 540 python3 -m pytest -q -m gpu --durations=15 "$@" 2>&1 \
+        | tee "$out/gpu-tests.txt"
     rc=$?
     ;;
 profiles)  # the suite's per-op profiles alone (for replay_suite.py)
