@@ -49,14 +49,33 @@ def test_gpipe_holds_every_microbatch_1f1b_as_many_as_stages_after():
     of a quarter each. Its peak is at the end of microbatch 0's backward, which made every
     gradient (16 MiB): GPipe still holds microbatches 1-3 (3 x (1 + 0.25) MiB), the
     quarter op0 frees as it runs and microbatch 0's sent output; 1F1B (at most p - s = 2
-    microbatches in flight) peaks at 2.5 MiB."""
+    microbatches in flight) peaks at 2.5 MiB. Both keep the four buffers the gradients of
+    its output come back into (a quarter each: 1 MiB)."""
     g = _chain(None)
     gpipe = _breakdown(g, 4, 2, "gpipe")[0]
     one_f = _breakdown(g, 4, 2, "1f1b")[0]
     assert gpipe["grads"] == one_f["grads"] == 16 * MiB
-    assert gpipe["activations"] == pytest.approx(3 * 1.25 * MiB + 0.25 * MiB + 0.25 * MiB)
-    assert one_f["activations"] == pytest.approx(1.25 * MiB + 0.25 * MiB + 1.0 * MiB)
+    assert gpipe["activations"] == pytest.approx(3 * 1.25 * MiB + 0.25 * MiB + 0.25 * MiB
+                                                 + 1.0 * MiB)
+    assert one_f["activations"] == pytest.approx(1.25 * MiB + 0.25 * MiB + 1.0 * MiB + 1.0 * MiB)
     assert gpipe["activations"] - one_f["activations"] == pytest.approx(2 * 0.875 * MiB)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_stages_keep_a_receive_buffer_per_microbatch(schedule):
+    """``PipelineStage`` receives every microbatch into a buffer of its own, kept: stage 1
+    the activations crossing the cut (1 MiB for the batch, in 4 buffers of a quarter),
+    stage 0 their gradients, however many microbatches the schedule holds at once. A cut
+    of 3 MiB instead (op3's output, read by op4) adds 2 MiB to each stage's peak."""
+    g = _chain(None)
+    data = g.to_json()
+    data["edges"] = [[u, v, 3 * MiB if (u, v) == ("op3", "op4") else b]
+                     for u, v, b in data["edges"]]
+    wide = OpGraph.from_json(data)
+    a, b = _breakdown(g, 4, 2, schedule), _breakdown(wide, 4, 2, schedule)
+    assert b[1]["activations"] - a[1]["activations"] == pytest.approx(2 * MiB)
+    # stage 0: the gradients' buffers, and the larger outputs it keeps until their backward
+    assert b[0]["activations"] - a[0]["activations"] >= 2 * MiB
 
 
 @pytest.mark.parametrize("m", [2, 4])
