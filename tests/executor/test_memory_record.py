@@ -92,7 +92,7 @@ def test_a_run_on_cpus_records_nothing_and_says_so(tmp_path):
                     reason="needs 2 CUDA GPUs")
 def test_each_rank_of_an_fsdp_run_writes_its_allocator_record(tmp_path):
     wl = workloads.get("gpt-tiny")
-    plan = Plan.single(capture_graph(wl)).with_parallel(data=2, fsdp=True)
+    plan = Plan.single(capture_graph(wl)).with_parallel(data=2, shard="fsdp")
     rep = run_plan(plan, wl, cluster=Cluster.detect().subset([0, 1]), options=RunOptions(
         steps=4, warmup=2, reference=False, memory_dir=str(tmp_path)))
     assert rep.error is None, rep.error
