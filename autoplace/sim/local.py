@@ -456,9 +456,10 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
                             host_ready + zero_h, "host"))
     zero1 = plan.parallel.shard_optimizer and d > 1
     if (shard == "zero2" and not own_rs) or zero1:
-        # pipeline stages: one gather after the update; ZeRO-1: every rank's broadcast of
-        # the fp32 parameters it updated (the volume of one all-gather of them all)
-        scale = 1.0 if zero1 else ga.gather_scale
+        # pipeline stages: one gather after the update; ZeRO-1: every rank broadcasts the
+        # fp32 parameters it updated, one rank after the other (each broadcast moves its
+        # bytes at the bus bandwidth: d / (d - 1) times a ring all-gather of them all)
+        scale = d / (d - 1) if zero1 else ga.gather_scale
         for j in range(k):
             if pbytes[j]:
                 c = affine_collective(cluster, "allgather", replica_group(plan, j))
