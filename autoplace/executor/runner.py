@@ -119,9 +119,10 @@ def workload_optimizer(params: list[nn.Parameter], workload: Workload,
     """The workload's AdamW over ``params`` (fused on CUDA); a stand-in that steps nothing
     for a program without parameters. ``shard_state`` (``parallel.shard_optimizer``, DDP
     replicas in the default process group): ZeRO-1, each rank keeping the state of and
-    updating its share of ``params``, then broadcasting them
-    (``ZeroRedundancyOptimizer``, the parameters packed into one buffer per rank so that
-    each rank's broadcast is one collective)."""
+    updating its share of ``params``, then broadcasting them (``ZeroRedundancyOptimizer``,
+    tensor by tensor: packed into one buffer per rank, an LSTM's weights leave cuDNN's
+    flat buffer, and every call then compacts them again, on 2x H200 GNMT-4 peaked 0.3 GiB
+    higher)."""
     if not params:
         return NoParameters()
     # fused on CUDA, sharded (DTensor) parameters included: foreach AdamW allocates
@@ -131,7 +132,7 @@ def workload_optimizer(params: list[nn.Parameter], workload: Workload,
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
-                                       parameters_as_bucket_view=True, lr=workload.lr, **kw)
+                                       parameters_as_bucket_view=False, lr=workload.lr, **kw)
     return torch.optim.AdamW(param_groups(params), lr=workload.lr, **kw)
 
 

@@ -457,14 +457,18 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
     zero1 = plan.parallel.shard_optimizer and d > 1
     if (shard == "zero2" and not own_rs) or zero1:
         # pipeline stages: one gather after the update; ZeRO-1: every rank broadcasts the
-        # fp32 parameters it updated, one rank after the other (each broadcast moves its
-        # bytes at the bus bandwidth: d / (d - 1) times a ring all-gather of them all)
+        # fp32 parameters it updated, tensor by tensor, one rank after the other (each
+        # broadcast moves its bytes at the bus bandwidth: d / (d - 1) times a ring
+        # all-gather of them all, and pays a collective's latency)
         scale = d / (d - 1) if zero1 else ga.gather_scale
+        tensors = np.bincount(np.asarray(lp.dev), minlength=k,
+                              weights=np.maximum(ga.param_count, ga.param_bytes > 0))
         for j in range(k):
             if pbytes[j]:
                 c = affine_collective(cluster, "allgather", replica_group(plan, j))
                 s0 = max(coll_end[j], upd_end[j])
-                e0 = s0 + collective_time(c, scale * pbytes[j])
+                e0 = s0 + collective_time(c, scale * pbytes[j]) \
+                    + (max(0.0, tensors[j] - 1) * c[0] if zero1 else 0.0)
                 step = max(step, e0)
                 if record:
                     events.append(Event(coll_resource(j, k), "params", s0, e0, "allgather"))
