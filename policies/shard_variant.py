@@ -2,9 +2,10 @@
 
 The placement env's actions have no shard mode, and the shipped pre-trained GNN has no
 compile lever either: a policy's data-parallel plan is therefore also simulated with ZeRO-1
-(one device per replica), ZeRO-2 and FSDP (and compiled, when asked), and the fastest variant that fits is kept. Both the
-pre-trained GNN's zero-shot and fine-tuned plans (:mod:`autoplace.policies.pretrained`) and
-the demo's freshly trained policy go through :func:`best_shard_variant`.
+(one device per replica), ZeRO-2 and FSDP (and compiled, when asked), and the fastest
+variant that fits is kept. Both the pre-trained GNN's zero-shot and fine-tuned plans
+(:mod:`autoplace.policies.pretrained`) and the demo's freshly trained policy go through
+:func:`best_shard_variant`.
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ from autoplace.planners.stage_split import (
 from autoplace.sim import simulate
 from autoplace.sim.model import graph_arrays, recompute_boundary_bytes
 
-__all__ = ["ddp", "zero1", "zero2", "fsdp", "pipeline", "hybrid_dp", "hybrid_candidates", "dp_recompute",
-           "hybrid_family", "SplitCosts", "SplitConfig",
+__all__ = ["ddp", "zero1", "zero2", "fsdp", "pipeline", "hybrid_dp", "hybrid_candidates",
+           "dp_recompute", "hybrid_family", "SplitCosts", "SplitConfig",
            "split_costs", "best_split", "split_objective", "chain_groups"]
 
 
