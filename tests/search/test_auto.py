@@ -426,7 +426,8 @@ def test_compiled_twins_of_every_plan_only_on_gpus(setup, monkeypatch):
 def test_a_plan_simulated_a_little_over_the_cap_is_measured_in_its_turn(setup, tmp_path, over):
     """The memory model errs by up to ~30%: a plan simulated at most TIGHT_MEMORY over
     the cap, of a family whose memory was never measured, is measured in predicted order
-    (it is not dropped as out of memory); one far over is not (others ran)."""
+    (it is not dropped as out of memory); one far over is not (others ran: DDP with its
+    blocks checkpointed, which fits, among them)."""
     from autoplace.search.candidates import TIGHT_MEMORY
 
     graph, cluster = setup
@@ -442,9 +443,10 @@ def test_a_plan_simulated_a_little_over_the_cap_is_measured_in_its_turn(setup, t
               measure=fake_measure(graph, capped, log), progress=False, cache_dir=tmp_path)
     # layouts measured, compiled or eager (the twins share what is known of their memory)
     fams = [family(p).removesuffix("+compile") for p in log]
-    assert ("dp-none" in fams) == (over == 1.05)
+    plain_ddp = [p for p in log if family(p).removesuffix("+compile") == "dp-none"
+                 and not p.recompute and not p.selective]
+    assert bool(plain_ddp) == (over == 1.05)
     cal = Calibration.load(tmp_path, graph, capped)
-    assert cal.memory_measured("dp-none") == (over == 1.05)
     assert all(cal.memory_measured(f) == (f in fams)
                for f in ("single", "placement", "dp-none", "dp-zero2", "dp-fsdp", "pipeline"))
 
