@@ -1,12 +1,17 @@
 """GPU: the two mended GPU tests; GNMT-4 uncapped on 2 GPUs: DDP, ZeRO-1 and critical-path,
 each run with a trace and a report (step time, peak), then trace-summary."""
-import os, subprocess, sys, time
+import os
+import subprocess
+import sys
+import time
+
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
 def sh(cmd, log, timeout):
     t = time.time()
     with open(os.path.join(out, log), "a") as f:
-        f.write(f"$ {cmd}\n"); f.flush()
+        f.write(f"$ {cmd}\n")
+        f.flush()
         try:
             r = subprocess.run(cmd, shell=True, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
             rc = r.returncode
