@@ -65,7 +65,11 @@ def test_profile_exported_graph_with_synthesized_inputs():
     g = capture(CausalAttention(dim=32), (torch.randn(2, 16, 32),))
     assert g.capture_method == "export"
     profile(g, ["cpu"], repeats=2, calibrate=False)
-    assert g["linear"].fwd_time_s["cpu"] > 0 and g["linear"].bwd_time_s["cpu"] > 0
+    # uncalibrated, each backward has autograd's setup cost (timed on a one-element op)
+    # taken off and is clipped at 0: a backward of microseconds can read 0 on a loaded
+    # machine (two test workers on two cores), the graph's whole backward cannot
+    assert g["linear"].fwd_time_s["cpu"] > 0 and "cpu" in g["linear"].bwd_time_s
+    assert sum(op.bwd_time_s["cpu"] for op in g) > 0
     assert g["qkv_weight"].fwd_time_s["cpu"] == 0.0
     assert g.profile_info["cpu"]["calibration"]["fwd_scale"] == 1.0
 
