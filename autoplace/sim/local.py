@@ -37,6 +37,7 @@ from autoplace.sim.model import (
     GraphArrays,
     MemoryModel,
     affine_collective,
+    broadcast_tensors,
     bucket_ids,
     coll_resource,
     collective_time,
@@ -454,15 +455,14 @@ def finish_step(ga, lp: LocalPlan, plan: Plan, cluster: Cluster, tables: CostTab
     if record and step_h:
         events.append(Event("host", "optimizer step, zero_grad", host_ready - step_h,
                             host_ready + zero_h, "host"))
-    zero1 = plan.parallel.shard_optimizer and d > 1
+    zero1 = plan.parallel.shard_optimizer  # data >= 2 (ParallelConfig)
     if (shard == "zero2" and not own_rs) or zero1:
         # pipeline stages: one gather after the update; ZeRO-1: every rank broadcasts the
         # fp32 parameters it updated, tensor by tensor, one rank after the other (each
         # broadcast moves its bytes at the bus bandwidth: d / (d - 1) times a ring
         # all-gather of them all, and pays a collective's latency)
         scale = d / (d - 1) if zero1 else ga.gather_scale
-        tensors = np.bincount(np.asarray(lp.dev), minlength=k,
-                              weights=np.maximum(ga.param_count, ga.param_bytes > 0))
+        tensors = np.bincount(np.asarray(lp.dev), weights=broadcast_tensors(ga), minlength=k)
         for j in range(k):
             if pbytes[j]:
                 c = affine_collective(cluster, "allgather", replica_group(plan, j))

@@ -319,18 +319,24 @@ def shard_degree(plan: Plan) -> int:
     return plan.parallel.data // plan.parallel.replicate
 
 
+def broadcast_tensors(ga: GraphArrays) -> np.ndarray:
+    """``[n]`` parameter tensors each op's ZeRO-1 rank updates and broadcasts: its named
+    parameters, one where an op has parameter bytes but no names (a graph built by
+    hand)."""
+    return np.maximum(ga.param_count.astype(np.int64), ga.param_bytes > 0)
+
+
 def optimizer_shares(ga: GraphArrays, plan: Plan) -> tuple[float, float]:
     """``(bytes share, tensor share)``: what the most loaded rank of a ZeRO-1 plan
     (``parallel.shard_optimizer``) keeps AdamW state for and updates, of the replica's
     parameters; ``(1, 1)`` otherwise. ``ZeroRedundancyOptimizer`` hands the parameter
     tensors out largest first, each to the rank with the fewest elements so far; an op's
     tensors are taken as equal shares of its parameter bytes."""
-    d = plan.parallel.data
+    d = plan.parallel.data  # >= 2 with shard_optimizer (ParallelConfig)
     total = float(ga.param_bytes.sum())
-    if not plan.parallel.shard_optimizer or d < 2 or total <= 0:
+    if not plan.parallel.shard_optimizer or total <= 0:
         return 1.0, 1.0
-    # an op with parameter bytes but no names (a graph built by hand) holds one tensor
-    count = np.maximum(ga.param_count.astype(np.int64), ga.param_bytes > 0)
+    count = broadcast_tensors(ga)
     has = count > 0
     sizes = np.sort(np.repeat(ga.param_bytes[has] / count[has], count[has]))[::-1]
     load, tensors = np.zeros(d), np.zeros(d)
