@@ -15,7 +15,6 @@ from autoplace.plan import Plan
 from autoplace.sim.memory import cast_copy_bytes, cast_weight_bytes, replica_events, timeline_peak
 from autoplace.sim.model import (
     BUCKET_BYTES,
-    DDP_GRAD_COPIES,
     OPTIMIZER_STATE_PER_PARAM_BYTE,
     UPDATE_TRAFFIC_PER_PARAM_BYTE,
     CostTables,
@@ -137,7 +136,7 @@ def _memory(ga: GraphArrays, plans: list[Plan], dev: np.ndarray, cell: np.ndarra
     pidx = np.arange(num)
     dcol = d[:, None]
     ddp = (dcol > 1) & (k_plan[:, None] == 1)  # DDP: its buckets hold the gradients
-    grads = np.where(ddp, DDP_GRAD_COPIES * pbytes, 0.0)  # (replica_memory.static_memory)
+    grads = np.where(ddp, pbytes, 0.0)  # (replica_memory.static_memory)
     graphed = np.array([pl.parallel.graphs for pl in plans])[:, None]
     grads = grads + np.where(graphed, graphed_grad_bytes(pbytes, m), 0.0)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pbytes

@@ -39,8 +39,6 @@ from autoplace.sim.optimizer_host import optimizer_host_table
 UPDATE_TRAFFIC_PER_PARAM_BYTE = 7.0
 #: AdamW keeps two fp32 moments per parameter.
 OPTIMIZER_STATE_PER_PARAM_BYTE = 2.0
-#: gradient bytes per parameter byte under DDP: its buckets, rebuilt once (state_memory)
-DDP_GRAD_COPIES = 2.0
 #: DDP's default ``bucket_cap_mb=25``.
 BUCKET_BYTES = 25 * 2**20
 
@@ -512,20 +510,18 @@ class MemoryModel:
 
 
 def state_memory(param_bytes: float, d: int, shard: str, max_unit: float = 0.0,
-                 gather_scale: float = 1.0, replica_devices: int = 1,
-                 root_bytes: float = 0.0) -> MemoryModel:
+                 gather_scale: float = 1.0, root_bytes: float = 0.0) -> MemoryModel:
     """Parameters, gradients and AdamW state of ``param_bytes`` under a sharding mode.
 
     Sharded, the gathered parameters take ``gather_scale`` of their bytes (FSDP2 gathers
-    at the autocast dtype). Under DDP the gradients count twice: after the first step DDP
-    rebuilds its buckets in the order gradients became ready while the first ones still
-    hold them (on 2x H200 DDP peaked a parameter size above this model without it:
-    gpt-1b 27.5 GiB measured, 21.8 simulated; branchy-mlp 3.26 / 2.59). A replica over
-    several devices is not wrapped in DDP (``executor.data.allreduce_grads``)."""
+    at the autocast dtype). Under DDP the gradients are its buckets, made once: the
+    executor keeps DDP from rebuilding them after the first step
+    (``executor.data.wrap_data_parallel``), where the first ones would live on through the
+    second step, a second copy of the gradients at its peak. A replica over several
+    devices is not wrapped in DDP (``executor.data.allreduce_grads``)."""
     pb = float(param_bytes)
     if shard == "none" or d == 1:
-        grads = DDP_GRAD_COPIES * pb if d > 1 and replica_devices == 1 else pb
-        return MemoryModel(params=pb, grads=grads, optimizer=OPTIMIZER_STATE_PER_PARAM_BYTE * pb)
+        return MemoryModel(params=pb, grads=pb, optimizer=OPTIMIZER_STATE_PER_PARAM_BYTE * pb)
     # an unsharded gradient bucket exists until it is reduce-scattered
     grads = pb / d + min(float(BUCKET_BYTES), pb)
     opt = OPTIMIZER_STATE_PER_PARAM_BYTE * pb / d

@@ -166,7 +166,7 @@ def static_memory(ga, lp: LocalPlan, plan: Plan) -> list[MemoryModel]:
     opt_share = optimizer_shares(ga, plan)[0]  # ZeRO-1: this rank's share of AdamW's state
     for j in range(k):
         mem = state_memory(pb[j], shard_degree(plan), lp.shard, max_unit[j], ga.gather_scale,
-                           replica_devices=k, root_bytes=root[j])
+                           root_bytes=root[j])
         mem.optimizer *= opt_share
         mem.params += copies[j]
         mem.grads -= pb[j] * made_grad_share(lp, plan)  # the ops' ``grad`` events count it

@@ -203,3 +203,22 @@ def test_a_piece_holding_an_rnn_stays_in_the_root_unit(mesh):
         wrap_data_parallel(prog, low.module_units(graph), "fsdp", mesh=mesh)
         assert [type(m).__name__ for m in prog.modules()
                 if isinstance(m, FSDPModule) and m is not prog] == kinds
+
+
+def test_ddp_keeps_the_buckets_it_made_first(mesh):
+    """DDP's replica keeps the gradient buckets it made at construction: had it rebuilt them
+    after the first step, the first ones would live on through the second step, a second
+    copy of the gradients at that step's peak (one H200, GNMT-4: 4.69 GiB in that step,
+    4.02 in the others; docs/executor.md). The gradients stay views of the buckets."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    ddp = wrap_data_parallel(model, {}, "none")
+    opt = torch.optim.AdamW(ddp.parameters())
+    for _ in range(3):
+        ddp(torch.randn(4, 8)).sum().backward()
+        buckets = {p.grad.untyped_storage().data_ptr() for p in ddp.parameters()}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    info = ddp._get_ddp_logging_data()
+    assert info["gradient_as_bucket_view"] and not info["has_rebuilt_buckets"]
+    assert len(buckets) == 1  # one 25 MB bucket holds every gradient of this small model

@@ -477,7 +477,9 @@ def test_a_compiled_plan_a_little_over_the_cap_is_tried_eager_first(setup, tmp_p
         auto_plan("gpt-tiny", capped, budget="10m", graph=graph,
                   planners=["single", "ddp", "expert"], measure=measure, progress=False,
                   cache_dir=tmp_path / str(ooms))
-        ddps = [family(p) for p in log if family(p).removesuffix("+compile") == "dp-none"]
+        # plain DDP's runs (not those recomputing groups to fit, which may follow)
+        ddps = [family(p) for p in log if family(p).removesuffix("+compile") == "dp-none"
+                and not p.recompute and not p.selective]
         assert ddps[0] == "dp-none"  # simulated faster compiled, measured eager first
         assert ("dp-none+compile" in ddps) != ooms
 
@@ -650,7 +652,7 @@ def test_a_family_whose_best_runs_out_of_memory_hands_over_to_its_next(setup, tm
     measured is measured next (hybrid-dp's local placement, then m-etf's: predicted not
     10% faster than expert's, which would have queued it anyway), and m-etf's is chosen."""
     graph, cluster = setup
-    cap = int(2.8 * 2**20)
+    cap = int(2.4 * 2**20)  # anneal's placement simulated within 1% of it, m-etf's at 71%
     capped = replace(cluster, devices=tuple(replace(d, memory_cap_bytes=cap)
                                             for d in cluster.devices))
     metf = planners.get("m-etf")(graph, capped)
