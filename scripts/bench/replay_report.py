@@ -48,30 +48,57 @@ def recipe_family(recipe: str) -> str:
     """The report's family of a levers recipe (offloaded recipes are ``offload``)."""
     return "offload" if "offload" in recipe else RECIPE_FAMILY.get(recipe, recipe)
 WITHIN = 0.10  # the memory target: simulated peak within 10% of the measured one
-#: the commit from which the executor keeps DDP's first gradient buckets: in suites run
-#: before it, DDP rebuilt them at the second step and its measured peak held the gradients
-#: twice, which the simulator no longer models (docs/executor.md, data parallel)
-DDP_KEEPS_BUCKETS = "37f5195"
-
-
-def ddp_rebuilt_buckets(folder: Path) -> bool:
-    """Whether the suite in ``folder`` ran before :data:`DDP_KEEPS_BUCKETS` (its
-    ``env.json`` commit does not descend from it; unknown commits count as before)."""
-    env = folder / "env.json"
-    commit = json.loads(env.read_text()).get("commit", "") if env.exists() else ""
-    commit = commit.split("+")[0]
-    if not commit:
-        return True
-    done = subprocess.run(["git", "merge-base", "--is-ancestor", DDP_KEEPS_BUCKETS, commit],
-                          capture_output=True, cwd=Path(__file__).resolve().parent)
-    return done.returncode != 0
-
-
 def is_ddp(family: str) -> bool:
     """A plan whose replicas are DDP-wrapped (ZeRO-1's too): one device per replica, not
     sharded (``replay_suite``'s family string)."""
     return family.startswith("dp-none") and "+placement" not in family \
         and "pipeline" not in family
+
+
+def sharded_pieces(family: str) -> bool:
+    """An FSDP2 or ZeRO-2 plan with recomputed or compiled pieces."""
+    return family.startswith(("dp-fsdp", "dp-zero2")) and (
+        "+recompute" in family or "+compile" in family)
+
+
+#: executor changes after which a suite run before them measured some plans otherwise than
+#: the executor runs them now, and the simulator models: ``(commit, what it ran before,
+#: which plans (replay_suite's family string), its step times too)``. Such plans are left
+#: out of the comparison (their memory, and with the last field their step time).
+EXECUTOR_CHANGES = (
+    ("3c667e6", "FSDP2 gathered a recomputed or compiled plan's whole model as one unit",
+     sharded_pieces, True),
+    ("37f5195", "DDP rebuilt its gradient buckets at the second step, its peak holding the "
+     "gradients twice", is_ddp, False),
+)
+
+
+def ran_before(folder: Path, commit: str) -> bool:
+    """Whether the suite in ``folder`` ran before ``commit`` (its ``env.json`` commit does
+    not descend from it; an unknown commit counts as before)."""
+    env = folder / "env.json"
+    ran = json.loads(env.read_text()).get("commit", "") if env.exists() else ""
+    ran = ran.split("+")[0]
+    if not ran:
+        return True
+    done = subprocess.run(["git", "merge-base", "--is-ancestor", commit, ran],
+                          capture_output=True, cwd=Path(__file__).resolve().parent)
+    return done.returncode != 0
+
+
+def mark_stale(folder: Path, rows: list[dict[str, Any]]) -> None:
+    """Set ``stale_memory`` and ``stale_time`` on the rows of a suite in ``folder`` that
+    an :data:`EXECUTOR_CHANGES` entry after it concerns."""
+    changes = [c for c in EXECUTOR_CHANGES if ran_before(folder, c[0])]
+    for r in rows:
+        hit = [c for c in changes if c[2](r["family"])]
+        r["stale_memory"] = bool(hit)
+        r["stale_time"] = any(c[3] for c in hit)
+
+
+def fresh(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``replay_suite.distinct_measured`` of the rows whose step time is not stale."""
+    return rs.distinct_measured([r for r in rows if not r.get("stale_time")])
 
 
 def report_family(family: str) -> str:
@@ -117,13 +144,13 @@ def replay_suites(paths: list[Path], before: Path | None) -> list[dict[str, Any]
         old_scs = {sc["name"]: sc for sc in json.loads(old.read_text())} \
             if old and old.exists() else {}
         for sc in scs:
+            mark_stale(path.parent, sc["plans"])
             prev = {r["planner"]: r for r in old_scs.get(sc["name"], {}).get("plans", [])}
             for r in sc["plans"]:
                 p = prev.get(r["planner"], {})
                 r["sim_before_s"] = p.get("sim_now_s")
                 r["sim_peak_before_bytes"] = p.get("sim_peak_now_bytes")
             sc.update(suite=path.parent.name, num_devices=int(result["num_devices"]),
-                      ddp_rebuilt_buckets=ddp_rebuilt_buckets(path.parent),
                       **_errors(sc["plans"]))
         out.extend(scs)
     return out
@@ -133,8 +160,8 @@ def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median step-time error and Kendall tau before and now over distinct measured plans."""
     from scipy.stats import kendalltau
 
-    pts = rs.distinct_measured(rows)
-    res: dict[str, Any] = {}
+    pts = fresh(rows)
+    res: dict[str, Any] = {"measured_plans": len(pts)}
     for k in ("before", "now"):
         if not pts or any(p[f"sim_{k}_s"] is None for p in pts):
             res[f"error_{k}"] = res[f"tau_{k}"] = None
@@ -186,8 +213,8 @@ def memory_points(scs: list[dict[str, Any]], levers: list[dict[str, Any]],
                   ) -> list[dict[str, Any]]:
     """One point per distinct measured plan: family, simulated peak now and before (a
     levers option's from ``levers_prev``, :func:`levers_before`), measured allocated and
-    reserved peak (bytes, max over devices), and its name; ``stale`` on a DDP plan of a
-    suite run while DDP rebuilt its buckets (:func:`ddp_rebuilt_buckets`)."""
+    reserved peak (bytes, max over devices), and its name; ``stale`` where the executor
+    has changed how it runs the plan since (:func:`mark_stale`)."""
     levers_prev = levers_prev or {}
     pts = []
     for sc in scs:
@@ -198,8 +225,7 @@ def memory_points(scs: list[dict[str, Any]], levers: list[dict[str, Any]],
                             "sim": r["sim_peak_now_bytes"], "before": r["sim_peak_before_bytes"],
                             "allocated": r["measured_peak_bytes"],
                             "reserved": r["measured_reserved_bytes"],
-                            "stale": bool(sc.get("ddp_rebuilt_buckets"))
-                            and is_ddp(r["family"])})
+                            "stale": bool(r.get("stale_memory"))})
     seen = set()
     for r in levers:  # hand-written options and autoplace's of one recipe: one point each
         key = (r["run"], r["case"], r["recipe"], round(r["measured_peak_gib"], 1))
@@ -220,8 +246,8 @@ def pct(x: float | None, spec: str = ".1%") -> str:
 
 
 def markdown(scs, pts, skipped, levers, before: str | None, stale: int = 0) -> str:
-    """The run's tables (see the module docstring); ``stale``: the DDP plans left out of
-    the memory tables (:func:`memory_points`)."""
+    """The run's tables (see the module docstring); ``stale``: the plans left out of the
+    memory tables (:func:`memory_points`)."""
     lines = ["# The simulator replayed on every stored measurement", "",
              "Every suite that kept its per-op profiles replayed (`scripts/bench/replay_suite.py`:"
              " plans rebuilt by the deterministic planners from the suite's profiles, links and "
@@ -237,9 +263,14 @@ def markdown(scs, pts, skipped, levers, before: str | None, stale: int = 0) -> s
                      f" | {sc['measured_plans']} | {pct(sc['error_before'])} | "
                      f"{pct(sc['error_now'])} | {pct(sc['tau_before'], '.2f')} | "
                      f"{pct(sc['tau_now'], '.2f')} |")
+    gone = sum(len(rs.distinct_measured(sc["plans"])) - len(fresh(sc["plans"])) for sc in scs)
+    if gone:
+        lines.append(f"\nLeft out of the step times: {gone} plans measured before an executor "
+                     "change that altered how they run (" + "; ".join(
+                         f"before {c[0]}, {c[1]}" for c in EXECUTOR_CHANGES if c[3]) + ").")
     for k in ("before", "now"):
         errs = [abs(p[f"sim_{k}_s"] - p["measured_s"]) / p["measured_s"] for sc in scs
-                for p in rs.distinct_measured(sc["plans"]) if p[f"sim_{k}_s"] is not None]
+                for p in fresh(sc["plans"]) if p[f"sim_{k}_s"] is not None]
         taus = [sc[f"tau_{k}"] for sc in scs if sc[f"tau_{k}"] is not None]
         if errs and taus:
             lines.append(f"\n**{k}**: median error {statistics.median(errs):.1%} over "
@@ -258,9 +289,9 @@ def markdown(scs, pts, skipped, levers, before: str | None, stale: int = 0) -> s
               "(`torch.cuda.max_memory_allocated`) and the reserved one (the caching "
               "allocator's segments; 4-GPU suites did not record it). Target: within 10% of "
               "allocated."
-              + (f" Left out: the {stale} DDP plans of suites run while DDP rebuilt its "
-                 "gradient buckets at the second step (their peaks held the gradients twice; "
-                 f"the executor keeps its first buckets since {DDP_KEEPS_BUCKETS})."
+              + (f" Left out: the {stale} plans measured before an executor change that "
+                 "concerns them (" + "; ".join(f"before {c[0]}, {c[1]}"
+                                               for c in EXECUTOR_CHANGES) + ")."
                  if stale else ""), "",
               "| family | plans | median error allocated (before) | worst | within 10% | "
               "median error reserved |", "|---|---|---|---|---|---|"]
@@ -311,7 +342,7 @@ def plots(scs, pts, folder: Path) -> None:
     rows = -(-len(scs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
     for ax, sc in zip(axes.flat, scs):
-        pts_sc = rs.distinct_measured(sc["plans"])
+        pts_sc = fresh(sc["plans"])
         ys = [p["measured_s"] * 1e3 for p in pts_sc]
         for k, style in (("before", dict(marker="o", facecolors="none", edgecolors="0.5")),
                          ("now", dict(marker=".", color="C0"))):
@@ -371,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     plots(scs, pts, folder)
     within = _within(pts, "sim")
     errs = [abs(p["sim_now_s"] - p["measured_s"]) / p["measured_s"] for sc in scs
-            for p in rs.distinct_measured(sc["plans"])]
+            for p in fresh(sc["plans"])]
     write_run(folder, tag="sim-replay", scenarios=["sim:replay"], kind="experiment",
               script="scripts/bench/replay_report.py",
               summary=f"The simulator replayed on {len(paths)} stored suites ({len(errs)} measured"

@@ -56,40 +56,48 @@ from pathlib import Path
 import replay_report
 
 root = Path(sys.argv[1])
-for name, commit in (("old", "a572b63+dirty"), ("new", replay_report.DDP_KEEPS_BUCKETS),
-                     ("unknown", "")):
+fsdp_fix, ddp_fix = (c[0] for c in replay_report.EXECUTOR_CHANGES)
+for name, commit in (("oldest", "a1b2c3d+dirty"), ("between", ddp_fix + "~1"),
+                     ("new", ddp_fix), ("unknown", "")):
     (root / name).mkdir()
     (root / name / "env.json").write_text(json.dumps({"commit": commit}))
+FAMS = ("dp-none", "dp-none+zero1+recompute", "dp-fsdp", "dp-fsdp+compile+recompute",
+        "dp-zero2+recompute", "dp-none+placement", "pipeline+recompute")
 
 def plan(family):
     return {"planner": family, "family": family, "split": family, "measured_s": 1.0,
             "sim_now_s": 1.0, "measured_peak_bytes": 2**30, "measured_reserved_bytes": None,
             "sim_peak_now_bytes": 2**30, "sim_peak_before_bytes": None, "same_split": True}
 
-scs = [{"suite": name, "name": "x", "ddp_rebuilt_buckets": replay_report.ddp_rebuilt_buckets(
-            root / name),
-        "plans": [plan(f) for f in ("dp-none", "dp-none+zero1+recompute", "dp-fsdp",
-                                    "dp-none+placement")]} for name in ("old", "new")]
-pts = replay_report.memory_points(scs, [])
-print(json.dumps({"rebuilt": [replay_report.ddp_rebuilt_buckets(root / n)
-                              for n in ("old", "new", "unknown")],
-                  "stale": [(p["name"], p["stale"]) for p in pts]}))
+out = {}
+for name in ("oldest", "between", "new", "unknown"):
+    rows = [plan(f) for f in FAMS]
+    replay_report.mark_stale(root / name, rows)
+    pts = replay_report.memory_points([{"suite": name, "name": "x", "plans": rows}], [])
+    out[name] = {"memory": [p["stale"] for p in pts],
+                 "time": [r["family"] for r in replay_report.fresh(rows)]}
+print(json.dumps(out))
 """
 
 
-def test_ddp_peaks_of_suites_run_while_ddp_rebuilt_its_buckets_are_left_out(tmp_path):
+def test_plans_measured_before_an_executor_change_that_concerns_them_are_left_out(tmp_path):
     """A suite run before the executor kept DDP's first gradient buckets measured DDP's
-    peak with the gradients twice: its DDP and ZeRO-1 plans (recomputing or not) are marked
-    stale, and the memory tables leave them out; FSDP2 and a placement's replicas (not
-    DDP-wrapped) stay, as do every plan of a suite run since."""
+    peak with the gradients twice: its DDP and ZeRO-1 plans (recomputing or not) are left
+    out of the memory tables, their step times kept. One run before FSDP2 sharded each
+    recomputed or compiled block as a unit of its own measured those plans gathering the
+    whole model: their memory and step time are left out. A placement's replicas (not
+    DDP-wrapped), pipelines and plain FSDP2 stay, as does every plan of a suite run since;
+    a suite whose commit is unknown counts as run before both."""
     p = subprocess.run([sys.executable, "-c", STALE, str(tmp_path)], cwd=BENCH,
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["rebuilt"] == [True, False, True]
-    stale = {name.split(" (")[0]: s for name, s in out["stale"]}
-    assert stale == {"old x dp-none": True, "old x dp-none+zero1+recompute": True,
-                     "old x dp-fsdp": False, "old x dp-none+placement": False,
-                     "new x dp-none": False, "new x dp-none+zero1+recompute": False,
-                     "new x dp-fsdp": False, "new x dp-none+placement": False}
+    both = [True, True, False, True, True, False, False]
+    assert out["oldest"]["memory"] == out["unknown"]["memory"] == both
+    assert out["oldest"]["time"] == out["unknown"]["time"] == [
+        "dp-none", "dp-none+zero1+recompute", "dp-fsdp", "dp-none+placement",
+        "pipeline+recompute"]
+    assert out["between"]["memory"] == [True, True, False, False, False, False, False]
+    assert len(out["between"]["time"]) == 7
+    assert out["new"]["memory"] == [False] * 7 and len(out["new"]["time"]) == 7
