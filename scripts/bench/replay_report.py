@@ -48,6 +48,8 @@ def recipe_family(recipe: str) -> str:
     """The report's family of a levers recipe (offloaded recipes are ``offload``)."""
     return "offload" if "offload" in recipe else RECIPE_FAMILY.get(recipe, recipe)
 WITHIN = 0.10  # the memory target: simulated peak within 10% of the measured one
+
+
 def is_ddp(family: str) -> bool:
     """A plan whose replicas are DDP-wrapped (ZeRO-1's too): one device per replica, not
     sharded (``replay_suite``'s family string)."""
@@ -81,8 +83,11 @@ def ran_before(folder: Path, commit: str) -> bool:
     ran = ran.split("+")[0]
     if not ran:
         return True
-    done = subprocess.run(["git", "merge-base", "--is-ancestor", commit, ran],
-                          capture_output=True, cwd=Path(__file__).resolve().parent)
+    try:
+        done = subprocess.run(["git", "merge-base", "--is-ancestor", commit, ran],
+                              capture_output=True, cwd=Path(__file__).resolve().parent)
+    except OSError:  # no git: the history cannot tell
+        return True
     return done.returncode != 0
 
 
