@@ -29,7 +29,7 @@ from autoplace.executor import execute  # noqa: E402
 from autoplace.executor.runner import capture_graph  # noqa: E402
 from autoplace.lowering import stage_of_ops, tied_parameters, validate  # noqa: E402
 from tests.helpers import ROOT, pythonpath_with_root
-from tests.helpers.plans import single, split  # noqa: E402
+from tests.helpers.plans import run_like_execute, single, split  # noqa: E402
 
 TOL = 1e-4
 CPU2, CPU4 = preset("cpu-x2"), preset("cpu-x4")
@@ -116,12 +116,24 @@ RUNS = {
 }
 
 
+@pytest.fixture(scope="module")
+def hf_pool():
+    """One torchrun job per process layout for every run below (as the zoo matrix of
+    test_dist): each run still builds its model, trains it and its reference, but the
+    ranks import transformers once, not once a run."""
+    from autoplace.executor.pool import PlanPool
+
+    with PlanPool(CPU4, timeout_s=240) as pool:
+        yield pool
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("run", list(RUNS))
-def test_trains_like_the_unpartitioned_model(run):
+def test_trains_like_the_unpartitioned_model(run, hf_pool):
     name, options, make_plan, cluster = RUNS[run]
     wl = workloads.get(f"tests.helpers.hf_models:{name}", **options)
-    check(execute(wl, make_plan(capture_graph(wl)), cluster=cluster, steps=4, warmup=1), steps=4)
+    check(run_like_execute(hf_pool, wl, make_plan(capture_graph(wl)), cluster, steps=4,
+                           warmup=1), steps=4)
 
 
 def test_sharded_pipeline_with_tied_weights_is_a_clear_error():

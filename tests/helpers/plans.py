@@ -27,3 +27,21 @@ def check_run(r, steps: int = 3, tol: float = 1e-4) -> None:
     assert r.ok, r.error
     assert len(r.loss) == steps and len(r.reference_loss) == steps
     assert r.max_loss_rel_diff < tol, (r.loss, r.reference_loss)
+
+
+def run_like_execute(pool, workload, plan, cluster, steps: int = 3, warmup: int = 1):
+    """What :func:`autoplace.executor.execute` does for ``plan`` (validated against the
+    workload's graph and ``cluster``, trained ``steps`` steps beside the unpartitioned
+    reference), with a multi-process plan run in ``pool``'s job for its process layout
+    (a :class:`~autoplace.executor.pool.PlanPool` a test module keeps) instead of a
+    torchrun of its own: the ranks run the same code, but start once per module."""
+    from autoplace.executor import execute
+    from autoplace.executor.runner import RunOptions, capture_graph
+    from autoplace.executor.tensor_parallel import process_count
+    from autoplace.lowering import validate
+
+    if process_count(plan) == 1:
+        return execute(workload, plan, cluster=cluster, steps=steps, warmup=warmup)
+    validate(capture_graph(workload), plan, cluster)
+    return pool.run(plan, workload, RunOptions(steps=steps, warmup=warmup, reference=True),
+                    cluster=cluster)
