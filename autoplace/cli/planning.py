@@ -76,6 +76,10 @@ def cmd_plan(cfg: PlanConfig) -> int:
             cluster.require_present(what="--planner auto (it measures plans on the devices)")
     elif not cfg.policy and cfg.planner != "pretrained":
         planners.get(cfg.planner)  # an unknown name fails before the capture
+    if cfg.policy:  # a file that is not a policy checkpoint fails before the capture too
+        from autoplace.policies.checkpoint import load_policy
+
+        load_policy(cfg.policy)
     wl = build_model(cfg, device="meta")
     graph = graph_of(wl, cfg.profile_dir, cluster)
     t0 = time.perf_counter()
