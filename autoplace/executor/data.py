@@ -128,10 +128,10 @@ def wrap_data_parallel(
         # the first bucket lives on through that step, a second copy of the gradients at
         # the activations' peak (on one H200, GNMT-4 peaked 4.68 GiB in that step, 4.02 in
         # the others; with the flag 3.86 in every step, the step 0.1 ms slower of 42:
-        # bench/results/2026-11-30-h200x1-ddp-bucket-memory). With it the buckets stay those
-        # first made, in reverse order of registration, and DDP walks the autograd graph
-        # from the outputs each step (PyTorch says so once per rank, on stderr, when it
-        # finds every parameter used).
+        # docs/executor.md, data parallel). With it the buckets stay those first made, in
+        # reverse order of registration, and DDP walks the autograd graph from the outputs
+        # each step (PyTorch says so once per rank, on stderr, when it finds every
+        # parameter used).
         return DDP(program, device_ids=ids, process_group=group, broadcast_buffers=True,
                    find_unused_parameters=True, gradient_as_bucket_view=True)
     from torch.distributed.fsdp import fully_shard

@@ -209,7 +209,8 @@ def test_ddp_keeps_the_buckets_it_made_first(mesh):
     """DDP's replica keeps the gradient buckets it made at construction: had it rebuilt them
     after the first step, the first ones would live on through the second step, a second
     copy of the gradients at that step's peak (one H200, GNMT-4: 4.68 GiB in that step,
-    4.02 in the others; bench/results/2026-11-30-h200x1-ddp-bucket-memory). The gradients stay views of the buckets."""
+    4.02 in the others; bench/results/2026-11-30-h200x1-ddp-bucket-memory). The gradients
+    stay views of the buckets."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
     ddp = wrap_data_parallel(model, {}, "none")
