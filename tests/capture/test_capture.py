@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -171,9 +169,7 @@ def test_meta_model_captures_without_memory():
     with torch.device("meta"):
         model = nn.Sequential(nn.Embedding(50000, 2048), *[Block(2048) for _ in range(24)])
         tokens = torch.randint(0, 50000, (8, 1024))
-    t0 = time.perf_counter()
     g = capture(model, (tokens,), autocast_dtype="bfloat16")
-    assert time.perf_counter() - t0 < 10
     assert g.param_bytes == _param_bytes(model) > 3 * 2**30
     assert next(op for op in g if op.target == "1.up").flops == 2 * 8 * 1024 * 2048 * 8192
     assert next(op for op in g if op.target == "1.up").output_bytes == 8 * 1024 * 8192 * 2
@@ -231,9 +227,7 @@ def _zoo_names() -> list[str]:
 @pytest.mark.parametrize("name", _zoo_names())
 def test_zoo_captures_on_meta(name):
     wl = workloads.get(name, device="meta")
-    t0 = time.perf_counter()
-    g = capture_workload(wl)
-    assert time.perf_counter() - t0 < 20
+    g = capture_workload(wl)  # (how long it takes is a benchmark's business, not a test's)
     assert g.name == wl.name and g.spec["spec"] == name and g.batch_size == wl.batch_size
     assert g.param_bytes == _param_bytes(wl.model)
     assert g.flops > 0 and len(g) > 3
