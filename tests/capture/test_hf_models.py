@@ -116,23 +116,12 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module")
-def hf_pool():
-    """One torchrun job per process layout for every run below (as the zoo matrix of
-    test_dist): each run still builds its model, trains it and its reference, but the
-    ranks import transformers once, not once a run."""
-    from autoplace.executor.pool import PlanPool
-
-    with PlanPool(CPU4, timeout_s=240) as pool:
-        yield pool
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("run", list(RUNS))
-def test_trains_like_the_unpartitioned_model(run, hf_pool):
+def test_trains_like_the_unpartitioned_model(run, cpu_pool):
     name, options, make_plan, cluster = RUNS[run]
     wl = workloads.get(f"tests.helpers.hf_models:{name}", **options)
-    check(run_like_execute(hf_pool, wl, make_plan(capture_graph(wl)), cluster, steps=4,
+    check(run_like_execute(cpu_pool, wl, make_plan(capture_graph(wl)), cluster, steps=4,
                            warmup=1), steps=4)
 
 

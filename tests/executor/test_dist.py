@@ -22,18 +22,6 @@ CPU2, CPU4 = preset("cpu-x2"), preset("cpu-x4")
 
 
 @pytest.fixture(scope="module")
-def zoo_pool():
-    """One torchrun job per process layout (2 and 4 ranks) for every run below that trains
-    beside the reference (as auto and the bench run plans): each run still builds its
-    workload, trains it and checks it against the reference, but the processes start once
-    a module, not once a run. The failure and resume tests launch torchrun themselves."""
-    from autoplace.executor.pool import PlanPool
-
-    with PlanPool(CPU4, timeout_s=240) as pool:
-        yield pool
-
-
-@pytest.fixture(scope="module")
 def tiny():
     wl = workloads.get("gpt-tiny")
     return wl, capture_graph(wl)
@@ -44,47 +32,47 @@ def check(r, steps=3):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipeline_two_stages(tiny, schedule, zoo_pool):
+def test_pipeline_two_stages(tiny, schedule, cpu_pool):
     wl, graph = tiny
-    check(run_like_execute(zoo_pool, wl, split(graph, pipeline=2, microbatches=4,
+    check(run_like_execute(cpu_pool, wl, split(graph, pipeline=2, microbatches=4,
                                                schedule=schedule), CPU2))
 
 
-def test_pipeline_lstm_tuples_cross_the_cut(zoo_pool):
+def test_pipeline_lstm_tuples_cross_the_cut(cpu_pool):
     wl = workloads.get("rnnlm", seq_len=8, hidden=32)
-    check(run_like_execute(zoo_pool, wl, split(capture_graph(wl), pipeline=2, microbatches=4,
+    check(run_like_execute(cpu_pool, wl, split(capture_graph(wl), pipeline=2, microbatches=4,
                                                schedule="1f1b"), CPU2))
 
 
 @pytest.mark.parametrize("shard", ["none", "fsdp", "zero2", "fsdp/modules"])
-def test_data_parallel(tiny, shard, zoo_pool):
+def test_data_parallel(tiny, shard, cpu_pool):
     wl, graph = tiny
     shard, _, units = shard.partition("/")
-    r = run_like_execute(zoo_pool, wl, single(graph, data=2, shard=shard,
+    r = run_like_execute(cpu_pool, wl, single(graph, data=2, shard=shard,
                                               shard_units=units or "blocks"), CPU2)
     check(r)
     assert r.devices == ["cpu", "cpu"]
 
 
-def test_ddp_with_checkpointed_groups(tiny, zoo_pool):
+def test_ddp_with_checkpointed_groups(tiny, cpu_pool):
     """DDP over a program whose groups run under torch.utils.checkpoint (``dp_recompute``'s
     plans) trains like the reference."""
     wl, graph = tiny
     groups = {op: i * 4 // len(graph.order) for i, op in enumerate(graph.order)}
     plan = Plan.from_groups(graph, groups, [0] * 4, parallel=ParallelConfig(data=2),
                             recompute={1, 2})
-    check(run_like_execute(zoo_pool, wl, plan, CPU2))
+    check(run_like_execute(cpu_pool, wl, plan, CPU2))
 
 
 def test_ddp_zero1_trains_like_the_reference_and_resumes(tiny, tmp_path, monkeypatch,
-                                                         zoo_pool):
+                                                         cpu_pool):
     """DDP with AdamW's state sharded over the replicas (``shard_optimizer``: each rank
     updates half the parameters, then broadcasts them) trains like the unpartitioned
     reference; killed after a checkpoint, it resumes where it stopped, each rank
     restoring its own share of the state, and continues the same losses."""
     wl, graph = tiny
     plan = single(graph, data=2, shard_optimizer=True)
-    full = run_like_execute(zoo_pool, wl, plan, CPU2, steps=4, warmup=1)
+    full = run_like_execute(cpu_pool, wl, plan, CPU2, steps=4, warmup=1)
     check(full, steps=4)
     monkeypatch.setenv("AUTOPLACE_FAIL_AT_STEP", "2")
     monkeypatch.setenv("AUTOPLACE_FAIL_RANK", "1")
@@ -98,14 +86,14 @@ def test_ddp_zero1_trains_like_the_reference_and_resumes(tiny, tmp_path, monkeyp
     assert rest.loss == pytest.approx(full.loss[2:], rel=1e-6)
 
 
-def test_data_parallel_over_placed_replicas(tiny, zoo_pool):
+def test_data_parallel_over_placed_replicas(tiny, cpu_pool):
     wl, graph = tiny
-    check(run_like_execute(zoo_pool, wl, split(graph, data=2, microbatches=2), CPU4))
+    check(run_like_execute(cpu_pool, wl, split(graph, data=2, microbatches=2), CPU4))
 
 
-def test_data_x_pipeline_mesh(zoo_pool):
+def test_data_x_pipeline_mesh(cpu_pool):
     wl = workloads.get("gnmt-2", src_len=6, tgt_len=6, hidden=32)
-    check(run_like_execute(zoo_pool, wl, split(capture_graph(wl), data=2, pipeline=2,
+    check(run_like_execute(cpu_pool, wl, split(capture_graph(wl), data=2, pipeline=2,
                                                microbatches=2), CPU4))
 
 
@@ -120,13 +108,13 @@ def test_killed_rank_is_a_clear_error_and_overwrites_nothing(tiny, tmp_path, mon
     assert out.read_text() == "previous"
 
 
-def test_pipeline_checkpoint_kill_and_resume(tiny, tmp_path, monkeypatch, zoo_pool):
+def test_pipeline_checkpoint_kill_and_resume(tiny, tmp_path, monkeypatch, cpu_pool):
     from autoplace.executor.runner import RunOptions
 
     wl, graph = tiny
     plan = split(graph, pipeline=2, microbatches=2)
     # the uninterrupted run's losses (in the module's job); killed and resumed: torchrun's
-    full = zoo_pool.run(plan, wl, RunOptions(steps=4, warmup=0, reference=False), cluster=CPU2)
+    full = cpu_pool.run(plan, wl, RunOptions(steps=4, warmup=0, reference=False), cluster=CPU2)
     assert full.ok, full.error
     monkeypatch.setenv("AUTOPLACE_FAIL_AT_STEP", "2")
     monkeypatch.setenv("AUTOPLACE_FAIL_RANK", "1")
@@ -153,7 +141,7 @@ ZOO_SMALL = {
 
 @pytest.mark.parametrize("mode", ["gpipe", "1f1b", "ddp", "fsdp"])
 @pytest.mark.parametrize("name", list(ZOO_SMALL))
-def test_zoo_workload_multiprocess(name, mode, zoo_pool):
+def test_zoo_workload_multiprocess(name, mode, cpu_pool):
     from autoplace.executor.runner import RunOptions
 
     wl = workloads.get(name, **ZOO_SMALL[name])
@@ -162,6 +150,6 @@ def test_zoo_workload_multiprocess(name, mode, zoo_pool):
         plan = split(graph, pipeline=2, microbatches=4, schedule=mode)
     else:
         plan = single(graph, data=2, shard="none" if mode == "ddp" else "fsdp")
-    r = zoo_pool.run(plan, wl, RunOptions(steps=3, warmup=1, reference=True), cluster=CPU2)
+    r = cpu_pool.run(plan, wl, RunOptions(steps=3, warmup=1, reference=True), cluster=CPU2)
     check(r)
     assert r.reference_loss and len(r.step_times_s) == 2

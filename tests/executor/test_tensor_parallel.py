@@ -33,53 +33,43 @@ def tiny():
     return wl, capture_graph(wl)
 
 
-@pytest.fixture(scope="module")
-def pool():
-    """One torchrun job per process layout (2 and 4 ranks) for the runs that train beside
-    the reference: each run builds its model and mesh afresh, the ranks start once."""
-    from autoplace.executor.pool import PlanPool
-
-    with PlanPool(CPU4, timeout_s=240) as p:
-        yield p
-
-
 def check(r, steps=3):
     check_run(r, steps, TOL)
 
 
-def test_tensor_parallel_two_ranks(tiny, pool):
+def test_tensor_parallel_two_ranks(tiny, cpu_pool):
     wl, graph = tiny
-    r = run_like_execute(pool, wl, single(graph, tensor=2), CPU2)
+    r = run_like_execute(cpu_pool, wl, single(graph, tensor=2), CPU2)
     check(r)
     assert r.extra["tensor_split"] == SPLIT
     assert r.devices == ["cpu", "cpu"]
 
 
-def test_fsdp_x_tensor_2d(tiny, pool):
+def test_fsdp_x_tensor_2d(tiny, cpu_pool):
     wl, graph = tiny
-    r = run_like_execute(pool, wl, single(graph, data=2, shard="fsdp", tensor=2), CPU4)
+    r = run_like_execute(cpu_pool, wl, single(graph, data=2, shard="fsdp", tensor=2), CPU4)
     check(r)
     assert len(r.devices) == 4
 
 
-def test_pipeline_x_tensor(tiny, pool):
+def test_pipeline_x_tensor(tiny, cpu_pool):
     wl, graph = tiny
     # stage 0: embeddings and block 0, stage 1: block 1 and the head (cut between blocks)
     cut = graph.order.index("blocks_1_ln1")
     groups = {op: int(i >= cut) for i, op in enumerate(graph.order)}
     plan = Plan.from_groups(graph, groups, [0, 1],
                             parallel=ParallelConfig(pipeline=2, microbatches=2, tensor=2))
-    r = run_like_execute(pool, wl, plan, CPU4)
+    r = run_like_execute(cpu_pool, wl, plan, CPU4)
     check(r)
     assert r.extra["tensor_split"] == SPLIT[:4]  # rank 0's: stage 0 splits block 0
 
 
-def test_hsdp_two_by_two(tiny, pool):
+def test_hsdp_two_by_two(tiny, cpu_pool):
     wl, graph = tiny
-    check(run_like_execute(pool, wl, single(graph, data=4, shard="fsdp", replicate=2), CPU4))
+    check(run_like_execute(cpu_pool, wl, single(graph, data=4, shard="fsdp", replicate=2), CPU4))
 
 
-def test_tensor_parallel_with_ddp_and_recompute(tiny, pool):
+def test_tensor_parallel_with_ddp_and_recompute(tiny, cpu_pool):
     """DDP's replicas reduce the tensor-parallel (DTensor) gradients over ``dp``; blocks
     recomputed under torch.utils.checkpoint run their collectives again in backward."""
     wl, graph = tiny
@@ -87,30 +77,30 @@ def test_tensor_parallel_with_ddp_and_recompute(tiny, pool):
     blocks = {groups[op] for op in graph.order if op.startswith("blocks_")}
     plan = Plan.from_groups(graph, groups, [0] * (max(groups.values()) + 1),
                             parallel=ParallelConfig(data=2, tensor=2), recompute=blocks)
-    check(run_like_execute(pool, wl, plan, CPU4))
+    check(run_like_execute(cpu_pool, wl, plan, CPU4))
 
 
 
-def test_sequence_parallel_two_ranks(tiny, pool):
+def test_sequence_parallel_two_ranks(tiny, cpu_pool):
     wl, graph = tiny
-    r = run_like_execute(pool, wl, single(graph, tensor=2, sequence_parallel=True), CPU2)
+    r = run_like_execute(cpu_pool, wl, single(graph, tensor=2, sequence_parallel=True), CPU2)
     check(r)
     assert r.extra["tensor_split"] == sorted(SPLIT + NORMS)
 
 
-def test_fsdp_x_tensor_with_sequence_parallel(tiny, pool):
+def test_fsdp_x_tensor_with_sequence_parallel(tiny, cpu_pool):
     wl, graph = tiny
-    check(run_like_execute(pool, wl, single(graph, data=2, shard="fsdp", tensor=2,
+    check(run_like_execute(cpu_pool, wl, single(graph, data=2, shard="fsdp", tensor=2,
                                              sequence_parallel=True), CPU4))
 
 
-def test_grouped_query_attention_splits_kv_heads(pool):
+def test_grouped_query_attention_splits_kv_heads(cpu_pool):
     """llama3-tiny: 4 query heads, 2 key/value heads repeated by expand + flatten, rotary
     embeddings; each rank keeps 2 query and 1 key/value head (and its norms' sequence
     shard)."""
     wl = workloads.get("llama3-tiny")
     graph = capture_graph(wl)
-    r = run_like_execute(pool, wl, single(graph, tensor=2, sequence_parallel=True), CPU2)
+    r = run_like_execute(cpu_pool, wl, single(graph, tensor=2, sequence_parallel=True), CPU2)
     check(r)
     split = r.extra["tensor_split"]
     assert {"layers.0.attention.wk", "layers.0.attention.wv", "layers.1.feed_forward.w3",
