@@ -91,10 +91,14 @@ def ran_before(folder: Path, commit: str) -> bool:
     return done.returncode != 0
 
 
-def mark_stale(folder: Path, rows: list[dict[str, Any]]) -> None:
-    """Set ``stale_memory`` and ``stale_time`` on the rows of a suite in ``folder`` that
-    an :data:`EXECUTOR_CHANGES` entry after it concerns."""
-    changes = [c for c in EXECUTOR_CHANGES if ran_before(folder, c[0])]
+def changes_since(folder: Path) -> list[tuple]:
+    """The :data:`EXECUTOR_CHANGES` made after the suite in ``folder`` ran."""
+    return [c for c in EXECUTOR_CHANGES if ran_before(folder, c[0])]
+
+
+def mark_stale(changes: list[tuple], rows: list[dict[str, Any]]) -> None:
+    """Set ``stale_memory`` and ``stale_time`` on the rows (a suite's) that one of
+    ``changes`` (:func:`changes_since` the suite) concerns."""
     for r in rows:
         hit = [c for c in changes if c[2](r["family"])]
         r["stale_memory"] = bool(hit)
@@ -148,8 +152,9 @@ def replay_suites(paths: list[Path], before: Path | None) -> list[dict[str, Any]
         old = before / f"{path.parent.name}.json" if before else None
         old_scs = {sc["name"]: sc for sc in json.loads(old.read_text())} \
             if old and old.exists() else {}
+        changes = changes_since(path.parent)
         for sc in scs:
-            mark_stale(path.parent, sc["plans"])
+            mark_stale(changes, sc["plans"])
             prev = {r["planner"]: r for r in old_scs.get(sc["name"], {}).get("plans", [])}
             for r in sc["plans"]:
                 p = prev.get(r["planner"], {})

@@ -120,7 +120,7 @@ def test_dp_recompute_checkpoints_just_enough_to_fit():
 def test_zero1_fits_a_cap_ddp_cannot_reach_by_recomputing():
     """GNMT-4 capped at 84% of what DDP simulates (as the benchmark caps it at 75% of one
     GPU's measured peak): DDP does not fit however many groups it recomputes (it holds
-    its gradients twice and AdamW's whole state), plain ZeRO-1 (a third of DDP's state
+    AdamW's whole state), plain ZeRO-1 (a third of DDP's state
     gone) does not fit either, ZeRO-1 with groups recomputed does; hybrid-dp offers it,
     its one DDP-style candidate that fits (which family wins turns on the op costs: on
     the card's profile, ZeRO-1, suite-levers-gnmt-zero1-2)."""

@@ -72,7 +72,7 @@ def plan(family):
 out = {}
 for name in ("oldest", "between", "new", "unknown"):
     rows = [plan(f) for f in FAMS]
-    replay_report.mark_stale(root / name, rows)
+    replay_report.mark_stale(replay_report.changes_since(root / name), rows)
     pts = replay_report.memory_points([{"suite": name, "name": "x", "plans": rows}], [])
     out[name] = {"memory": [p["stale"] for p in pts],
                  "time": [r["family"] for r in replay_report.fresh(rows)]}
