@@ -23,10 +23,12 @@ Activation bytes (what autograd keeps for backward; a per-kind estimate):
 * matmul / linear / conv / attention: the non-parameter inputs (at the autocast
   dtype when one is given: autocast keeps the cast copy)
 * ``relu``, ``sigmoid``, ``tanh``, softmax: the output
-* normalisation, ``mul``/``div``, pooling, and activations whose derivative reads the
+* normalisation, ``mul``/``div``, average pooling, and activations whose derivative reads the
   input (``gelu``, ``silu``, ``leaky_relu``...): the inputs (under autocast, an op on
   the GPUs' float32 list keeps float32 copies of them); ``mul``/``div`` by a number:
   nothing
+* max pooling: the input and an int64 index per output element; adaptive average pooling
+  to one element per channel (a mean): nothing
 * Embedding: the indices; dropout: a one-byte mask per element
 * LSTM / GRU / RNN: the input plus, per layer and direction and step, the gates and
   the cell / hidden state (``T * B * (G + 2) * H`` elements, G = 4 / 3 / 1)
@@ -98,9 +100,22 @@ SAVE_INPUT_KINDS = frozenset({
     "LayerNorm", "layer_norm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "batch_norm",
     "GroupNorm", "group_norm", "RMSNorm", "rms_norm", "InstanceNorm2d", "instance_norm",
     "mul", "imul", "div", "pow", "rsqrt", "sqrt", "var",
-    "MaxPool1d", "MaxPool2d", "MaxPool3d", "max_pool1d", "max_pool2d", "max_pool3d",
-    "AdaptiveAvgPool2d", "adaptive_avg_pool2d", "AvgPool2d", "avg_pool2d", "norm",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d", "adaptive_avg_pool3d", "AvgPool2d", "avg_pool2d", "norm",
     "cross_entropy", "mse_loss", "nll_loss", "CrossEntropyLoss", "MSELoss",
+})
+#: max pooling: its backward reads the input and the argmax of every output element,
+#: which it keeps as int64 (``max_pool2d_with_indices``)
+MAX_POOL_KINDS = frozenset({
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "max_pool1d", "max_pool2d", "max_pool3d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "adaptive_max_pool1d",
+    "adaptive_max_pool2d", "adaptive_max_pool3d",
+})
+#: adaptive average pooling, whose output of one element per channel is a mean: its
+#: backward needs only the input's shape
+ADAPTIVE_AVG_KINDS = frozenset({
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d", "adaptive_avg_pool3d",
 })
 #: forward FLOPs per output element of elementwise / reduction ops the counter misses
 ELEMENT_FLOPS = {
@@ -254,6 +269,11 @@ def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], 
         return own(out[:1]), 0
     if base in _SCALED_KINDS and _by_a_number(ctx):
         return [], 0  # autograd keeps the number, not the tensor
+    if base in MAX_POOL_KINDS:
+        return own(ins), _numel(out[:1]) * 8
+    if base in ADAPTIVE_AVG_KINDS and out and all(
+            s == 1 for s in out[0].shape[-_pool_dims(base):]):
+        return [], 0  # a mean over the pooled dimensions
     if base in SAVE_INPUT_KINDS:
         # the GPUs' autocast runs its float32 list on float32 copies, and keeps those
         up = 4 if ctx.low_itemsize and base in GPU_FP32_OPS else None
@@ -265,6 +285,11 @@ def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], 
     if ctx.submod is not None:
         return own(ins), 0
     return own(out), 0
+
+
+def _pool_dims(kind: str) -> int:
+    """Dimensions an adaptive pooling kind pools over (the digit in its name)."""
+    return next((int(c) for c in kind if c.isdigit()), 2)
 
 
 def _part_bytes(t: torch.Tensor, itemsize: int | None) -> int:

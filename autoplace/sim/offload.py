@@ -22,9 +22,11 @@ replica's ops run in issue order on one compute queue, issued by the host thread
 On a CPU device the host is the device: its copies cost nothing.
 
 GPU memory: the gathered units (the root's, the current and the prefetched one, at the
-gather dtype) and the fp32 shard being copied in; unsharded gradients of the root and two
-units until they are reduce-scattered; activations and transients as in any one-process
-replica. The host holds the fp32 shard, its gradient and AdamW's two moments per
+gather dtype) and the fp32 shard being copied in; over several ranks, each unit's
+unsharded gradients and their fp32 copy at its reduce-scatter, in the timeline as without
+offload (on one rank, the root's and two units' gradients held as state); cuDNN's packed
+copy of recurrent weights on sharded GPU ranks; activations and transients as in any
+one-process replica. The host holds the fp32 shard, its gradient and AdamW's two moments per
 parameter (``memory_breakdown[...]["host"]``, not compared with any capacity).
 """
 
@@ -50,7 +52,7 @@ from autoplace.sim.model import (
     host_times,
     replicas_identical,
 )
-from autoplace.sim.replica_memory import local_memory
+from autoplace.sim.replica_memory import local_memory, sharded
 
 __all__ = ["OffloadStreams", "host_bytes", "host_copy_s", "offload_memory", "shard_count",
            "simulate_offload"]
@@ -125,9 +127,16 @@ def offload_memory(ga: GraphArrays, lp, plan: Plan) -> MemoryModel:
     s = shard_count(plan)
     # the fp32 shard copied in lives until it is gathered: the root's when the step starts
     # (nothing else gathered yet), a block's beside the root and the block before it
+    # cuDNN's packed copy of a recurrent module's gathered weights stays beside them, as
+    # in any sharded replica on GPUs (``static_memory``)
+    packed = (float(ga.packed_bytes.sum()) if lp.cuda and sharded(lp)
+              and ga.packed_bytes is not None else 0.0)
     mem.params = max(ga.gather_scale * root + root / s,
-                     ga.gather_scale * in_flight + largest / s)
-    mem.grads = in_flight
+                     ga.gather_scale * in_flight + largest / s) + packed
+    # unsharded gradients until their reduce-scatter: over several ranks the timeline
+    # counts each unit's at its first backward op (``op_memory``'s ``once``, as without
+    # offload); on one rank it has no such events and they are held here
+    mem.grads = 0.0 if sharded(lp) else in_flight
     mem.optimizer = 0.0
     return mem
 

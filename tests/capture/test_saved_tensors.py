@@ -58,3 +58,50 @@ def test_a_view_of_a_saved_tensor_is_the_same_one():
 
     g = capture(Viewed(), (torch.randn(4, 16),), name="viewed")
     assert g["lin"].activation_bytes == 0 and g.activation_bytes == 4 * 16 * 4
+
+
+def autograd_saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes autograd keeps for ``model``'s backward on ``x``: every tensor its saved-tensor
+    hooks see, once per storage, parameters and the input left out."""
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    skip.add(x.untyped_storage().data_ptr())
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen.setdefault(st.data_ptr(), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return sum(seen.values())
+
+
+class Pools(nn.Module):
+    """Max pooling (module and function, which keep an int64 index per output element)
+    and adaptive average pooling to one element per channel (a mean: nothing kept) and to
+    two (the input kept)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.avg2 = nn.AdaptiveAvgPool2d(2)
+        self.avg1 = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        h = self.pool(self.conv(x).sigmoid())
+        h = nn.functional.max_pool1d(h.flatten(2) * 2.0, 2).view(h.shape[0], 8, 4, 2)
+        return self.avg1(self.avg2(h.exp())).flatten(1)
+
+
+def test_pooling_keeps_what_autograd_keeps():
+    model, x = Pools(), torch.randn(2, 3, 8, 8)
+    g = capture(model, (x,), name="pools")
+    assert g["pool"].activation_bytes == 2 * 8 * 4 * 4 * 8  # its input is the sigmoid's
+    # mul by a number keeps nothing: the function keeps its input and the indices
+    assert g["max_pool1d"].activation_bytes == 2 * 8 * 16 * 4 + 2 * 8 * 8 * 8
+    assert g["avg2"].shared_saves == (("exp", 2 * 8 * 4 * 2 * 4),)  # exp's output
+    assert g["avg1"].activation_bytes == 0 and not g["avg1"].shared_saves
+    assert g.activation_bytes == autograd_saved_bytes(model, x) + 2 * 3 * 8 * 8 * 4  # + x

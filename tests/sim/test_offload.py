@@ -58,6 +58,42 @@ def test_memory_leaves_the_state_on_the_host(graph):
     assert two.peak_memory_bytes[0] == two.peak_memory_bytes[1] < one.peak_memory_bytes[0]
 
 
+
+def test_unsharded_gradients_are_counted_once(graph):
+    """Over several ranks each unit's unsharded gradients are the timeline's, at its
+    reduce-scatter (as without offload), not state held besides; on one rank, with no
+    reduce-scatter, the state holds the root's and two units' gradients."""
+    cluster = no_host(preset("h200x2"))
+    ga = graph_arrays(graph)
+    one = simulate(graph, blocks_plan(graph, shard="fsdp", offload=True), cluster)
+    two = simulate(graph, blocks_plan(graph, data=2, shard="fsdp", offload=True), cluster)
+    fu = fsdp_units(ga, [0] * ga.n, 1, "blocks", blocks_plan(graph, data=2, shard="fsdp"))
+    root = sum(b for b, r in zip(fu.unit_bytes, fu.root) if r)
+    largest = max(b for b, r in zip(fu.unit_bytes, fu.root) if not r)
+    assert one.memory_breakdown[0]["grads"] == pytest.approx(root + 2 * largest)
+    b2 = two.memory_breakdown[0]
+    assert b2["grads"] == 0
+    # the largest reduce-scatter (a unit's gradients at the gather dtype and their fp32
+    # copy) is within the timeline's peak
+    assert b2["activations"] + b2["transient"] >= largest * (1 + ga.gather_scale)
+
+
+def test_recurrent_weights_keep_their_packed_copy_when_offloaded():
+    """A sharded rank on GPUs holds cuDNN's packed copy of every LSTM's gathered weights
+    (as FSDP2 without offload does); one rank gathers nothing to pack apart."""
+    g = capture_workload(workloads.get("gnmt-2", device="meta", hidden=64, vocab_size=500,
+                                       src_len=8, tgt_len=8, batch_size=8))
+    ga = graph_arrays(g)
+    packed = float(ga.packed_bytes.sum())
+    assert packed > 0
+    cluster = no_host(preset("h200x2"))
+    plan = lambda **p: Plan.from_groups(g, {op.name: 0 for op in g}, [0],  # noqa: E731
+                                        parallel=ParallelConfig(shard="fsdp", **p))
+    off = simulate(g, plan(data=2, offload=True), cluster).memory_breakdown[0]["params"]
+    on_cpu = simulate(g, plan(data=2, offload=True), preset("cpu-x2"))
+    assert off - on_cpu.memory_breakdown[0]["params"] == pytest.approx(packed)
+
+
 def test_copies_per_unit_and_the_update_on_the_cpu(graph):
     cluster = no_host(preset("h200x1"), host_bandwidth=10e9, host_memory_bandwidth=5e9)
     plan = blocks_plan(graph, shard="fsdp", offload=True)
