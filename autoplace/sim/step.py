@@ -37,7 +37,8 @@ Model, in brief (details in ``sim_model``, ``sim_local``, ``sim_pipeline``):
 * memory per device: parameters + gradients + AdamW state (sharded as configured)
   + activations kept for backward (microbatches held per the schedule; recomputed
   groups keep only their inputs) + the largest transient output (and recomputed
-  group), compared with ``usable_memory_bytes``.
+  group) + cuBLAS's workspaces on GPUs that run matmuls (``sim_workspace``), compared
+  with ``usable_memory_bytes``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from autoplace.sim.model import (
 from autoplace.sim.offload import simulate_offload
 from autoplace.sim.pipeline import simulate_pipeline
 from autoplace.sim.tensor import simulate_tensor
+from autoplace.sim.workspace import blas_workspace
 
 __all__ = [
     "BatchResult", "Event", "SimResult", "lower_bound", "sharded_host_s", "simulate",
@@ -166,7 +168,14 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
     else:
         out = simulate_local(ga, plan, cluster, tables, timeline)
     extra = sharded_host_s(graph, plan, cluster)
-    peak = [int(round(x)) for x in out["peak"]]
+    work = blas_workspace(graph, plan, cluster)
+    peak = [int(round(x + w)) for x, w in zip(out["peak"], work)]
+    breakdown = out["breakdown"]
+    if breakdown is not None:
+        for j, b in enumerate(breakdown[:len(work)]):
+            if isinstance(b, dict) and work[j] > 0:
+                b["workspace"] = int(work[j])
+                b["total"] = int(b.get("total", 0) + work[j])
     retry = allocator_retry_s(ga, plan, cluster, peak)  # reserved over the cap (sim/allocator.py)
     step = float(out["step"]) + extra + retry
     usable = tables.usable_memory
@@ -188,7 +197,7 @@ def simulate(graph: OpGraph, plan: Plan, cluster: Cluster, *, timeline: bool = F
         oom_devices=oom_devices,
         lower_bound_s=_cached_lower_bound(graph, cluster, tables),
         timeline=events,
-        memory_breakdown=out["breakdown"],
+        memory_breakdown=breakdown,
     )
 
 
@@ -209,6 +218,7 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
         peak = np.zeros((len(plans), cluster.num_devices))
         if flat:
             step[flat], peak[flat] = run_batch(graph, [plans[i] for i in flat], cluster, tables)
+            peak[flat] += [blas_workspace(graph, plans[i], cluster) for i in flat]
             step[flat] += [_host_extra(graph, plans[i], cluster, peak[i]) for i in flat]
         for i, p in enumerate(plans):
             if _one_by_one(graph, p):
@@ -216,6 +226,7 @@ def simulate_batch(graph: OpGraph, plans: list[Plan], cluster: Cluster) -> Batch
                 step[i], peak[i] = res.step_time_s, res.peak_memory_bytes
         return _batch_result(graph, cluster, tables, step, peak)
     step, peak = run_batch(graph, plans, cluster, tables)
+    peak = peak + np.array([blas_workspace(graph, p, cluster) for p in plans]).reshape(peak.shape)
     step = step + np.array([_host_extra(graph, p, cluster, peak[i]) for i, p in enumerate(plans)])
     return _batch_result(graph, cluster, tables, step, peak)
 
