@@ -9,7 +9,9 @@ that no timed step is slowed by the recording). Per rank it writes the snapshot
 
 - ``allocated_peak_bytes`` and what was alive then, by where it was allocated
   (:func:`source`): the static state allocated before the step, FSDP's buffers,
-  recomputation, the optimizer, compiled code, the backward, the model's forward;
+  recomputation, the optimizer, compiled code, the backward, the model's forward; and
+  the allocation sites holding most of it (``largest_at_peak``, :func:`site`: bytes,
+  blocks and the largest block per site);
 - ``reserved_peak_bytes`` and the memory reserved per CUDA stream at that moment and at
   each stream's own peak: a block freed on one stream is not reused by another's
   allocations (FSDP2 all-gathers and reduce-scatters on streams of their own), so reserved
@@ -28,7 +30,7 @@ import torch
 
 from autoplace.files import write_json_atomic
 
-__all__ = ["MAX_ENTRIES", "MemoryRecorder", "recorded_step", "source", "summarize"]
+__all__ = ["MAX_ENTRIES", "MemoryRecorder", "recorded_step", "site", "source", "summarize"]
 
 #: most allocator events kept (a gpt-1b step on one rank makes tens of thousands)
 MAX_ENTRIES = 2_000_000
@@ -65,6 +67,28 @@ def source(frames: list[dict[str, Any]]) -> str:
     return "other" if names else "unknown"
 
 
+#: allocation sites listed in ``largest_at_peak``
+TOP_SITES = 20
+
+
+def site(frames: list[dict[str, Any]]) -> str:
+    """Where a block was allocated, finer than :func:`source`: the innermost frame (the
+    library call that allocated it) and the innermost frame outside torch (the model's
+    line or the executor's), ``file:line function`` each; ``autograd engine`` for a block
+    the backward's C++ thread allocated with no Python frame."""
+    if not frames:
+        return "autograd engine"
+
+    def where(f: dict[str, Any]) -> str:
+        name = str(f.get("filename", "")).replace("\\", "/").rsplit("/", 1)[-1]
+        return f"{name}:{f.get('line', '?')} {f.get('name', '')}"
+
+    outer = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))
+                  .replace("\\", "/")), None)
+    inner = where(frames[0])
+    return inner if outer is None or outer is frames[0] else f"{inner} < {where(outer)}"
+
+
 def summarize(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
     """The summary of one device of a snapshot taken at the end of the recorded span
     (see the module's doc). Events before the recording started are not in the trace:
@@ -94,7 +118,7 @@ def summarize(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
     streams = set(reserved_now) | set(net_reserved)
     reserved = {s: reserved_now.get(s, 0) - net_reserved.get(s, 0) for s in streams}
 
-    live: dict[int, tuple[int, str, str]] = {}  # addr -> (size, source, stream)
+    live: dict[int, tuple[int, str, str, str]] = {}  # addr -> (size, source, stream, site)
     cur, peak, at_peak, before_live = before, before, None, before
     res_total = sum(reserved.values())
     res_peak, res_at_peak = res_total, dict(reserved)
@@ -104,7 +128,8 @@ def summarize(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
         a, size, stream = e.get("action"), int(e.get("size", 0)), str(e.get("stream", 0))
         addr = int(e.get("addr", 0))
         if a == "alloc":
-            live[addr] = (size, source(e.get("frames") or []), stream)
+            frames = e.get("frames") or []
+            live[addr] = (size, source(frames), stream, site(frames))
             cur += size
             if cur > peak:
                 peak, at_peak = cur, (dict(live), before_live)
@@ -123,12 +148,17 @@ def summarize(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
             ooms += 1
     by_source: dict[str, int] = defaultdict(int)
     by_stream: dict[str, int] = defaultdict(int)
+    by_site: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # bytes, blocks, largest
     if at_peak is not None:
         blocks, before_then = at_peak
         by_source["before"] = before_then
-        for size, src, stream in blocks.values():
+        for size, src, stream, where in blocks.values():
             by_source[src] += size
             by_stream[stream] += size
+            acc = by_site[where]
+            acc[0] += size
+            acc[1] += 1
+            acc[2] = max(acc[2], size)
     else:
         by_source["before"] = before
     return {
@@ -138,6 +168,9 @@ def summarize(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
         "allocated_peak_bytes": peak,
         "allocated_at_peak_by_source": dict(sorted(by_source.items(), key=lambda kv: -kv[1])),
         "allocated_in_step_at_peak_by_stream": dict(by_stream),
+        "largest_at_peak": [
+            {"site": k, "bytes": v[0], "blocks": v[1], "largest_block": v[2]}
+            for k, v in sorted(by_site.items(), key=lambda kv: -kv[1][0])[:TOP_SITES]],
         "reserved_peak_bytes": res_peak,
         "reserved_at_peak_by_stream": {k: v for k, v in res_at_peak.items() if v},
         "reserved_stream_peaks": {k: v for k, v in stream_peak.items() if v},

@@ -10,7 +10,7 @@ import torch
 from autoplace import workloads
 from autoplace.cluster import Cluster, preset
 from autoplace.executor import run_plan
-from autoplace.executor.memory_record import recorded_step, source, summarize
+from autoplace.executor.memory_record import recorded_step, site, source, summarize
 from autoplace.executor.runner import RunOptions, capture_graph
 from autoplace.plan import Plan
 
@@ -70,6 +70,19 @@ def test_the_summary_finds_the_peak_and_the_reserved_memory_per_stream():
     assert s["ooms"] == 1 and s["events"] == 11
     other = summarize(snapshot(), 1)  # no events: everything was there before
     assert other["allocated_peak_bytes"] == other["allocated_before_bytes"] == 999
+    # the sites alive at the peak, most bytes first (the backward's block came after it)
+    assert s["largest_at_peak"] == [
+        {"site": "model.py:7 forward",
+         "bytes": 250, "blocks": 1, "largest_block": 250},
+        {"site": "_fsdp_collectives.py:1 foreach_all_gather < runner.py:2 run_here",
+         "bytes": 150, "blocks": 1, "largest_block": 150}]
+
+
+def test_a_site_is_the_library_call_and_the_first_frame_outside_torch():
+    assert site(FSDP) == "_fsdp_collectives.py:1 foreach_all_gather < runner.py:2 run_here"
+    assert site(FWD) == "model.py:7 forward"  # the model's own line allocated it
+    assert site(CKPT) == "checkpoint.py:3 unpack_hook"  # torch's frames only
+    assert site([]) == "autograd engine"
 
 
 def test_the_step_recorded_is_the_last_warm_up_one_where_there_is_one():
