@@ -22,11 +22,12 @@ replica's ops run in issue order on one compute queue, issued by the host thread
 On a CPU device the host is the device: its copies cost nothing.
 
 GPU memory: the gathered units (the root's, the current and the prefetched one, at the
-gather dtype) and the fp32 shard being copied in; over several ranks, each unit's
-unsharded gradients and their fp32 copy at its reduce-scatter, in the timeline as without
-offload (on one rank, the root's and two units' gradients held as state); cuDNN's packed
-copy of recurrent weights on sharded GPU ranks; activations and transients as in any
-one-process replica. The host holds the fp32 shard, its gradient and AdamW's two moments per
+gather dtype); each unit's unsharded gradients and their fp32 copy from its backward to
+its reduce-scatter, in the timeline as FSDP2 without offload (one rank included); cuDNN's
+packed copy of recurrent weights on GPUs; activations and transients as in any one-process
+replica. Measured on one H200 (gpt-1b at batch 4, its blocks recomputed, a group of one):
+at the peak, the start of the backward, no gradient exists yet and only the root's unit is
+gathered (``scripts/bench/peak_contents.py``). The host holds the fp32 shard, its gradient and AdamW's two moments per
 parameter (``memory_breakdown[...]["host"]``, not compared with any capacity).
 """
 
@@ -52,7 +53,7 @@ from autoplace.sim.model import (
     host_times,
     replicas_identical,
 )
-from autoplace.sim.replica_memory import local_memory, sharded
+from autoplace.sim.replica_memory import local_memory
 
 __all__ = ["OffloadStreams", "host_bytes", "host_copy_s", "offload_memory", "shard_count",
            "simulate_offload"]
@@ -124,19 +125,16 @@ def offload_memory(ga: GraphArrays, lp, plan: Plan) -> MemoryModel:
     largest = max((b for b, r in zip(fu.unit_bytes, fu.root) if not r), default=0.0)
     total = float(ga.param_bytes.sum())
     in_flight = min(total, root + 2.0 * largest)
-    s = shard_count(plan)
-    # the fp32 shard copied in lives until it is gathered: the root's when the step starts
-    # (nothing else gathered yet), a block's beside the root and the block before it
-    # cuDNN's packed copy of a recurrent module's gathered weights stays beside them, as
-    # in any sharded replica on GPUs (``static_memory``)
-    packed = (float(ga.packed_bytes.sum()) if lp.cuda and sharded(lp)
-              and ga.packed_bytes is not None else 0.0)
-    mem.params = max(ga.gather_scale * root + root / s,
-                     ga.gather_scale * in_flight + largest / s) + packed
-    # unsharded gradients until their reduce-scatter: over several ranks the timeline
-    # counts each unit's at its first backward op (``op_memory``'s ``once``, as without
-    # offload); on one rank it has no such events and they are held here
-    mem.grads = 0.0 if sharded(lp) else in_flight
+    # the gathered units at the gather dtype (the fp32 shard each copies in lives only
+    # until its all-gather, before the activations peak); cuDNN's packed copy of a
+    # recurrent module's gathered weights stays beside them, as in any sharded replica on
+    # GPUs (``static_memory``)
+    packed = (float(ga.packed_bytes.sum()) if lp.cuda and ga.packed_bytes is not None
+              else 0.0)
+    mem.params = ga.gather_scale * in_flight + packed
+    # each unit's unsharded gradients and their fp32 copy live from its backward to its
+    # reduce-scatter: the timeline counts them there (``op_memory``'s ``once``)
+    mem.grads = 0.0
     mem.optimizer = 0.0
     return mem
 

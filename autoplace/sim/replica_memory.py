@@ -83,7 +83,7 @@ def op_memory(ga, lp: LocalPlan, plan: Plan) -> dict[str, np.ndarray]:
     grad = ga.param_bytes * made_grad_share(lp, plan)
     shared = shared_save_bytes(ga, np.asarray(lp.dev), ~rc_op, lp.k)
     once = None
-    if sharded(lp):
+    if sharded(lp) or plan.parallel.offload:  # offloaded: a group of one reduce-scatters too
         # a unit's reduce-scatter, after its backward (its first op's): its unsharded
         # gradients at the gather dtype and their fp32 copy FSDP2 reduces
         fu = fsdp_units(ga, lp.dev, lp.k, plan.parallel.shard_units, plan)
