@@ -11,12 +11,13 @@ the same plan on the same card. The cases, one process each:
   every gradient alive, as a 1F1B stage's does);
 * a U-Net of convolutions only (``scripts/bench/user_models.py:unet``): no matmul, so no
   cuBLAS workspace;
-* gpt-1b at batch 4 under FSDP2 in a group of one with its shards offloaded, with its
-  blocks recomputed and without.
+* gpt-1b at batch 4, GNMT-4 at 64 and branchy-mlp at 512 (a rank's batch in the 2-GPU
+  suites) under FSDP2 in a group of one with its shards offloaded, with their blocks
+  recomputed and without.
 
-Writes ``OUT/peak.json`` and ``OUT/peak.md``.
+Writes ``OUT/peak.json`` and ``OUT/peak.md``; with ``ONLY``, the cases whose name holds it.
 
-    python scripts/bench/peak_contents.py OUT
+    python scripts/bench/peak_contents.py OUT [ONLY]
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from autoplace.sim.model import OPTIMIZER_STATE_PER_PARAM_BYTE, graph_arrays
 GNMT = dict(hidden=1024, vocab_size=32000, src_len=50, tgt_len=50, batch_size=128)
 INCEPTION = dict(image_size=299, width=1.0, num_classes=1000, batch_size=32)
 UNET = "user_models:unet"
+BRANCHY = dict(in_dim=1024, hidden=2048, branches=8, depth=4, num_classes=1000, batch_size=512)
 GIB, MIB = 2**30, 2**20
 
 
@@ -58,14 +60,23 @@ def cases(cl: Cluster) -> list[tuple[str, str, dict[str, Any], Any]]:
     off = lv["fsdp+offload+checkpoint-blocks"]
     out.append(("gpt-1b b4 fsdp+offload+checkpoint-blocks", "gpt-1b", {"batch_size": 4}, off))
     out.append(("gpt-1b b4 fsdp+offload", "gpt-1b", {"batch_size": 4}, lv["fsdp+offload"]))
+    for name, opts in (("gnmt-4", {**GNMT, "batch_size": 64}), ("branchy-mlp", BRANCHY)):
+        g = capture_workload(workloads.get(name, device="meta", **opts))
+        lv = lever_plans(g, cl)
+        b = opts["batch_size"]
+        out.append((f"{name} b{b} fsdp+offload", name, opts, lv["fsdp+offload"]))
+        out.append((f"{name} b{b} fsdp+offload+checkpoint-blocks", name, opts,
+                    lv["fsdp+offload+checkpoint-blocks"]))
     return out
 
 
-def main(out_dir: Path) -> None:
+def main(out_dir: Path, only: str = "") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     cl = Cluster.detect().subset([0])
     rows: list[dict[str, Any]] = []
     for case, name, opts, plan in cases(cl):
+        if only not in case:
+            continue
         g = capture_workload(workloads.get(name, device="meta", **opts))
         sim = simulate(g, plan, cl)
         state = float(graph_arrays(g).param_bytes.sum()) * (1 + OPTIMIZER_STATE_PER_PARAM_BYTE)
@@ -111,4 +122,4 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "")
