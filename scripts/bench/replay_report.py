@@ -199,12 +199,29 @@ def replay_levers(root: Path) -> list[dict[str, Any]]:
             check = json.loads((tmp / "sim-check.json").read_text())
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        for r in check["rows"]:
-            if r["measured_ms"] and not r["measured_oom"]:
-                rows.append({**r, "run": f.parent.name,
-                             "family": recipe_family(r["recipe"]) if r["recipe"] != "auto"
-                             else report_family(r["family"])})
+        ran = [r for r in check["rows"] if r["measured_ms"] and not r["measured_oom"]]
+        # the executor changes since the run, judged on each recipe's plan family
+        staled = [{"family": r["family"] if r["recipe"] == "auto" else suite_family(r["recipe"])}
+                  for r in ran]
+        mark_stale(changes_since(f.parent), staled)
+        for r, st in zip(ran, staled):
+            rows.append({**r, "run": f.parent.name, "stale_memory": st["stale_memory"],
+                         "family": recipe_family(r["recipe"]) if r["recipe"] != "auto"
+                         else report_family(r["family"])})
     return rows
+
+
+def suite_family(recipe: str) -> str:
+    """A levers recipe's plan family as ``replay_suite`` writes it (what
+    :data:`EXECUTOR_CHANGES`' tests read): FSDP2 (offloaded too) or DDP replicas, with
+    ``+recompute`` / ``+compile`` where the recipe recomputes or compiles."""
+    base = ("dp-fsdp" if "fsdp" in recipe or "offload" in recipe
+            else "dp-none" if "ddp" in recipe else "single")
+    if "checkpoint" in recipe or "selective" in recipe:
+        base += "+recompute"
+    if "compile" in recipe:
+        base += "+compile"
+    return base
 
 
 def levers_before(before: Path | None) -> dict[tuple[str, str, str], float]:
@@ -246,7 +263,8 @@ def memory_points(scs: list[dict[str, Any]], levers: list[dict[str, Any]],
                     "sim": r["sim_peak_gib"] * 2**30,
                     "before": levers_prev.get((r["run"], r["case"], r["option"])),
                     "allocated": r["measured_peak_gib"] * 2**30,
-                    "reserved": (r["measured_reserved_gib"] or 0) * 2**30 or None})
+                    "reserved": (r["measured_reserved_gib"] or 0) * 2**30 or None,
+                    "stale": bool(r.get("stale_memory"))})
     return pts
 
 

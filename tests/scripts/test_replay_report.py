@@ -101,3 +101,37 @@ def test_plans_measured_before_an_executor_change_that_concerns_them_are_left_ou
     assert out["between"]["memory"] == [True, True, False, False, False, False, False]
     assert len(out["between"]["time"]) == 7
     assert out["new"]["memory"] == [False] * 7 and len(out["new"]["time"]) == 7
+
+
+LEVERS_FAMILIES = """
+import json
+import replay_report as rr
+
+recipes = ["eager", "checkpoint-blocks+compile", "fsdp+offload", "fsdp+offload+checkpoint-blocks",
+           "fsdp+checkpoint-blocks+compile", "ddp+compile"]
+fams = [rr.suite_family(r) for r in recipes]
+rows = [{"family": f} for f in fams]
+rr.mark_stale(list(rr.EXECUTOR_CHANGES), rows)
+pts = rr.memory_points([], [{"run": "r", "case": "c", "option": "o", "recipe": "x",
+                             "family": "offload", "measured_peak_gib": 1.0,
+                             "measured_reserved_gib": None, "sim_peak_gib": 1.0,
+                             "stale_memory": True}])
+print(json.dumps({"families": fams, "stale": [r["stale_memory"] for r in rows],
+                  "point_stale": pts[0]["stale"]}))
+"""
+
+
+def test_a_levers_recipe_is_judged_by_the_executor_changes_as_a_suite_plan_is():
+    """A one-GPU levers run before FSDP2 sharded each recomputed block as a unit of its own
+    measured its offloaded, recomputed recipe gathering the whole model: its peak is left
+    out like a suite's plan of the same family; DDP recipes are the DDP change's."""
+    p = subprocess.run([sys.executable, "-c", LEVERS_FAMILIES], cwd=BENCH,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["families"] == ["single", "single+recompute+compile", "dp-fsdp",
+                               "dp-fsdp+recompute", "dp-fsdp+recompute+compile",
+                               "dp-none+compile"]
+    assert out["stale"] == [False, False, False, True, True, True]
+    assert out["point_stale"] is True
