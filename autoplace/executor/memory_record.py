@@ -205,8 +205,11 @@ class MemoryRecorder:
         if self.out is None:
             return
         if step == self.first and not self.on:
+            # stacks of allocations only (what the summary reads): with ``context="all"``
+            # torch 2.11's backward raised a SystemError recomputing a checkpointed region
+            # (max pooling, cuDNN's LSTM) while the history was recorded
             torch.cuda.memory._record_memory_history(
-                enabled="all", context="all", stacks="python", max_entries=MAX_ENTRIES)
+                enabled="all", context="alloc", stacks="python", max_entries=MAX_ENTRIES)
             self.on = True
         elif self.on and step > self.first:
             self.close()

@@ -116,3 +116,28 @@ def test_each_rank_of_an_fsdp_run_writes_its_allocator_record(tmp_path):
         assert any(k.startswith("fsdp:") for k in dev["allocated_at_peak_by_source"])
         assert len(dev["reserved_stream_peaks"]) >= 2  # FSDP2's collectives' own streams
         assert dev["allocated_peak_bytes"] <= rep.peak_memory_bytes[r] * 1.01
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_recomputed_plan_records_its_step(tmp_path):
+    """Recording the allocator's history does not break a checkpointed region's
+    recomputation (max pooling's and cuDNN LSTM's backward raised a SystemError when every
+    free's stack was recorded too)."""
+    from autoplace.lowering import block_group_ids, block_groups
+
+    for name, opts in (("inception-v3", dict(image_size=75, width=0.25, batch_size=4)),
+                       ("gnmt-2", dict(hidden=64, vocab_size=500, src_len=8, tgt_len=8,
+                                       batch_size=8))):
+        wl = workloads.get(name, **opts)
+        g = capture_graph(wl)
+        groups = block_groups(g)
+        plan = Plan.from_groups(g, groups, [0] * (max(groups.values()) + 1),
+                                recompute=block_group_ids(g, groups))
+        out = tmp_path / name
+        rep = run_plan(plan, wl, cluster=Cluster.detect().subset([0]), options=RunOptions(
+            steps=3, warmup=2, reference=False, memory_dir=str(out)))
+        assert rep.error is None, rep.error
+        dev = json.loads((out / "memory-rank0.json").read_text())["devices"][0]
+        assert dev["events"] > 0 and dev["largest_at_peak"]
+        assert dev["allocated_peak_bytes"] > dev["allocated_before_bytes"]
