@@ -10,7 +10,8 @@ the same plan on the same card. The cases, one process each:
   and with eight microbatches (the second's peak lies in one microbatch's backward with
   every gradient alive, as a 1F1B stage's does);
 * a U-Net of convolutions only (``scripts/bench/user_models.py:unet``): no matmul, so no
-  cuBLAS workspace;
+  cuBLAS workspace; it and the residual MLP under the plan ``auto`` chose for them on one
+  H200 (one device replayed as CUDA graphs, stored with their levers runs);
 * gpt-1b at batch 4, GNMT-4 at 64 and branchy-mlp at 512 (a rank's batch in the 2-GPU
   suites) under FSDP2 in a group of one with its shards offloaded, with their blocks
   recomputed and without.
@@ -34,6 +35,7 @@ from autoplace.cluster import Cluster
 from autoplace.executor.launch import run_plan
 from autoplace.executor.runner import RunOptions
 from autoplace.files import write_atomic, write_json_atomic
+from autoplace.plan import Plan
 from autoplace.planners.manual import hand_written, lever_plans
 from autoplace.sim import simulate
 from autoplace.sim.model import OPTIMIZER_STATE_PER_PARAM_BYTE, graph_arrays
@@ -43,6 +45,7 @@ INCEPTION = dict(image_size=299, width=1.0, num_classes=1000, batch_size=32)
 UNET = "user_models:unet"
 BRANCHY = dict(in_dim=1024, hidden=2048, branches=8, depth=4, num_classes=1000, batch_size=512)
 GIB, MIB = 2**30, 2**20
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 def cases(cl: Cluster) -> list[tuple[str, str, dict[str, Any], Any]]:
@@ -55,6 +58,11 @@ def cases(cl: Cluster) -> list[tuple[str, str, dict[str, Any], Any]]:
         if name != UNET:
             out.append((f"{name} single mb=8", name, opts,
                         single.with_parallel(microbatches=8)))
+    for run, model in (("2026-11-29-h200x1-levers-residual-mlp-3", "residual-mlp"),
+                       ("2026-11-30-h200x1-levers-unet-4", "unet")):
+        plan = Plan.load(RESULTS / run / "plans" / f"{model}-no-cap-auto.json")
+        name = f"user_models:{model.replace('-', '_')}"
+        out.append((f"{name} auto (CUDA graphs)", name, {}, plan))
     g = capture_workload(workloads.get("gpt-1b", device="meta", batch_size=4))
     lv = lever_plans(g, cl)
     off = lv["fsdp+offload+checkpoint-blocks"]
