@@ -38,17 +38,27 @@ def blas_workspace_bytes(device: Device) -> float:
 def blas_workspace(graph: OpGraph, plan: Plan, cluster: Cluster) -> np.ndarray:
     """``[devices]``: the cuBLAS workspaces each cluster device holds under ``plan`` (on
     every device whose part of the plan runs a matmul)."""
-    out = np.zeros(cluster.num_devices)
-    if cluster.is_cpu:
-        return out
+    per_device = cluster.__dict__.get("_sim_blas_workspace")
+    if per_device is None:  # computed once per cluster
+        per_device = np.array([blas_workspace_bytes(d) for d in cluster.devices])
+        cluster.__dict__["_sim_blas_workspace"] = per_device
+    if not per_device.any():
+        return np.zeros(cluster.num_devices)
     names = graph.__dict__.get("_sim_matmuls")
     if names is None:  # computed once per graph
         names = [op.name for op in graph if op.kind in MATMUL_KINDS]
         graph.__dict__["_sim_matmuls"] = names
-    local = {plan.placement[plan.groups[n]] for n in names}
-    t = plan.parallel.tensor
+    if not names:
+        return np.zeros(cluster.num_devices)
+    k, t = plan.devices_per_replica, plan.parallel.tensor
+    used = np.zeros(cluster.num_devices, dtype=bool)
+    if k == 1:
+        local = {0}
+    else:
+        groups, placement = plan.groups, plan.placement
+        local = {placement[groups[n]] for n in names}
     for r in range(plan.parallel.data):
         for i, dev in enumerate(plan.replica_devices(r)):
             if i // t in local and dev < cluster.num_devices:
-                out[dev] = blas_workspace_bytes(cluster.devices[dev])
-    return out
+                used[dev] = True
+    return np.where(used, per_device, 0.0)
