@@ -34,14 +34,32 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cpu_pool():
-    """One torchrun job per process layout (2 and 4 CPU ranks, gloo) for a test module's
-    runs that train beside the reference (``tests.helpers.plans.run_like_execute``): each
-    run builds its workload and trains it afresh, but the ranks start once a module. The
-    tests about launching, killing and resuming start their own processes."""
+    """One torchrun job per process layout (2 and 4 CPU ranks, gloo) for the runs that
+    train beside the reference (``tests.helpers.plans.run_like_execute``) in every test
+    module a worker runs: each run builds its workload and trains it afresh, but the ranks
+    start once a session (a layout's job when its first run comes). The tests about
+    launching and killing start their own processes."""
     from autoplace.cluster import preset
     from autoplace.executor.pool import PlanPool
 
-    with PlanPool(preset("cpu-x4"), timeout_s=240) as pool:
+    class Pool(PlanPool):
+        """Its jobs import the tests' own workloads (``tests.helpers.<module>:<factory>``)
+        whichever module's run starts them."""
+
+        def run(self, *args, **kwargs):
+            from tests.helpers import pythonpath_with_root
+
+            before = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = pythonpath_with_root()
+            try:
+                return super().run(*args, **kwargs)
+            finally:
+                if before is None:
+                    del os.environ["PYTHONPATH"]
+                else:
+                    os.environ["PYTHONPATH"] = before
+
+    with Pool(preset("cpu-x4"), timeout_s=240) as pool:
         yield pool

@@ -29,19 +29,33 @@ def check_run(r, steps: int = 3, tol: float = 1e-4) -> None:
     assert r.max_loss_rel_diff < tol, (r.loss, r.reference_loss)
 
 
-def run_like_execute(pool, workload, plan, cluster, steps: int = 3, warmup: int = 1):
+def run_like_execute(pool, workload, plan, cluster, steps: int = 3, warmup: int = 1,
+                     graph=None, **options):
     """What :func:`autoplace.executor.execute` does for ``plan`` (validated against the
     workload's graph and ``cluster``, trained ``steps`` steps beside the unpartitioned
     reference), with a multi-process plan run in ``pool``'s job for its process layout
-    (a :class:`~autoplace.executor.pool.PlanPool` a test module keeps) instead of a
-    torchrun of its own: the ranks run the same code, but start once per module."""
+    (the session's :class:`~autoplace.executor.pool.PlanPool`) instead of a torchrun of its
+    own: the ranks run the same code, but start once. ``graph``: the workload's graph if
+    the test captured it already (capturing by torch.export takes seconds). ``options``:
+    execute's other run options (``reference``, ``checkpoint_dir``, ``resume``); a
+    checkpoint folder is locked and checked first, as execute's launcher does."""
+    import contextlib
+
     from autoplace.executor import execute
+    from autoplace.executor.checkpoint import require_resumable
+    from autoplace.executor.lifetime import folder_lock
     from autoplace.executor.runner import RunOptions, capture_graph
     from autoplace.executor.tensor_parallel import process_count
     from autoplace.lowering import validate
 
     if process_count(plan) == 1:
-        return execute(workload, plan, cluster=cluster, steps=steps, warmup=warmup)
-    validate(capture_graph(workload), plan, cluster)
-    return pool.run(plan, workload, RunOptions(steps=steps, warmup=warmup, reference=True),
-                    cluster=cluster)
+        return execute(workload, plan, cluster=cluster, steps=steps, warmup=warmup, **options)
+    validate(graph if graph is not None else capture_graph(workload), plan, cluster)
+    if options.get("checkpoint_dir") is not None:
+        options["checkpoint_dir"] = str(options["checkpoint_dir"])
+    opts = RunOptions(steps=steps, warmup=warmup, **options)
+    with contextlib.ExitStack() as stack:
+        if opts.checkpoint_dir:
+            stack.enter_context(folder_lock(opts.checkpoint_dir))
+            require_resumable(opts.checkpoint_dir, opts.resume, opts.steps)
+        return pool.run(plan, workload, opts, cluster=cluster)
