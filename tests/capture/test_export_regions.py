@@ -15,11 +15,10 @@ from torch import fx
 from autoplace import workloads
 from autoplace.capture import body_on_device, capture_workload, fetch_attr
 from autoplace.cluster import preset
-from autoplace.executor import execute
 from autoplace.executor.runner import capture_graph
 from autoplace.plan import ParallelConfig, Plan
 from tests.helpers import pythonpath_with_root
-from tests.helpers.plans import split
+from tests.helpers.plans import run_like_execute, split
 from tests.helpers.region_models import rotary_net
 
 WRAP = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
@@ -75,7 +74,7 @@ def test_bodies_name_the_device_their_op_runs_on():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", ["local mb=2", "gpipe"])
-def test_trains_like_the_unpartitioned_model(plan):
+def test_trains_like_the_unpartitioned_model(plan, cpu_pool):
     wl = workloads.get("tests.helpers.region_models:rotary_net", autocast_dtype="bfloat16")
     graph = capture_graph(wl)
     if plan == "local mb=2":
@@ -84,13 +83,13 @@ def test_trains_like_the_unpartitioned_model(plan):
         cut = graph.order.index("mul")
         p = Plan.from_groups(graph, {op: int(i >= cut) for i, op in enumerate(graph.order)},
                              [0, 1], parallel=ParallelConfig(pipeline=2, microbatches=2))
-    r = execute(wl, p, cluster=preset("cpu-x2"), steps=3, warmup=1)
+    r = run_like_execute(cpu_pool, wl, p, preset("cpu-x2"), steps=3, warmup=1, graph=graph)
     assert r.ok, r.error
     assert r.max_loss_rel_diff < 1e-4, (r.loss, r.reference_loss)  # as test_hf_models
 
 
 @pytest.mark.slow
-def test_a_stage_without_parameters_trains_and_resumes(tmp_path):
+def test_a_stage_without_parameters_trains_and_resumes(tmp_path, cpu_pool):
     """Program order puts the parameter-free position ops on stage 0 and every layer on
     stage 1: stage 0 has nothing to update (it failed at AdamW's empty parameter list),
     and its checkpoint holds no optimizer state."""
@@ -105,13 +104,14 @@ def test_a_stage_without_parameters_trains_and_resumes(tmp_path):
               if n.op == "get_attr" and isinstance(fetch_attr(gm, n.target), torch.nn.Parameter)}
     assert not any(a.name in params for n in gm.graph.nodes
                    if n.name in on_first and n.op == "call_function" for a in n.all_input_nodes)
-    whole = execute(wl, plan, cluster=preset("cpu-x2"), steps=4, warmup=1)
+    cpu2 = preset("cpu-x2")
+    whole = run_like_execute(cpu_pool, wl, plan, cpu2, steps=4, warmup=1, graph=graph)
     assert whole.ok, whole.error
     assert whole.max_loss_rel_diff < 1e-4, (whole.loss, whole.reference_loss)
-    first = execute(wl, plan, cluster=preset("cpu-x2"), steps=2, warmup=0,
-                    checkpoint_dir=tmp_path, reference=False)
+    first = run_like_execute(cpu_pool, wl, plan, cpu2, steps=2, warmup=0, graph=graph,
+                             checkpoint_dir=tmp_path, reference=False)
     assert first.ok, first.error
-    rest = execute(wl, plan, cluster=preset("cpu-x2"), steps=4, warmup=0,
-                   checkpoint_dir=tmp_path, resume=True, reference=False)
+    rest = run_like_execute(cpu_pool, wl, plan, cpu2, steps=4, warmup=0, graph=graph,
+                            checkpoint_dir=tmp_path, resume=True, reference=False)
     assert rest.ok, rest.error
     assert rest.loss == pytest.approx(whole.loss[2:], rel=1e-6)

@@ -121,8 +121,9 @@ RUNS = {
 def test_trains_like_the_unpartitioned_model(run, cpu_pool):
     name, options, make_plan, cluster = RUNS[run]
     wl = workloads.get(f"tests.helpers.hf_models:{name}", **options)
-    check(run_like_execute(cpu_pool, wl, make_plan(capture_graph(wl)), cluster, steps=4,
-                           warmup=1), steps=4)
+    graph = capture_graph(wl)
+    check(run_like_execute(cpu_pool, wl, make_plan(graph), cluster, steps=4, warmup=1,
+                           graph=graph), steps=4)
 
 
 def test_sharded_pipeline_with_tied_weights_is_a_clear_error():

@@ -108,17 +108,18 @@ def test_grouped_query_attention_splits_kv_heads(cpu_pool):
     assert len(split) == 2 * (7 + 2)  # per block: 7 Linears, 2 norms
 
 
-def test_tensor_parallel_checkpoint_resumes_exactly(tiny, tmp_path):
+def test_tensor_parallel_checkpoint_resumes_exactly(tiny, tmp_path, cpu_pool):
     """A tp=2 run saved after 2 steps (DTensor shards through torch.distributed.checkpoint,
     the regrouped qkv's layout recorded) continues at step 3 as the unpartitioned model."""
     wl, graph = tiny
     plan = single(graph, tensor=2)
-    first = execute(wl, plan, cluster=CPU2, steps=2, warmup=0, checkpoint_dir=tmp_path)
+    first = run_like_execute(cpu_pool, wl, plan, CPU2, steps=2, warmup=0,
+                             checkpoint_dir=tmp_path)
     check(first, steps=2)
     layout = json.loads((tmp_path / "step-2" / "tensor_layout.json").read_text())
     assert layout == {f"program.blocks.{b}.attn.qkv": [2, 3, 2, 32] for b in (0, 1)}
-    rest = execute(wl, plan, cluster=CPU2, steps=4, warmup=0, checkpoint_dir=tmp_path,
-                   resume=True)
+    rest = run_like_execute(cpu_pool, wl, plan, CPU2, steps=4, warmup=0,
+                            checkpoint_dir=tmp_path, resume=True)
     assert rest.ok, rest.error
     assert rest.extra["start_step"] == 2
     check(rest, steps=2)  # the reference's steps 3 and 4, trained from step 0
