@@ -29,6 +29,15 @@ def tiny():
     return wl, capture_graph(wl)
 
 
+@pytest.fixture(scope="module")
+def ddp_by_torchrun(tiny):
+    """The DDP plan's 3 steps (1 warm-up, no reference) in a torchrun of its own, as the
+    pooled runs are compared with it."""
+    wl, g = tiny
+    return run_plan(_plan(g, data=2), wl, cluster=CPU2,
+                    options=RunOptions(steps=3, warmup=1, reference=False))
+
+
 def test_rank_devices(tiny):
     _, g = tiny
     h4 = preset("h100x4")
@@ -39,7 +48,7 @@ def test_rank_devices(tiny):
     assert rank_devices(_plan(g, 2, data=2), h4) == ("cuda:0", "cuda:2")
 
 
-def test_pool_runs_plans_in_one_job_and_matches_run_plan(tiny, tmp_path):
+def test_pool_runs_plans_in_one_job_and_matches_run_plan(tiny, ddp_by_torchrun):
     wl, g = tiny
     ddp = _plan(g, data=2)
     pipe = _plan(g, 2, pipeline=2, microbatches=2)
@@ -56,7 +65,7 @@ def test_pool_runs_plans_in_one_job_and_matches_run_plan(tiny, tmp_path):
     assert a.extra["pool_run"] == 1 and b.extra["pool_run"] == 2 and c.extra["pool_run"] == 3
     # every run trains a fresh copy of the same initial model on the same batches
     assert a.loss == c.loss
-    fresh = run_plan(ddp, wl, cluster=CPU2, options=opts)
+    fresh = ddp_by_torchrun  # the same plan and options in a torchrun of its own
     assert all(math.isclose(x, y, rel_tol=1e-5) for x, y in zip(a.loss, fresh.loss))
     assert all(math.isclose(x, y, rel_tol=1e-4) for x, y in zip(a.loss, b.loss))
 
@@ -98,7 +107,8 @@ def test_a_rank_killed_mid_run_ends_the_job_not_the_pool(tiny, monkeypatch):
         assert pool.starts == 3 and ok.extra["pool_run"] == 1
 
 
-def test_warm_job_with_weights_file_trains_the_same_model_every_run(tiny, tmp_path):
+def test_warm_job_with_weights_file_trains_the_same_model_every_run(tiny, tmp_path,
+                                                                   ddp_by_torchrun):
     from autoplace.executor.weights import save_weights
 
     wl, g = tiny
@@ -111,8 +121,7 @@ def test_warm_job_with_weights_file_trains_the_same_model_every_run(tiny, tmp_pa
         b = pool.run(ddp, wl, opts)
         assert pool.starts == 1
     assert a.error is None and a.loss == b.loss  # each run loads the initial weights afresh
-    built = run_plan(ddp, wl, cluster=CPU2, options=RunOptions(steps=3, warmup=1,
-                                                                reference=False))
+    built = ddp_by_torchrun  # the model built in each process, not loaded
     assert all(math.isclose(x, y, rel_tol=1e-5) for x, y in zip(a.loss, built.loss))
 
 
