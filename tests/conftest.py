@@ -35,6 +35,20 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
+def single_plan_file(tmp_path_factory):
+    """``autoplace plan --model gpt-tiny --cluster cpu-x2 --planner single -o plan.json``,
+    run once a session as a user runs it, for the command-line tests that need a plan
+    file to run, show or refuse (they read it, never change it)."""
+    from tests.reliability._run import cli
+
+    path = tmp_path_factory.mktemp("single-plan") / "plan.json"
+    p = cli("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planner", "single",
+            "-o", str(path))
+    assert p.returncode == 0, p.stderr
+    return path
+
+
+@pytest.fixture(scope="session")
 def cpu_pool():
     """One torchrun job per process layout (2 and 4 CPU ranks, gloo) for the runs that
     train beside the reference (``tests.helpers.plans.run_like_execute``) in every test

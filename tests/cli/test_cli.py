@@ -98,10 +98,8 @@ def test_corrupt_plan(tmp_path):
     assert_clean_error(run("run", str(bad)), "not valid JSON")
 
 
-def test_run_with_no_step_left_to_time(tmp_path):
-    plan = tmp_path / "plan.json"
-    assert run("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planner", "single",
-               "-o", str(plan)).returncode == 0
+def test_run_with_no_step_left_to_time(single_plan_file):
+    plan = single_plan_file  # gpt-tiny's single plan (tests/conftest.py)
     assert_clean_error(run("run", str(plan), "--steps", "2"), "--steps 2 leaves no step",
                        "--warmup 2")
 

@@ -77,10 +77,8 @@ def test_output_paths_are_checked_before_any_work(tmp_path):
     assert time.perf_counter() - t0 < 60
 
 
-def test_picture_formats_are_checked_before_drawing(tmp_path):
-    plan = tmp_path / "plan.json"
-    assert cli("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planner", "single",
-               "-o", str(plan)).returncode == 0
+def test_picture_formats_are_checked_before_drawing(single_plan_file, tmp_path):
+    plan = single_plan_file  # planned as a user does (tests/conftest.py)
     clean_error(cli("show", str(plan), "--gantt", str(tmp_path / "g.txt")),
                 "unknown picture format", ".txt", ".png")
     assert not (tmp_path / "g.txt").exists()
@@ -153,12 +151,9 @@ def test_the_library_train_never_restarts_over_an_earlier_run(tmp_path):
     assert not (out / "tb").exists() or len(list((out / "tb").rglob("events*"))) == 1
 
 
-@pytest.fixture(scope="module")
-def single_plan(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("ckpt") / "plan.json"
-    assert cli("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planner", "single",
-               "-o", str(path)).returncode == 0
-    return path
+@pytest.fixture
+def single_plan(single_plan_file) -> Path:
+    return single_plan_file  # tests/conftest.py: planned once a session, as a user does
 
 
 def test_run_resumes_or_refuses_a_checkpoint_never_deletes_it(single_plan, tmp_path):
