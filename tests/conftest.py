@@ -48,32 +48,16 @@ def single_plan_file(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cpu_pool():
-    """One torchrun job per process layout (2 and 4 CPU ranks, gloo) for the runs that
-    train beside the reference (``tests.helpers.plans.run_like_execute``) in every test
-    module a worker runs: each run builds its workload and trains it afresh, but the ranks
-    start once a session (a layout's job when its first run comes). The tests about
-    launching and killing start their own processes."""
+    """One torchrun job per process layout (2 and 4 CPU ranks, gloo) for a test module's
+    runs that train beside the reference (``tests.helpers.plans.run_like_execute``): each
+    run builds its workload and trains it afresh, but the ranks start once a module (a
+    layout's job when its first run comes; kept a session, idle jobs would cost more of the
+    2-core CI machine than their starts). The tests about launching and killing start their
+    own processes."""
     from autoplace.cluster import preset
     from autoplace.executor.pool import PlanPool
 
-    class Pool(PlanPool):
-        """Its jobs import the tests' own workloads (``tests.helpers.<module>:<factory>``)
-        whichever module's run starts them."""
-
-        def run(self, *args, **kwargs):
-            from tests.helpers import pythonpath_with_root
-
-            before = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = pythonpath_with_root()
-            try:
-                return super().run(*args, **kwargs)
-            finally:
-                if before is None:
-                    del os.environ["PYTHONPATH"]
-                else:
-                    os.environ["PYTHONPATH"] = before
-
-    with Pool(preset("cpu-x4"), timeout_s=240) as pool:
+    with PlanPool(preset("cpu-x4"), timeout_s=240) as pool:
         yield pool

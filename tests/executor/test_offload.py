@@ -26,7 +26,6 @@ from autoplace.executor.pieces import COMPILE_BACKEND_ENV
 from autoplace.executor.runner import capture_graph
 from autoplace.lowering import block_group_ids, block_groups
 from autoplace.plan import ParallelConfig, Plan
-from tests.helpers.plans import run_like_execute
 
 TOL = 1e-4
 CPU2 = preset("cpu-x2")
@@ -65,10 +64,10 @@ def test_one_device_trains_like_the_reference(tiny, recompute):
     assert not dist.is_initialized()  # its process group of one is gone with the run
 
 
-def test_two_ranks_train_like_the_reference(tiny, cpu_pool):
+def test_two_ranks_train_like_the_reference(tiny):
     wl, graph = tiny
-    r = run_like_execute(cpu_pool, wl, blocks_plan(graph, data=2, shard="fsdp", offload=True),
-                         CPU2, steps=3, warmup=1, graph=graph)
+    r = execute(wl, blocks_plan(graph, data=2, shard="fsdp", offload=True), cluster=CPU2,
+                steps=3, warmup=1)
     check(r)
     assert r.devices == ["cpu", "cpu"]
 

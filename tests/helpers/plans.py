@@ -34,11 +34,12 @@ def run_like_execute(pool, workload, plan, cluster, steps: int = 3, warmup: int 
     """What :func:`autoplace.executor.execute` does for ``plan`` (validated against the
     workload's graph and ``cluster``, trained ``steps`` steps beside the unpartitioned
     reference), with a multi-process plan run in ``pool``'s job for its process layout
-    (the session's :class:`~autoplace.executor.pool.PlanPool`) instead of a torchrun of its
-    own: the ranks run the same code, but start once. ``graph``: the workload's graph if
-    the test captured it already (capturing by torch.export takes seconds). ``options``:
-    execute's other run options (``reference``, ``checkpoint_dir``, ``resume``); a
-    checkpoint folder is locked and checked first, as execute's launcher does."""
+    (a :class:`~autoplace.executor.pool.PlanPool` a test module keeps) instead of a
+    torchrun of its own: the ranks run the same code, but start once per module.
+    ``graph``: the workload's graph if the test captured it already (capturing by
+    torch.export takes seconds). ``options``: execute's other run options (``reference``,
+    ``checkpoint_dir``, ``resume``); a checkpoint folder is locked and checked first, as
+    execute's launcher does."""
     import contextlib
 
     from autoplace.executor import execute
