@@ -34,46 +34,62 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _record_schedule(rank: int, world: int, schedule: str, m: int, port: int, out: str) -> None:
-    """One stage of a real torch pipeline; writes the order its forward and backward ran."""
+def _record_schedules(rank: int, world: int, runs: list[tuple[str, int]], port: int,
+                      out: str) -> None:
+    """One stage of real torch pipelines, run one after another in one process group:
+    writes, per (schedule, microbatches) of ``runs``, the order its forward and backward
+    ran."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        torch.manual_seed(0)
-        mod = nn.Linear(4, 4)
-        seen: list[str] = []
-        mod.register_forward_pre_hook(
-            lambda *_: seen.append(f"F{sum(a[0] == 'F' for a in seen)}"))
-        mod.weight.register_hook(
-            lambda g: seen.append(f"B{sum(a[0] == 'B' for a in seen)}"))
-        stage = PipelineStage(mod, rank, world, torch.device("cpu"))
-        cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-        sched = cls(stage, m, loss_fn=lambda y, t: ((y - t) ** 2).mean())
-        x = torch.randn(2 * m, 4)
-        for _ in range(2):  # the first step also runs the stage once to infer its shapes
-            seen.clear()
-            if rank == 0:
-                sched.step(x)
-            elif rank == world - 1:
-                sched.step(target=torch.zeros(2 * m, 4), losses=[])
-            else:
-                sched.step()
-        with open(f"{out}-{rank}.json", "w") as f:
-            json.dump(seen, f)
+        for schedule, m in runs:
+            torch.manual_seed(0)
+            mod = nn.Linear(4, 4)
+            seen: list[str] = []
+            mod.register_forward_pre_hook(
+                lambda *_, seen=seen: seen.append(f"F{sum(a[0] == 'F' for a in seen)}"))
+            mod.weight.register_hook(
+                lambda g, seen=seen: seen.append(f"B{sum(a[0] == 'B' for a in seen)}"))
+            stage = PipelineStage(mod, rank, world, torch.device("cpu"))
+            cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+            sched = cls(stage, m, loss_fn=lambda y, t: ((y - t) ** 2).mean())
+            x = torch.randn(2 * m, 4)
+            for _ in range(2):  # the first step also runs the stage once to infer its shapes
+                seen.clear()
+                if rank == 0:
+                    sched.step(x)
+                elif rank == world - 1:
+                    sched.step(target=torch.zeros(2 * m, 4), losses=[])
+                else:
+                    sched.step()
+            with open(f"{out}-{schedule}-{m}-{rank}.json", "w") as f:
+                json.dump(seen, f)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("schedule,stages,m", [("gpipe", 2, 3), ("1f1b", 2, 4), ("1f1b", 3, 5)])
-def test_pipeline_actions_are_what_torch_runs(tmp_path, schedule, stages, m):
+SCHEDULES = [("gpipe", 2, 3), ("1f1b", 2, 4), ("1f1b", 3, 5)]
+
+
+@pytest.fixture(scope="module")
+def recorded_schedules(tmp_path_factory) -> str:
+    """What each stage of every pipeline of SCHEDULES ran, recorded by hooks in real gloo
+    processes: the pipelines of one stage count share their processes."""
+    out = str(tmp_path_factory.mktemp("order") / "order")
+    for stages in sorted({s for _, s, _ in SCHEDULES}):
+        runs = [(schedule, m) for schedule, s, m in SCHEDULES if s == stages]
+        mp.spawn(_record_schedules, args=(stages, runs, _free_port(), out), nprocs=stages)
+    return out
+
+
+@pytest.mark.parametrize("schedule,stages,m", SCHEDULES)
+def test_pipeline_actions_are_what_torch_runs(recorded_schedules, schedule, stages, m):
     """Each stage's action list is the order torch's ScheduleGPipe / Schedule1F1B run its
     forwards and backwards (recorded by hooks in real gloo processes)."""
-    out = str(tmp_path / "order")
-    mp.spawn(_record_schedule, args=(stages, schedule, m, _free_port(), out), nprocs=stages)
     for s in range(stages):
-        with open(f"{out}-{s}.json") as f:
+        with open(f"{recorded_schedules}-{schedule}-{m}-{s}.json") as f:
             ran = json.load(f)
         assert ran == pipeline_actions(schedule, stages, m, s), (s, ran)
 
