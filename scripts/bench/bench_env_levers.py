@@ -43,6 +43,7 @@ from autoplace.grouping import auto_group_count
 from autoplace.plan import Plan, strict_json
 from autoplace.policies import train
 from autoplace.sim import simulate
+from autoplace.sim.workspace import blas_workspace_bytes
 
 #: workload -> options: batch sizes where activations are most of a device's memory
 SCENARIOS = {"gpt-small": {"batch_size": 32}, "inception-v3": {"batch_size": 64},
@@ -88,7 +89,8 @@ for workload in names:
     base = resolve(args.cluster)
     estimate_costs(graph, base)
     single = simulate(graph, Plan.single(graph), base)
-    cluster = base.with_memory_cap(int(args.cap * single.peak_memory_bytes[0]))
+    w = blas_workspace_bytes(base.devices[0])  # cuBLAS's workspaces: no split divides them
+    cluster = base.with_memory_cap(int(w + args.cap * (single.peak_memory_bytes[0] - w)))
     heuristics = {}
     for name in args.baselines.split(","):
         try:

@@ -47,6 +47,7 @@ from autoplace.grouping import auto_group_count
 from autoplace.plan import Plan, strict_json
 from autoplace.policies import train
 from autoplace.sim import lower_bound, simulate
+from autoplace.sim.workspace import blas_workspace_bytes
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--workloads", default="all", help="comma-separated zoo names, or all")
@@ -118,7 +119,9 @@ for workload in names:
         for cap in caps:
             cluster = base_cluster
             if cap is not None:
-                cluster = base_cluster.with_memory_cap(int(cap * single.peak_memory_bytes[0]))
+                w = blas_workspace_bytes(base_cluster.devices[0])  # a constant no split divides
+                cluster = base_cluster.with_memory_cap(
+                    int(w + cap * (single.peak_memory_bytes[0] - w)))
             scenario = {"workload": workload, "ops": len(graph), "cluster": preset,
                         "devices": cluster.num_devices,
                         "memory_cap": None if cap is None else format_bytes(
