@@ -34,18 +34,24 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
+_SINGLE_PLAN: list = []
+
+
+@pytest.fixture(scope="module")
 def single_plan_file(tmp_path_factory):
     """``autoplace plan --model gpt-tiny --cluster cpu-x2 --planner single -o plan.json``,
-    run once a session as a user runs it, for the command-line tests that need a plan
-    file to run, show or refuse (they read it, never change it)."""
-    from tests.reliability._run import cli
+    run as a user runs it once per test process (each worker of ``pytest -n``), for the
+    command-line tests that need a plan file to run, show or refuse (they read it, never
+    change it)."""
+    if not _SINGLE_PLAN:
+        from tests.reliability._run import cli
 
-    path = tmp_path_factory.mktemp("single-plan") / "plan.json"
-    p = cli("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planner", "single",
-            "-o", str(path))
-    assert p.returncode == 0, p.stderr
-    return path
+        path = tmp_path_factory.mktemp("single-plan") / "plan.json"
+        p = cli("plan", "--model", "gpt-tiny", "--cluster", "cpu-x2", "--planner", "single",
+                "-o", str(path))
+        assert p.returncode == 0, p.stderr
+        _SINGLE_PLAN.append(path)
+    return _SINGLE_PLAN[0]
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +59,9 @@ def cpu_pool():
     """One torchrun job per process layout (2 and 4 CPU ranks, gloo) for a test module's
     runs that train beside the reference (``tests.helpers.plans.run_like_execute``): each
     run builds its workload and trains it afresh, but the ranks start once a module (a
-    layout's job when its first run comes; kept a session, idle jobs would cost more of the
-    2-core CI machine than their starts). The tests about launching and killing start their
-    own processes."""
+    layout's job when its first run comes; kept for the whole test run, idle jobs would cost
+    the 2-core CI machine more than their starts). The tests about launching and killing
+    start their own processes."""
     from autoplace.cluster import preset
     from autoplace.executor.pool import PlanPool
 

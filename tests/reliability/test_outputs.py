@@ -153,7 +153,7 @@ def test_the_library_train_never_restarts_over_an_earlier_run(tmp_path):
 
 @pytest.fixture
 def single_plan(single_plan_file) -> Path:
-    return single_plan_file  # tests/conftest.py: planned once a session, as a user does
+    return single_plan_file  # tests/conftest.py: planned once per process, as a user does
 
 
 def test_run_resumes_or_refuses_a_checkpoint_never_deletes_it(single_plan, tmp_path):
