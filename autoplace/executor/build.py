@@ -217,14 +217,16 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
                    for x in program_inputs(gm, inputs) if isinstance(x, torch.Tensor))
         y = _replica_slice(targets, replica, par.data).to(device)
         loss = torch.zeros((), device=device)
+        # the step's loss is the microbatches' losses: the last stage neither keeps each
+        # microbatch's output to its step's end nor concatenates them (``return_outputs``)
         if stage == 0:
-            schedule.step(*xs)
+            schedule.step(*xs, return_outputs=False)
         elif last:
             losses: list[torch.Tensor] = []
-            schedule.step(target=y, losses=losses)
+            schedule.step(target=y, losses=losses, return_outputs=False)
             loss = torch.stack([x.detach().float() for x in losses]).mean()
         else:
-            schedule.step()
+            schedule.step(return_outputs=False)
         if manual_dp:
             allreduce_grads(params, dp_group)
         for tie_group, tie_params in tied:

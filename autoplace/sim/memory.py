@@ -145,12 +145,13 @@ def stage_events(stage: np.ndarray, schedule: str, p: int, m: int, kept: np.ndar
     an ``F`` its ops in order, a ``B`` in reverse. Beyond the ops (``kept``, ``back``,
     ``fwd_out``, ``grad``, ``once`` as in :func:`replica_events`): a stage keeps each microbatch's
     output sent on (``sent[s]`` bytes of the whole batch) until that microbatch's backward,
-    and the last stage every microbatch's model output (``outputs``: per op, the bytes of
-    the values the graph's output reads), which the schedule concatenates when the step
-    ends (``_merge_outputs``): one more copy of them all, beside the chunks, at the
-    step's end. On 2x H200 GNMT-4's last 1F1B stage (8 microbatches, float32 logits of
-    0.76 GiB a batch) peaked at 2.50 GiB, what its state, receive buffers and the two
-    copies add up to."""
+    and the last stage each microbatch's model output (``outputs``: per op, the bytes of
+    the values the graph's output reads) until that microbatch's backward ends (its
+    ``fwd_cache``). The executor steps the schedule with ``return_outputs=False``, so no
+    stage keeps its outputs to the step's end nor concatenates them (with outputs
+    returned, on 2x H200 GNMT-4's last 1F1B stage, 8 microbatches of float32 logits of
+    0.76 GiB a batch, peaked at 2.50 GiB: its state, receive buffers and two copies of
+    the logits)."""
     cols: list[list[float]] = [[], [], [], [], []]
 
     def add(s: int, delta: float, g: float, hold: float, trans: float) -> None:
@@ -175,8 +176,9 @@ def stage_events(stage: np.ndarray, schedule: str, p: int, m: int, kept: np.ndar
                 made = True
                 if s < p - 1:
                     add(s, -sent[s] * share, 0.0, 0.0, sent[s] * share)
-        if s == p - 1:  # the merged outputs: a copy of every microbatch's chunk
-            add(s, 0.0, 0.0, 0.0, float(outputs[ops].sum()) * share * m)
+                held = float(outputs[ops].sum()) * share  # the model output, last stage
+                if held:
+                    add(s, -held, 0.0, 0.0, 0.0)
     dev, delta, g, hold, trans = (np.array([c], dtype=np.float64) for c in cols)
     return dev.astype(np.int64), delta, g, hold, trans
 

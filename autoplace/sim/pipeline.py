@@ -198,8 +198,8 @@ def stage_memory(ga, lp, plan: Plan) -> list[MemoryModel]:
     running activations, gradients and transients of its schedule's actions
     (:func:`autoplace.sim.memory.stage_events`: every microbatch a stage has run forward
     and not yet backward holds its activations and the output it sent; the last stage
-    keeps every microbatch's model output and what its loss saved, and concatenates the
-    outputs when the step ends), and the buffers its
+    holds a microbatch's model output and what its loss saved until its backward), and
+    the buffers its
     ``PipelineStage`` receives into: one per microbatch for the activations coming in
     (every stage but the first) and one for the gradients coming back (every stage but the
     last), allocated when the schedule first runs and kept (``_setup_forward_recv_info``,

@@ -144,12 +144,12 @@ def _native(kind: str, steps: int, warmup: int, seed: int, out: str,
                 xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
                 loss = wl.loss_fn(model(xs), ys)
                 loss.backward()
-            elif rank == 0:
-                sched.step(x)
+            elif rank == 0:  # the losses are all a step needs: no outputs kept or merged
+                sched.step(x, return_outputs=False)
                 loss = None
             else:
                 mb_losses: list[torch.Tensor] = []
-                sched.step(target=y, losses=mb_losses)
+                sched.step(target=y, losses=mb_losses, return_outputs=False)
                 loss = torch.stack(mb_losses).mean()
         opt.step()
         opt.zero_grad(set_to_none=True)
