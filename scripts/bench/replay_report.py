@@ -57,6 +57,11 @@ def is_ddp(family: str) -> bool:
         and "pipeline" not in family
 
 
+def is_pipeline(family: str) -> bool:
+    """A plan with pipeline stages (``replay_suite``'s family string)."""
+    return "pipeline" in family
+
+
 def sharded_pieces(family: str) -> bool:
     """An FSDP2 or ZeRO-2 plan with recomputed or compiled pieces."""
     return family.startswith(("dp-fsdp", "dp-zero2")) and (
@@ -72,6 +77,8 @@ EXECUTOR_CHANGES = (
      sharded_pieces, True),
     ("37f5195", "DDP rebuilt its gradient buckets at the second step, its peak holding the "
      "gradients twice", is_ddp, False),
+    ("80d14e7", "a pipeline's last stage kept every microbatch's output to the step's end and "
+     "concatenated them", is_pipeline, False),
 )
 
 
