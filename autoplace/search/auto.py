@@ -19,7 +19,9 @@
    A family not measured yet is measured even when predicted slow.
    Each time a plan whose microbatches flow through several devices measures fastest
    so far, the same plan with twice and half its microbatches is measured next (budget
-   permitting): the simulator ranks microbatch counts least reliably. A sharded plan
+   permitting): the simulator ranks microbatch counts least reliably; so is its compiled
+   twin where the simulator prices compiling faster (its compiled costs err apart from
+   its eager ones: :func:`~autoplace.search.candidates.compiled_twin`). A sharded plan
    whose FSDP2 units are blocks and whose measured peak is above ``UNITS_NEAR_CAP`` of
    the usable memory, or whose timed steps made the allocator retry (it hit the cap), is
    measured next with a unit per module (``parallel.shard_units``): less memory held,
@@ -66,6 +68,7 @@ from autoplace.policies.pretrained import pretrained_candidates
 from autoplace.search.calibration import Calibration, calibration_path
 from autoplace.search.candidates import (
     TIGHT_MEMORY,
+    compiled_twin,
     eager_first,
     feasible_candidates,
     microbatch_variants,
@@ -340,6 +343,9 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         variants = []
         if best_so_far is None or c["measured"] < NEAR_BEST * best_so_far:  # (near) fastest
             variants = [("microbatch variant", v) for v in microbatch_variants(c, graph, cluster)]
+            compiled = compiled_twin(c, by_sig)
+            if compiled is not None and not slow_compile and corrected(compiled) < 1e3:
+                variants.append(("compiled twin", compiled))
         twin = (units_twin(c, graph, cluster)
                 if measured_peak(c) > UNITS_NEAR_CAP * usable or retries else None)
         if twin is not None:

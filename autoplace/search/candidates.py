@@ -33,6 +33,7 @@ __all__ = [
     "TIGHT_MEMORY",
     "candidate",
     "compiled_rows",
+    "compiled_twin",
     "eager_first",
     "feasible_candidates",
     "graphed_rows",
@@ -210,6 +211,25 @@ def microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[dic
         if not row["oom"]:
             out.append(candidate(row))
     return out
+
+
+def compiled_twin(c: dict[str, Any], by_sig: dict[tuple, dict[str, Any]]
+                  ) -> dict[str, Any] | None:
+    """``c``'s compiled twin among the candidates (``by_sig``: by plan signature), where
+    ``c`` runs eager, the twin was not tried and the simulator prices it faster than ``c``;
+    else None. The simulator's compiled costs (:mod:`autoplace.sim.compiled`) err apart
+    from its eager ones, so the fastest eager plans' compiled twins are measured rather than
+    ranked: on 2x H200 under gpt-1b's 16 GiB cap FSDP2 measured 75.3 ms, 0.84x its
+    simulated time, and its compiled twin, simulated slower than that and in a family not
+    measured yet, was never tried (suite 2026-11-30-h200x2-suite-gpt1b-capped-outputs)."""
+    plan = c["plan"]
+    par = plan.parallel
+    if par.compile or par.graphs or par.offload:
+        return None
+    twin = by_sig.get(signature(plan.with_parallel(compile=True)))
+    if twin is None or twin.get("tried") or twin["sim"] >= c["sim"]:
+        return None
+    return twin
 
 
 def units_twin(c: dict[str, Any], graph: Any, cluster: Any) -> dict[str, Any] | None:
