@@ -80,8 +80,9 @@ def lever_plans(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
     """The per-block recipes, by name, as plans whose groups are the model's blocks
     (:func:`autoplace.lowering.block_groups`): ``compile-blocks``, ``checkpoint-blocks``,
     ``selective-blocks``, ``checkpoint-blocks+compile``, ``selective-blocks+compile`` on one
-    device, and with two or more devices ``ddp+checkpoint-blocks``, ``ddp+compile`` and
-    ``fsdp+checkpoint-blocks+compile``; on GPUs ``fsdp+offload`` and
+    device, and with two or more devices ``ddp+checkpoint-blocks``, ``ddp+compile``,
+    ``fsdp+compile-blocks`` and ``fsdp+checkpoint-blocks+compile`` (torchtitan's recipe
+    without and with per-block checkpointing); on GPUs ``fsdp+offload`` and
     ``fsdp+offload+checkpoint-blocks`` (FSDP2 over every device, one included, with its
     shards, gradients and AdamW state in host memory: ``parallel.offload``). None when the
     graph has no blocks; the compiled and offloaded ones only on GPUs (on CPUs inductor's
@@ -119,6 +120,8 @@ def lever_plans(graph: OpGraph, cluster: Cluster) -> dict[str, Plan]:
     })
     if n > 1:
         out["ddp+compile"] = plan("ddp+compile", data=n, compile=True)
+        out["fsdp+compile-blocks"] = plan("fsdp+compile-blocks", data=n, shard="fsdp",
+                                          compile=True)
         out["fsdp+checkpoint-blocks+compile"] = plan(
             "fsdp+checkpoint-blocks+compile", recompute=blocks, data=n, shard="fsdp",
             compile=True)

@@ -215,21 +215,24 @@ def microbatch_variants(c: dict[str, Any], graph: Any, cluster: Any) -> list[dic
 
 def compiled_twin(c: dict[str, Any], by_sig: dict[tuple, dict[str, Any]]
                   ) -> dict[str, Any] | None:
-    """``c``'s compiled twin among the candidates (``by_sig``: by plan signature), where
-    ``c`` runs eager, the twin was not tried and the simulator prices it faster than ``c``;
-    else None. The simulator's compiled costs (:mod:`autoplace.sim.compiled`) err apart
-    from its eager ones, so the fastest eager plans' compiled twins are measured rather than
-    ranked: on 2x H200 under gpt-1b's 16 GiB cap FSDP2 measured 75.3 ms, 0.84x its
-    simulated time, and its compiled twin, simulated slower than that and in a family not
-    measured yet, was never tried (suite 2026-11-30-h200x2-suite-gpt1b-capped-outputs)."""
+    """``c``'s fastest simulated compiled twin among the candidates (``by_sig``: by plan
+    signature): the same ops on the same devices, the same split and the same ops
+    recomputed, compiled in whichever pieces (a plan's groups as they are, or the model's
+    blocks as the per-block recipes compile them); None where ``c`` is compiled, graphed
+    or offloaded, or no such twin is untried and priced faster than ``c``. The
+    simulator's compiled costs (:mod:`autoplace.sim.compiled`) err apart from its eager
+    ones, so the fastest eager plans' compiled twins are measured rather than ranked: on
+    2x H200 under gpt-1b's 16 GiB cap FSDP2 measured 75.3 ms, 0.84x its simulated time,
+    and no compiled FSDP2 was tried, their family unmeasured and simulated slower than
+    that (suite 2026-11-30-h200x2-suite-gpt1b-capped-outputs)."""
     plan = c["plan"]
     par = plan.parallel
     if par.compile or par.graphs or par.offload:
         return None
-    twin = by_sig.get(signature(plan.with_parallel(compile=True)))
-    if twin is None or twin.get("tried") or twin["sim"] >= c["sim"]:
-        return None
-    return twin
+    want = signature(plan.with_parallel(compile=True))[:4]  # all but the pieces
+    twins = [x for x in by_sig.values() if x["plan"].parallel.compile and not x.get("tried")
+             and x["sim"] < c["sim"] and signature(x["plan"])[:4] == want]
+    return min(twins, key=lambda x: x["sim"], default=None)
 
 
 def units_twin(c: dict[str, Any], graph: Any, cluster: Any) -> dict[str, Any] | None:

@@ -40,11 +40,14 @@ def test_the_options_and_their_names(graphs):
               "compile-blocks", "checkpoint-blocks+compile", "selective-blocks+compile"]
     assert list(hand_written(plain, cluster)) == [
         *opts, *blocks, "fsdp+offload", "fsdp+offload+checkpoint-blocks", "ddp+compile",
-        "fsdp+checkpoint-blocks+compile"]
+        "fsdp+compile-blocks", "fsdp+checkpoint-blocks+compile"]
     assert list(lever_plans(plain, preset("cpu-x2"))) == blocks[:3]  # no compile on CPUs
     ddp_ckpt = hand_written(plain, cluster)["ddp+checkpoint-blocks"]
     assert ddp_ckpt.parallel.data == 2 and ddp_ckpt.recompute
+    fc = hand_written(plain, cluster)["fsdp+compile-blocks"]
+    assert fc.parallel.compile and fc.parallel.shard == "fsdp" and not fc.recompute
     ckpt = hand_written(plain, cluster)["fsdp+checkpoint-blocks+compile"]
+    assert fc.groups == ckpt.groups  # compiled in the same pieces: the blocks
     assert ckpt.parallel.compile and ckpt.parallel.shard == "fsdp" and ckpt.recompute
     regions = dict(zip(plain.order, block_regions(plain)))
     computed = [op for op in plain.order if plain.ops[plain.index[op]].kind

@@ -746,3 +746,34 @@ def test_the_fastest_plan_is_measured_compiled_next(setup, tmp_path, monkeypatch
     log, _ = search(rule=False)
     fams = [family(p) for p in log]
     assert fams.index("dp-fsdp+compile") > fams.index("dp-fsdp") + 3
+
+
+def test_a_compiled_twin_may_compile_other_pieces(setup):
+    """The compiled twin of an eager plan is any compiled plan with the same ops on the
+    same devices, split and recomputed ops alike, whatever its pieces: of FSDP2 compiled
+    as one piece and FSDP2 compiled per block (torchtitan's recipe) the faster simulated;
+    none that is simulated slower than the eager plan, or already tried, or recomputes
+    other ops."""
+    from autoplace.planners.manual import lever_plans
+    from autoplace.search.candidates import candidate, compiled_twin
+
+    graph, cluster = setup
+    levers = lever_plans(graph, cluster)
+    fsdp = planners.get("fsdp")(graph, cluster)
+
+    def cand(plan, sim):
+        return candidate({"planner": plan.planner.get("name", "x"), "plan": plan,
+                          "sim_step_time_s": sim, "peak_memory_bytes": [1.0]})
+
+    eager = cand(fsdp, 1.0)
+    whole = cand(fsdp.with_parallel(compile=True), 0.9)
+    blocks = cand(levers["fsdp+compile-blocks"], 0.8)
+    ckpt = cand(levers["fsdp+checkpoint-blocks+compile"], 0.5)
+    by_sig = {signature(c["plan"]): c for c in (eager, whole, blocks, ckpt)}
+    assert len(by_sig) == 4
+    assert compiled_twin(eager, by_sig) is blocks  # not the recomputed one, faster as it is
+    blocks["tried"] = True
+    assert compiled_twin(eager, by_sig) is whole
+    whole["sim"] = 1.2
+    assert compiled_twin(eager, by_sig) is None
+    assert compiled_twin(blocks, by_sig) is None  # compiled already
