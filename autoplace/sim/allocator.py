@@ -17,6 +17,24 @@ docs/simulator.md): gpt-1b at 16 GiB, FSDP2 13.07 GiB
 allocated, pools 13.49 + 1.90 + 0.59 = 15.97 GiB reserved, no retry; ZeRO-2 14.47 allocated,
 14.54 + 1.90 + 0.59 = 17.0, two retries a step; GNMT-4 at 4.37 GiB, FSDP2 by blocks
 3.70 + 0.39 + 0.33 = 4.42 (retries), by modules 3.56 + 0.33 + 0.18 = 4.07 (none).
+
+A one-process placement (several GPUs driven by one process, one microbatch) has no
+side pools, yet it retries too once its peak nears a capped GPU's usable memory: one
+retry a step on each such GPU, each a few milliseconds (the cache emptied, the device
+synchronised with the one host thread that drives every GPU, memory mapped again), so
+the GPUs' charges add up. The line is :data:`PLACEMENT_RETRY_FRACTION` of usable memory,
+the cost :data:`PLACEMENT_RETRY_S_PER_BYTE` per usable byte, both fitted on gpt-1b's
+placements at 16 GiB on 2x H200 (ten suites, 2026-11-28 to 11-30): 30 runs simulated at
+0.900-0.936 of the cap, none retrying; 20 (expert, hash) at 0.944-0.983, each retrying
+once a step on both GPUs, 11.5-19.5 ms over the simulated step (0.36-0.61 ms per GiB a
+retry, a seventh of the sharded :data:`RETRY_S_PER_BYTE`); their error goes from -13..-9%
+to -3..+3%. Held out, GNMT-4's placements at 4.37 GiB simulate at 0.772-0.781 of the cap
+and are charged nothing; 27 of their 28 runs made no retry, one (two halves, 0.78) made
+one a step on one GPU and stays 6% low. Not extended, as the runs contradict or do not
+test it: pipelines (gpt-1b's GPipe stages at 0.97 of the cap allocated, seven runs, no
+retry), placements with microbatches (one at 0.95, none), DDP and ZeRO-1 (GNMT-4's
+ZeRO-1 retries a little at 0.95-0.96 allocated, where its simulated peak is 0.90),
+CUDA-graph replays, one-GPU plans, and GPUs without a cap (fixed segments, not measured).
 """
 
 from __future__ import annotations
@@ -27,8 +45,9 @@ from autoplace.cluster import Cluster
 from autoplace.plan import Plan
 from autoplace.sim.model import GraphArrays, fsdp_units, shard_degree
 
-__all__ = ["RETRIES_PER_STEP", "RETRY_S_PER_BYTE", "allocator_retry_s", "retry_charge_s",
-           "side_pool_bytes"]
+__all__ = ["PLACEMENT_RETRY_FRACTION", "PLACEMENT_RETRY_S_PER_BYTE", "RETRIES_PER_STEP",
+           "RETRY_S_PER_BYTE", "allocator_retry_s", "is_one_process_placement",
+           "placement_retry_charge_s", "retry_charge_s", "side_pool_bytes"]
 
 #: allocator retries a step of a sharded plan makes when its reserved memory exceeds the
 #: cap: two on every rank, gpt-1b's ZeRO-2 (16 GiB) and GNMT-4's ZeRO-2 and FSDP2 by blocks
@@ -39,6 +58,13 @@ RETRIES_PER_STEP = 2
 #: ms per GiB: measured minus simulated step over the retries). Held out, GNMT-4's ZeRO-2
 #: and FSDP2 at 4.37 GiB measure 4.6-7.9 ms per GiB; their steps come out 3-9% low
 RETRY_S_PER_BYTE = 3.76e-3 / 2**30
+#: a capped GPU of a one-process placement whose simulated peak is above this fraction of
+#: its usable memory retries once a step: gpt-1b's placements at 16 GiB, none of 30 runs
+#: at 0.900-0.936 retried, all 20 at 0.944-0.983 did (the line halfway)
+PLACEMENT_RETRY_FRACTION = 0.94
+#: seconds one such retry costs per byte of usable memory: the median over those 20 runs
+#: (0.36-0.61 ms per GiB; 7.9 ms a retry at 16 GiB)
+PLACEMENT_RETRY_S_PER_BYTE = 0.496e-3 / 2**30
 
 
 def side_pool_bytes(ga: GraphArrays, plan: Plan) -> float:
@@ -63,13 +89,36 @@ def retry_charge_s(peak: float, usable: float, pools: float) -> float:
         else 0.0
 
 
+def is_one_process_placement(plan: Plan) -> bool:
+    """Whether one process drives all of ``plan``'s GPUs, one microbatch at a time, eagerly
+    or compiled (no data, pipeline or tensor parallelism, no offload, no CUDA graphs)."""
+    par = plan.parallel
+    return (plan.devices_per_replica > 1 and par.data == 1 and par.pipeline == 1
+            and par.tensor == 1 and par.microbatches == 1 and not par.offload
+            and not par.graphs)
+
+
+def placement_retry_charge_s(peak: float, usable: float) -> float:
+    """Seconds a step of a one-process placement loses to allocator retries on one capped
+    GPU: one retry of :data:`PLACEMENT_RETRY_S_PER_BYTE` per usable byte where its peak is
+    above :data:`PLACEMENT_RETRY_FRACTION` of its usable memory and fits it; else 0."""
+    return PLACEMENT_RETRY_S_PER_BYTE * usable \
+        if PLACEMENT_RETRY_FRACTION * usable < peak <= usable else 0.0
+
+
 def allocator_retry_s(ga: GraphArrays, plan: Plan, cluster: Cluster,
                       peak: Sequence[float]) -> float:
-    """Seconds a step loses to allocator retries: the most :func:`retry_charge_s` of the
-    plan's GPUs, with the side pools of :func:`side_pool_bytes`."""
+    """Seconds a step loses to allocator retries: for a one-process placement the sum of
+    :func:`placement_retry_charge_s` over its capped GPUs (one host thread waits for each);
+    for a sharded replica the most :func:`retry_charge_s` of its GPUs, with the side pools
+    of :func:`side_pool_bytes` (its ranks retry side by side); else 0."""
+    gpus = [(j, d) for j, d in enumerate(cluster.devices[:plan.num_devices])
+            if d.kind != "cpu"]
+    if is_one_process_placement(plan):
+        return sum(placement_retry_charge_s(peak[j], float(d.usable_memory_bytes))
+                   for j, d in gpus if d.memory_cap_bytes is not None)
     pools = side_pool_bytes(ga, plan)
     if pools <= 0:
         return 0.0
-    return max((retry_charge_s(peak[j], float(d.usable_memory_bytes), pools)
-                for j, d in enumerate(cluster.devices[:plan.num_devices]) if d.kind != "cpu"),
+    return max((retry_charge_s(peak[j], float(d.usable_memory_bytes), pools) for j, d in gpus),
                default=0.0)

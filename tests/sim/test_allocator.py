@@ -1,15 +1,24 @@
-"""Allocator retries over a cap: reserved memory is the peak plus FSDP2's side pools."""
+"""Allocator retries over a cap: reserved memory is the peak plus FSDP2's side pools; a
+one-process placement retries once a step on each GPU whose peak nears the cap."""
 
 from __future__ import annotations
 
 import pytest
 
-from autoplace import workloads
+from autoplace import planners, workloads
 from autoplace.cluster import preset
 from autoplace.executor.runner import capture_graph
 from autoplace.planners.pipeline_dp import fsdp, zero2
 from autoplace.sim import simulate, simulate_batch
-from autoplace.sim.allocator import RETRIES_PER_STEP, RETRY_S_PER_BYTE, side_pool_bytes
+from autoplace.sim.allocator import (
+    PLACEMENT_RETRY_FRACTION,
+    PLACEMENT_RETRY_S_PER_BYTE,
+    RETRIES_PER_STEP,
+    RETRY_S_PER_BYTE,
+    allocator_retry_s,
+    is_one_process_placement,
+    side_pool_bytes,
+)
 from autoplace.sim.model import graph_arrays
 
 
@@ -50,3 +59,54 @@ def test_a_plan_whose_pools_pass_the_cap_pays_for_retries(graph):
     cpu = preset("cpu-x2").with_memory_cap(cap)  # no caching allocator on CPUs
     assert simulate(graph, plan, cpu).step_time_s == pytest.approx(
         simulate(graph, plan, preset("cpu-x2")).step_time_s, rel=1e-9)
+
+
+def _near_cap(peaks: list[int], fraction: float) -> int:
+    """A cap that puts the largest of ``peaks`` at ``fraction`` of it."""
+    return int(max(peaks) / fraction)
+
+
+def test_a_placement_near_the_cap_pays_one_retry_per_gpu_over_the_line(graph):
+    base = preset("h200x2")
+    plan = planners.get("expert")(graph, base, per_layer=False).with_parallel(microbatches=1)
+    assert is_one_process_placement(plan) and plan.num_devices == 2
+    free = simulate(graph, plan, base)
+    cap = _near_cap(free.peak_memory_bytes, 0.97)
+    capped = base.with_memory_cap(cap)
+    r = simulate(graph, plan, capped)
+    assert not r.oom and r.peak_memory_bytes == free.peak_memory_bytes  # a time charge only
+    over = [p for p in r.peak_memory_bytes if PLACEMENT_RETRY_FRACTION * cap < p <= cap]
+    assert len(over) == 2  # both GPUs, their charges added (one host thread waits for each)
+    assert r.step_time_s - free.step_time_s == pytest.approx(
+        len(over) * PLACEMENT_RETRY_S_PER_BYTE * cap, rel=1e-6)
+    assert r.step_time_s - free.step_time_s < 0.1 * free.step_time_s  # ms, not a cliff
+    b = simulate_batch(graph, [plan], capped)  # the batch agrees
+    assert b.step_time_s[0] == pytest.approx(r.step_time_s, rel=1e-9)
+
+
+def test_a_placement_far_below_the_cap_or_uncapped_pays_nothing(graph):
+    base = preset("h200x2")
+    plan = planners.get("expert")(graph, base, per_layer=False).with_parallel(microbatches=1)
+    free = simulate(graph, plan, base)
+    below = base.with_memory_cap(_near_cap(free.peak_memory_bytes, 0.90))
+    assert simulate(graph, plan, below).step_time_s == pytest.approx(free.step_time_s,
+                                                                     rel=1e-12)
+    assert allocator_retry_s(graph_arrays(graph), plan, base,
+                             [0.99 * d.memory_bytes for d in base.devices]) == 0.0  # no cap
+
+
+def test_pipelines_microbatches_and_ddp_near_the_cap_pay_nothing(graph):
+    base = preset("h200x2")
+    ga = graph_arrays(graph)
+    plan = planners.get("expert")(graph, base, per_layer=False).with_parallel(microbatches=1)
+    cap = 10 * 2**30
+    capped = base.with_memory_cap(cap)
+    near = [0.97 * cap] * 2
+    assert allocator_retry_s(ga, plan, capped, near) == pytest.approx(
+        2 * PLACEMENT_RETRY_S_PER_BYTE * cap)
+    for other in (plan.with_parallel(microbatches=2),
+                  planners.get("pipeline")(graph, base, microbatches=4),
+                  planners.get("ddp")(graph, base)):
+        assert not is_one_process_placement(other)
+        assert allocator_retry_s(ga, other, capped, near) == 0.0
+    assert allocator_retry_s(ga, plan, capped, [1.01 * cap] * 2) == 0.0  # over: out of memory
