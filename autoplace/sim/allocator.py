@@ -47,7 +47,7 @@ from autoplace.sim.model import GraphArrays, fsdp_units, shard_degree
 
 __all__ = ["PLACEMENT_RETRY_FRACTION", "PLACEMENT_RETRY_S_PER_BYTE", "RETRIES_PER_STEP",
            "RETRY_S_PER_BYTE", "allocator_retry_s", "is_one_process_placement",
-           "placement_retry_charge_s", "retry_charge_s", "side_pool_bytes"]
+           "placement_retry_s", "retry_charge_s", "side_pool_bytes"]
 
 #: allocator retries a step of a sharded plan makes when its reserved memory exceeds the
 #: cap: two on every rank, gpt-1b's ZeRO-2 (16 GiB) and GNMT-4's ZeRO-2 and FSDP2 by blocks
@@ -98,25 +98,29 @@ def is_one_process_placement(plan: Plan) -> bool:
             and not par.graphs)
 
 
-def placement_retry_charge_s(peak: float, usable: float) -> float:
-    """Seconds a step of a one-process placement loses to allocator retries on one capped
-    GPU: one retry of :data:`PLACEMENT_RETRY_S_PER_BYTE` per usable byte where its peak is
-    above :data:`PLACEMENT_RETRY_FRACTION` of its usable memory and fits it; else 0."""
-    return PLACEMENT_RETRY_S_PER_BYTE * usable \
-        if PLACEMENT_RETRY_FRACTION * usable < peak <= usable else 0.0
+def placement_retry_s(peaks: Sequence[float], usables: Sequence[float]) -> float:
+    """Seconds a step of a one-process placement loses to allocator retries, given each
+    capped GPU's peak and usable memory: where the highest peak passes
+    :data:`PLACEMENT_RETRY_FRACTION` of its GPU's usable memory and every peak fits, one
+    retry on each of the GPUs, of :data:`PLACEMENT_RETRY_S_PER_BYTE` per usable byte of
+    that GPU; else 0."""
+    fits = all(p <= u for p, u in zip(peaks, usables))
+    near = any(p > PLACEMENT_RETRY_FRACTION * u for p, u in zip(peaks, usables))
+    return PLACEMENT_RETRY_S_PER_BYTE * sum(usables) if fits and near else 0.0
 
 
 def allocator_retry_s(ga: GraphArrays, plan: Plan, cluster: Cluster,
                       peak: Sequence[float]) -> float:
-    """Seconds a step loses to allocator retries: for a one-process placement the sum of
-    :func:`placement_retry_charge_s` over its capped GPUs (one host thread waits for each);
+    """Seconds a step loses to allocator retries: for a one-process placement
+    :func:`placement_retry_s` over its capped GPUs (one host thread waits for each retry);
     for a sharded replica the most :func:`retry_charge_s` of its GPUs, with the side pools
     of :func:`side_pool_bytes` (its ranks retry side by side); else 0."""
     gpus = [(j, d) for j, d in enumerate(cluster.devices[:plan.num_devices])
             if d.kind != "cpu"]
     if is_one_process_placement(plan):
-        return sum(placement_retry_charge_s(peak[j], float(d.usable_memory_bytes))
-                   for j, d in gpus if d.memory_cap_bytes is not None)
+        capped = [(peak[j], float(d.usable_memory_bytes)) for j, d in gpus
+                  if d.memory_cap_bytes is not None]
+        return placement_retry_s([p for p, _ in capped], [u for _, u in capped])
     pools = side_pool_bytes(ga, plan)
     if pools <= 0:
         return 0.0
