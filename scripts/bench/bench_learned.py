@@ -326,7 +326,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="all", help=f"comma-separated: {', '.join(ROWS)}")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per row")
-    parser.add_argument("--seconds", type=float, default=60, help="wall-time budget (main)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="wall-time budget (main; default 60, with --quick 3)")
     parser.add_argument("--episodes", type=int, default=1000, help="episode budget")
     parser.add_argument("--anneal-s", type=float, default=10, help="anneal's time per seed")
     parser.add_argument("--batch-size", type=int, default=16, help="episodes per update")
@@ -344,13 +345,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         rows = QUICK_ROWS
-        args.seeds, args.seconds, args.episodes, args.anneal_s = 1, 3, 32, 0.5
+        args.seeds, args.episodes, args.anneal_s = 1, 32, 0.5
     else:
         names = list(ROWS) if args.rows == "all" else args.rows.split(",")
         unknown = [n for n in names if n not in ROWS]
         if unknown:
             parser.error(f"unknown rows {unknown}; valid: {', '.join(ROWS)}")
         rows = {n: ROWS[n] for n in names if args.hf_module or not ROWS[n][0].startswith("hf:")}
+    if args.seconds is None:
+        args.seconds = 3 if args.quick else 60
     torch.set_num_threads(1)
     started = time.perf_counter()
     earlier = json.loads(Path(args.from_json).read_text()) if args.from_json else None
