@@ -1,22 +1,22 @@
-"""The command line: real subprocesses, as a user runs it."""
+"""The command line: real subprocesses, as a user runs it (forked from one that has imported
+it: tests/helpers/cli_process.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import pythonpath_with_root
+from tests.helpers.cli_process import run_cli
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=pythonpath_with_root())
-    return subprocess.run([sys.executable, "-m", "autoplace.cli", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=300)
+    return run_cli(*args, env=env, cwd=cwd, timeout=300)
 
 
 def assert_clean_error(p: subprocess.CompletedProcess, *needles: str) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from autoplace.cluster import PRESETS, Cluster, preset, resolve
 from autoplace.errors import AutoplaceError
 from autoplace.topology import NETWORK_ALPHA_S, NETWORK_BANDWIDTH
+from tests.helpers.cli_process import run_cli
 
 
 def _two_by_four() -> Cluster:
@@ -127,8 +126,7 @@ def test_subset_keeps_whole_nodes_and_refuses_ragged_ones():
 
 
 def test_cluster_command_shows_nodes():
-    p = subprocess.run([sys.executable, "-m", "autoplace.cli", "cluster", "h100-96x8-n16"],
-                       capture_output=True, text=True, timeout=60)
+    p = run_cli("cluster", "h100-96x8-n16", timeout=60)
     assert p.returncode == 0, p.stderr
     assert "16 nodes x 8 h100-96 = 128 devices" in p.stdout
     assert "50 GB/s per device (400 Gb/s)" in p.stdout and "96.00 GiB" in p.stdout

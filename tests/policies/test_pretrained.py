@@ -4,8 +4,6 @@ the memory-pressure features, a short fine-tune, and ``autoplace plan --planner 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,6 +27,7 @@ from autoplace.policies.pretrained import (
     place_pretrained,
 )
 from autoplace.sim import simulate
+from tests.helpers.cli_process import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -115,18 +114,15 @@ def test_zero_shot_tries_sharding_a_data_parallel_plan():
 
 def test_cli_planner_pretrained(tmp_path):
     out = tmp_path / "plan.json"
-    p = subprocess.run([sys.executable, "-m", "autoplace.cli", "plan", "--model", "gpt-tiny",
-                        "--cluster", "h100x4", "--planner", "pretrained", "-o", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    p = run_cli("plan", "--model", "gpt-tiny", "--cluster", "h100x4", "--planner", "pretrained",
+                "-o", str(out), timeout=300)
     assert p.returncode == 0, p.stderr
     plan = json.loads(out.read_text())
     assert plan["planner"]["name"] == "pretrained" and plan["predicted"]["step_time_s"] > 0
-    listed = subprocess.run([sys.executable, "-m", "autoplace.cli", "plan", "--list"],
-                            capture_output=True, text=True, timeout=300)
+    listed = run_cli("plan", "--list", timeout=300)
     assert "pretrained" in listed.stdout.split()
-    bad = subprocess.run([sys.executable, "-m", "autoplace.cli", "plan", "--model", "gpt-tiny",
-                          "--cluster", "h100x1", "--planner", "pretrained", "-o",
-                          str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300)
+    bad = run_cli("plan", "--model", "gpt-tiny", "--cluster", "h100x1", "--planner",
+                  "pretrained", "-o", str(tmp_path / "x.json"), timeout=300)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "not 1" in bad.stderr and not (tmp_path / "x.json").exists()
 

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers.cli_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m autoplace.cli ARGS`` with the repository on the path (tests.* importable)."""
+    """``python -m autoplace.cli ARGS`` with the repository on the path (tests.* importable),
+    a process of its own (:func:`tests.helpers.cli_process.run_cli`)."""
     full = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                 **(env or {}))
-    return subprocess.run([sys.executable, "-m", "autoplace.cli", *args], capture_output=True,
-                          text=True, env=full, cwd=cwd, timeout=timeout)
+    return run_cli(*args, env=full, cwd=cwd, timeout=timeout)
 
 
 def clean_error(p: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:
