@@ -1,13 +1,14 @@
-"""``python -m autoplace.cli ARGS`` as a real process, forked from one that has imported the
-command line already.
+"""``python -m autoplace.cli ARGS`` and ``python SCRIPT ARGS`` as real processes, forked from
+one that has imported the command line (and torch) already.
 
 Each command a test runs is its own process, started in the folder and with the environment
 the test gives, its output captured and its exit status returned as ``subprocess.run``
 returns them; only the imports every command starts with (torch, autoplace's command line)
 are done once, in a parent kept for the whole test run, instead of once a command: seconds a
 command on the 2-core CI machine. A forked process runs ``autoplace.cli`` as ``python -m``
-does (``runpy``, its folder first on ``sys.path``): an exception it raises prints its
-traceback and exits 1, ``sys.exit`` exits with its code, and exit handlers run.
+does (``runpy``, the working folder first on ``sys.path``) and a script as ``python SCRIPT``
+does (its folder first on ``sys.path``): an exception it raises prints its traceback and
+exits 1, ``sys.exit`` exits with its code, and exit handlers run.
 """
 
 from __future__ import annotations
@@ -42,9 +43,14 @@ for line in sys.stdin:
             os.close(f)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         sys.stdin = open(os.devnull)
-        sys.path[0] = os.getcwd()
-        sys.argv = ["autoplace.cli", *req["args"]]
-        runpy.run_module("autoplace.cli", run_name="__main__", alter_sys=True)
+        if req["script"]:
+            sys.path[0] = os.path.dirname(os.path.abspath(req["script"]))
+            sys.argv = [req["script"], *req["args"]]
+            runpy.run_path(req["script"], run_name="__main__")
+        else:
+            sys.path[0] = os.getcwd()
+            sys.argv = ["autoplace.cli", *req["args"]]
+            runpy.run_module("autoplace.cli", run_name="__main__", alter_sys=True)
         sys.exit(0)
     print(pid, flush=True)
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
@@ -87,7 +93,19 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | str | Non
     """``python -m autoplace.cli ARGS`` with ``env`` (default: this process's) in ``cwd``:
     exit code, stdout and stderr (text), as ``subprocess.run(..., capture_output=True,
     text=True)``; killed and ``subprocess.TimeoutExpired`` past ``timeout`` seconds."""
-    cmd = [sys.executable, "-m", "autoplace.cli", *args]
+    return _run(None, args, env, cwd, timeout)
+
+
+def run_script(script: Path | str, *args: str, env: dict[str, str] | None = None,
+               cwd: Path | str | None = None, timeout: float | None = None
+               ) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS``, as :func:`run_cli` runs the command line."""
+    return _run(str(script), args, env, cwd, timeout)
+
+
+def _run(script: str | None, args: tuple[str, ...], env: dict[str, str] | None,
+         cwd: Path | str | None, timeout: float | None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, *([script] if script else ["-m", "autoplace.cli"]), *args]
     env = dict(os.environ) if env is None else env
     proc = _parent(env)
     with tempfile.TemporaryDirectory(prefix="autoplace-cli-") as tmp:
@@ -95,8 +113,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | str | Non
         out.touch()
         err.touch()
         proc.stdin.write(json.dumps({
-            "args": list(args), "env": env, "cwd": str(cwd or os.getcwd()), "out": str(out),
-            "err": str(err)}).encode() + b"\n")
+            "script": script, "args": list(args), "env": env, "cwd": str(cwd or os.getcwd()),
+            "out": str(out), "err": str(err)}).encode() + b"\n")
         proc.stdin.flush()
         deadline = None if timeout is None else time.monotonic() + timeout
         pid = int(_readline(proc, None))

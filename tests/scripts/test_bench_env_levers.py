@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from tests.helpers import BENCH, ROOT
+from tests.helpers.cli_process import run_script
 
 
 def test_script_quick_and_merge(tmp_path):
     part = tmp_path / "part"
-    run = subprocess.run([sys.executable, str(BENCH / "bench_env_levers.py"), "--quick",
-                          "--out", str(part)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+    run = run_script(BENCH / "bench_env_levers.py", "--quick",
+                     "--out", str(part), cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     data = json.loads((part / "env_levers.json").read_text())
     assert [r["arm"] for r in data["rows"]] == ["plain", "levers"]
@@ -23,9 +21,9 @@ def test_script_quick_and_merge(tmp_path):
     for r in data["rows"]:  # every row re-simulated; no plan beats the lower bound of zero
         assert r["step_time_s"] is None or r["step_time_s"] > 0
     merged = tmp_path / "merged"
-    run = subprocess.run([sys.executable, str(BENCH / "bench_env_levers.py"), "--merge",
-                          str(part / "env_levers.json"), "--out", str(merged)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = run_script(BENCH / "bench_env_levers.py", "--merge",
+                     str(part / "env_levers.json"), "--out", str(merged), cwd=ROOT,
+                     timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     again = json.loads((merged / "env_levers.json").read_text())
     assert again["rows"] == data["rows"]

@@ -4,20 +4,19 @@ stack is measured, FSDP2's units are its blocks, and the fit has its terms."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import BENCH
+from tests.helpers.cli_process import run_script
 
 
 @pytest.mark.slow
 def test_measures_every_mode_and_fits_the_stacks(tmp_path):
-    r = subprocess.run([sys.executable, str(BENCH / "bench_host_costs.py"), "--cpu",
-                        "--scenarios", "", "--synthetic", "2x1,2x3,4x1", "--modes",
-                        "plain,ddp,fsdp", "--steps", "3", "--warmup", "1", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600)
+    r = run_script(BENCH / "bench_host_costs.py", "--cpu",
+                   "--scenarios", "", "--synthetic", "2x1,2x3,4x1", "--modes",
+                   "plain,ddp,fsdp", "--steps", "3", "--warmup", "1", "--out", str(tmp_path),
+                   timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((tmp_path / "host-costs.json").read_text())
     assert [m["name"] for m in data["models"]] == ["stack-2x1", "stack-2x3", "stack-4x1"]

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 from tests.helpers import BENCH, ROOT
+from tests.helpers.cli_process import run_script
 
 
 def test_bench_learned_quick(tmp_path):
     # one second per trained planner: the table and its sources are checked, not how far
     # training gets
-    run = subprocess.run([sys.executable, str(BENCH / "bench_learned.py"), "--quick",
-                          "--seconds", "1", "--out", str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    run = run_script(BENCH / "bench_learned.py", "--quick",
+                     "--seconds", "1", "--out", str(tmp_path), cwd=ROOT,
+                     timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     data = json.loads((tmp_path / "learned.json").read_text())
     (row,) = data["rows"]

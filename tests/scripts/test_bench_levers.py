@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 from tests.helpers import BENCH
+from tests.helpers.cli_process import run_script
 
 
 def test_bench_levers_smoke(tmp_path):
-    r = subprocess.run([sys.executable, str(BENCH / "bench_levers.py"), "--smoke", "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    r = run_script(BENCH / "bench_levers.py", "--smoke", "--out",
+                   str(tmp_path), timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out = json.loads((tmp_path / "levers.json").read_text())
     assert out["model"] == "gpt-tiny" and out["compile_backend"] == "aot_eager"

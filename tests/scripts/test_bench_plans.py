@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 from tests.helpers import BENCH
+from tests.helpers.cli_process import run_script
 
 
 def test_bench_plans_cpu_smoke(tmp_path):
-    cmd = [sys.executable, str(BENCH / "bench_plans.py"), "--cpu", "--scenarios",
-           "tiny", "--steps", "3", "--warmup", "1", "--reps", "2", "--auto-budget", "8s",
-           "--policy-budget", "2s", "--links", "--memory", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = run_script(BENCH / "bench_plans.py", "--cpu", "--scenarios", "tiny", "--steps", "3",
+                      "--warmup", "1", "--reps", "2", "--auto-budget", "8s", "--policy-budget",
+                      "2s", "--links", "--memory", "--out", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = json.loads((tmp_path / "suite.json").read_text())
     assert {"card", "driver", "torch_version", "date", "scenarios"} <= out.keys()
@@ -57,8 +57,7 @@ def _render(tmp_path, scenarios) -> str:
              "num_devices": 2, "steps": 3, "warmup": 1, "reps": 2, "scenarios": scenarios}
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(suite))
-    run = subprocess.run([sys.executable, str(BENCH / "bench_plans.py"), "--render", str(path)],
-                         capture_output=True, text=True, timeout=120)
+    run = run_script(BENCH / "bench_plans.py", "--render", str(path), timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     return (tmp_path / "suite.md").read_text()
 
@@ -101,9 +100,8 @@ def test_hf_scenarios_need_the_module_of_their_models(tmp_path):
     """The hf-* scenarios' workloads come from --hf-module: without it the run is refused
     before it starts, as is an unknown scenario (the message lists the valid ones)."""
     def run(*args):
-        return subprocess.run([sys.executable, str(BENCH / "bench_plans.py"), "--cpu",
-                               "--out", str(tmp_path), *args],
-                              capture_output=True, text=True, timeout=120)
+        return run_script(BENCH / "bench_plans.py", "--cpu", "--out", str(tmp_path), *args,
+                          timeout=120)
 
     refused = run("--scenarios", "hf-gpt2")
     assert refused.returncode != 0 and "--hf-module" in refused.stderr

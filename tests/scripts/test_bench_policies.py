@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import BENCH, ROOT
+from tests.helpers.cli_process import run_script
 
 pytest.importorskip("autoplace.envs")
 
@@ -16,8 +15,8 @@ pytest.importorskip("autoplace.envs")
 @pytest.mark.parametrize("script,prefix", [("bench_policies.py", "policies"),
                                            ("bench_generalization.py", "generalization")])
 def test_script_quick(tmp_path, script, prefix):
-    run = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--out",
-                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = run_script(BENCH / script, "--quick", "--out",
+                     str(tmp_path), cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     data = json.loads((tmp_path / f"{prefix}.json").read_text())
     assert data["rows"] and all(r.get("ratio_to_lower_bound", 1) >= 0.99 for r in data["rows"])

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 from tests.helpers import BENCH, ROOT, pythonpath_with_root
+from tests.helpers.cli_process import run_script
 
 PUBLISHED = ROOT / "bench" / "published" / "torchtitan-llama3.json"
 
@@ -31,11 +30,10 @@ def test_published_rows_load_with_sources():
 
 def test_bench_published_runs_on_a_subset(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "bench_published.py"), "--rows",
-         "t1-fsdp,t1-compile,t3-fsdp", "--out", str(out), "--no-plot"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
+    proc = run_script(BENCH / "bench_published.py", "--rows",
+                      "t1-fsdp,t1-compile,t3-fsdp", "--out", str(out), "--no-plot",
+                      cwd=ROOT, timeout=600,
+                      env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads((out / "published.json").read_text())
     parts = {r["id"]: r["part"] for r in res["rows"]}
@@ -49,8 +47,7 @@ def test_bench_published_runs_on_a_subset(tmp_path):
 
 
 def test_bench_published_refuses_unknown_rows(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "bench_published.py"), "--rows", "t9-nope", "--out",
-         str(tmp_path / "x"), "--no-plot"], cwd=ROOT, capture_output=True, text=True,
-        timeout=120, env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
+    proc = run_script(BENCH / "bench_published.py", "--rows", "t9-nope", "--out",
+                      str(tmp_path / "x"), "--no-plot", cwd=ROOT, timeout=120,
+                      env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     assert proc.returncode != 0 and "valid:" in proc.stderr

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import BENCH, ROOT
+from tests.helpers.cli_process import run_script
 
 pytest.importorskip("autoplace.executor")
 
 
 def test_smoke_measures_both_policies_and_the_heuristics(tmp_path):
-    run = subprocess.run([sys.executable, str(BENCH / "bench_real_finetune.py"), "--smoke",
-                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+    run = run_script(BENCH / "bench_real_finetune.py", "--smoke",
+                     "--out", str(tmp_path), cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads((tmp_path / "real_finetune.json").read_text())
     (row,) = data["rows"]

@@ -4,15 +4,14 @@ profile's whole pass and the executor's one-device step."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from tests.helpers import BENCH
+from tests.helpers.cli_process import run_script
 
 
 def test_bench_step_parts_on_cpu(tmp_path):
-    r = subprocess.run([sys.executable, str(BENCH / "bench_step_parts.py"), str(tmp_path),
-                        "branchy-mlp"], capture_output=True, text=True, timeout=600)
+    r = run_script(BENCH / "bench_step_parts.py", str(tmp_path),
+                   "branchy-mlp", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out = json.loads((tmp_path / "parts.json").read_text())
     (model,) = out["models"]

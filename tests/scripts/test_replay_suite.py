@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -15,13 +14,14 @@ from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.planners.manual import hand_written
 from tests.helpers import BENCH, ROOT, pythonpath_with_root
+from tests.helpers.cli_process import run_script
 
 
 def replay(*args: str) -> subprocess.CompletedProcess:
     """``replay_suite.py ARGS`` in a process of its own."""
-    return subprocess.run([sys.executable, str(BENCH / "replay_suite.py"), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
+    return run_script(BENCH / "replay_suite.py", *args, cwd=ROOT,
+                      timeout=300,
+                      env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
 
 
 def _tiny_plans():

@@ -5,23 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import BENCH, ROOT, pythonpath_with_root
+from tests.helpers.cli_process import run_script
 
 
 def test_measured_and_simulated_peak_of_a_logits_heavy_step(tmp_path):
     out = tmp_path / "cases.json"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "step_memory.py"), "--options",
-         "vocab_size=2048,seq_len=32,d_model=16,n_layers=1,n_heads=2,batch_size=4",
-         "--recipes", "single", "--autocast", "bfloat16", "--microbatches", "1,2",
-         "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
+    proc = run_script(BENCH / "step_memory.py", "--options",
+                      "vocab_size=2048,seq_len=32,d_model=16,n_layers=1,n_heads=2,batch_size=4",
+                      "--recipes", "single", "--autocast", "bfloat16", "--microbatches", "1,2",
+                      "--json", str(out),
+                      cwd=ROOT, timeout=300,
+                      env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     assert proc.returncode == 0, proc.stderr
     cases = json.loads(out.read_text())["cases"]
     assert [c["microbatches"] for c in cases] == [1, 2]
@@ -36,11 +34,10 @@ def test_measured_and_simulated_peak_of_a_logits_heavy_step(tmp_path):
 
 
 def test_an_unknown_recipe_names_the_valid_ones():
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "step_memory.py"), "--options",
-         "vocab_size=256,seq_len=8,d_model=16,n_layers=1,n_heads=2,batch_size=2",
-         "--recipes", "nope", "--autocast", "none"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
+    proc = run_script(BENCH / "step_memory.py", "--options",
+                      "vocab_size=256,seq_len=8,d_model=16,n_layers=1,n_heads=2,batch_size=2",
+                      "--recipes", "nope", "--autocast", "none",
+                      cwd=ROOT, timeout=300,
+                      env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     assert proc.returncode != 0
     assert "'nope' unknown" in proc.stderr and "checkpoint-blocks" in proc.stderr
