@@ -112,17 +112,25 @@ def _run(script: str | None, args: tuple[str, ...], env: dict[str, str] | None,
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         out.touch()
         err.touch()
-        proc.stdin.write(json.dumps({
-            "script": script, "args": list(args), "env": env, "cwd": str(cwd or os.getcwd()),
-            "out": str(out), "err": str(err)}).encode() + b"\n")
-        proc.stdin.flush()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pid = int(_readline(proc, None))
-        line = _readline(proc, deadline)
-        if line is None:
-            os.kill(pid, signal.SIGKILL)
-            _readline(proc, None)
-            raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(), err.read_text())
+        try:
+            proc.stdin.write(json.dumps({
+                "script": script, "args": list(args), "env": env,
+                "cwd": str(cwd or os.getcwd()), "out": str(out), "err": str(err)}).encode()
+                + b"\n")
+            proc.stdin.flush()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            pid = int(_readline(proc, None))
+            line = _readline(proc, deadline)
+            if line is None:
+                os.kill(pid, signal.SIGKILL)
+                _readline(proc, None)
+                raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(), err.read_text())
+        except subprocess.TimeoutExpired:
+            raise
+        except BaseException:  # interrupted between a request and its answer: start afresh
+            proc.kill()
+            proc.wait()
+            raise
         return subprocess.CompletedProcess(cmd, int(line), out.read_text(), err.read_text())
 
 
