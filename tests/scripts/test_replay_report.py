@@ -56,9 +56,9 @@ from pathlib import Path
 import replay_report
 
 root = Path(sys.argv[1])
-fsdp_fix, ddp_fix = (c[0] for c in replay_report.EXECUTOR_CHANGES)
+fsdp_fix, ddp_fix, pipe_fix = (c[0] for c in replay_report.EXECUTOR_CHANGES)
 for name, commit in (("oldest", "a1b2c3d+dirty"), ("between", ddp_fix + "~1"),
-                     ("new", ddp_fix), ("unknown", "")):
+                     ("new", pipe_fix), ("unknown", "")):
     (root / name).mkdir()
     (root / name / "env.json").write_text(json.dumps({"commit": commit}))
 FAMS = ("dp-none", "dp-none+zero1+recompute", "dp-fsdp", "dp-fsdp+compile+recompute",
@@ -85,20 +85,22 @@ def test_plans_measured_before_an_executor_change_that_concerns_them_are_left_ou
     peak with the gradients twice: its DDP and ZeRO-1 plans (recomputing or not) are left
     out of the memory tables, their step times kept. One run before FSDP2 sharded each
     recomputed or compiled block as a unit of its own measured those plans gathering the
-    whole model: their memory and step time are left out. A placement's replicas (not
-    DDP-wrapped), pipelines and plain FSDP2 stay, as does every plan of a suite run since;
-    a suite whose commit is unknown counts as run before both."""
+    whole model: their memory and step time are left out. One run before pipelines
+    stepped without kept outputs measured their last stage holding every microbatch's
+    output: their memory is left out, their step times kept. A placement's replicas (not
+    DDP-wrapped) and plain FSDP2 stay, as does every plan of a suite run since; a suite
+    whose commit is unknown counts as run before all three."""
     p = subprocess.run([sys.executable, "-c", STALE, str(tmp_path)], cwd=BENCH,
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    both = [True, True, False, True, True, False, False]
+    both = [True, True, False, True, True, False, True]
     assert out["oldest"]["memory"] == out["unknown"]["memory"] == both
     assert out["oldest"]["time"] == out["unknown"]["time"] == [
         "dp-none", "dp-none+zero1+recompute", "dp-fsdp", "dp-none+placement",
         "pipeline+recompute"]
-    assert out["between"]["memory"] == [True, True, False, False, False, False, False]
+    assert out["between"]["memory"] == [True, True, False, False, False, False, True]
     assert len(out["between"]["time"]) == 7
     assert out["new"]["memory"] == [False] * 7 and len(out["new"]["time"]) == 7
 
