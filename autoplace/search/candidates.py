@@ -230,8 +230,8 @@ def compiled_twin(c: dict[str, Any], by_sig: dict[tuple, dict[str, Any]]
     if par.compile or par.graphs or par.offload:
         return None
     want = signature(plan.with_parallel(compile=True))[:4]  # all but the pieces
-    twins = [x for x in by_sig.values() if x["plan"].parallel.compile and not x.get("tried")
-             and x["sim"] < c["sim"] and signature(x["plan"])[:4] == want]
+    twins = [x for sig, x in by_sig.items()
+             if sig[:4] == want and not x.get("tried") and x["sim"] < c["sim"]]
     return min(twins, key=lambda x: x["sim"], default=None)
 
 

@@ -160,6 +160,7 @@ def stage_events(stage: np.ndarray, schedule: str, p: int, m: int, kept: np.ndar
 
     for s in range(p):
         ops = np.flatnonzero(stage == s)
+        held = float(outputs[ops].sum()) * share  # a microbatch's model output (last stage)
         made = False
         for act in pipeline_actions(schedule, p, m, s):
             if act[0] == "F":
@@ -176,7 +177,6 @@ def stage_events(stage: np.ndarray, schedule: str, p: int, m: int, kept: np.ndar
                 made = True
                 if s < p - 1:
                     add(s, -sent[s] * share, 0.0, 0.0, sent[s] * share)
-                held = float(outputs[ops].sum()) * share  # the model output, last stage
                 if held:
                     add(s, -held, 0.0, 0.0, 0.0)
     dev, delta, g, hold, trans = (np.array([c], dtype=np.float64) for c in cols)
