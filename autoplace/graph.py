@@ -41,10 +41,12 @@ __all__ = ["OpNode", "OpGraph", "random_dag", "PYG_FEATURES"]
 GRAPH_FORMAT = "autoplace.graph/1"
 
 #: a profiled block's numbers a graph file keeps (``autoplace.executor.profile_block``):
-#: the compiled fused ops' factor, checkpointing's host seconds per op and the device share
+#: the compiled fused ops' factor, checkpointing's host seconds per op and per call, the device share
 #: left under CUDA graphs, and the part of ``profile_info[kind]`` each belongs to
 BLOCK_PROFILE_KEYS = {"fused_time": "compiled", "full_host_s": "recompute",
                       "selective_host_s": "recompute", "compiled_full_host_s": "recompute",
+                      "full_call_host_s": "recompute", "selective_call_host_s": "recompute",
+                      "compiled_full_call_host_s": "recompute",
                       "device_share": "graphs", "blocks": "graphs"}
 
 

@@ -15,17 +15,19 @@ timed loops after warm-up (the median on a CPU).
 - Compiled: with ``ratio = compiled / eager`` and ``heavy`` the share of the block's profiled
   time in kept kernels (which compile leaves to the same libraries), the fused ops' factor
   is ``(ratio - heavy) / (1 - heavy)``, clipped to ``[0.05, 2]``.
-- Recomputed: what a checkpoint adds to the block's step beyond eager, per op of the block
+- Recomputed: what a checkpoint adds to the block's step beyond eager
   (``full_host_s``, ``selective_host_s``), and inside a compiled piece beyond the compiled
   block (``compiled_full_host_s``). Where the model has several blocks, the first
-  :data:`GRAPHED_BLOCKS` also run in turn, a piece each as a plan runs them, in every form:
-  these figures (and the compiled ratio below) are then what the added blocks cost, so the
-  fixed cost of one forward + backward call, which one block timed alone carries in every
-  form, does not count as checkpointing's or compiling's (the residual MLP's block
-  checkpointed alone added 1.75 ms, 1.07 ms a block in the model). On a launch-bound
-  model that is host time (the forward issued again, and ``torch.utils.checkpoint``'s hooks; a selective policy also runs
-  every op of the region through a Python dispatch mode, forward and recompute): the
-  simulator adds it to the issuing thread's time of every recomputed op
+  :data:`GRAPHED_BLOCKS` also run in turn, a piece each as a plan runs them, in every form
+  (and the compiled ratio below is what the added blocks cost, so the fixed cost of one
+  forward + backward call, which one block timed alone carries in every form, does not
+  count as compiling's). The one block and the chain give checkpointing's cost per
+  checkpoint call and per op (``*_call_host_s``, ``*_host_s``:
+  :func:`autoplace.costs.block_costs.checkpoint_costs`; per op alone where the blocks are
+  all of one size). On a launch-bound model that is host time (the forward issued again,
+  and ``torch.utils.checkpoint``'s hooks; a selective policy also runs every op of the
+  region through a Python dispatch mode, forward and recompute): the simulator adds it to
+  the issuing thread's time of every recomputed region and op
   (:mod:`autoplace.sim.block_profile`). On a device-bound model it is about the forward's
   device time, which the issuing thread then spends in parallel with the device.
 
@@ -60,6 +62,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from autoplace.capture import fetch_attr, program_inputs
+from autoplace.costs.block_costs import checkpoint_costs
 from autoplace.costs.profile import device_kind
 from autoplace.costs.profile_cache import record_block
 from autoplace.costs.timing import _grad_outputs, _sync, _time_call
@@ -161,12 +164,8 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
     # also carries
     delta = {m: many_times[m] - times[m] for m in many_times if m != "graphed"}
     if "eager" in delta and added > 0:
-        r = rec["recompute"]
-        r.update({"blocks": blocks, **{f"{m}_blocks_s": many_times[m] for m in delta}})
-        for m, base in (("full", "eager"), ("selective", "eager"),
-                        ("compiled_full", "compiled")):
-            if m in delta and base in delta:
-                r[f"{m}_host_s"] = max(0.0, delta[m] - delta[base]) / added
+        rec["recompute"].update({"blocks": blocks, "chain_ops": len(many),
+                                 **{f"{m}_blocks_s": many_times[m] for m in delta}})
     if _replayed(graphed):
         rec["graphs"] = {"graphed_s": times["graphed"], "eager_s": eager_s,
                          "device_share": min(1.0, times["graphed"] / eager_s), "blocks": 1}
@@ -200,6 +199,9 @@ def profile_block(graph: OpGraph, inputs: tuple, device: str | torch.device, *,
             **({"blocks": blocks, "compiled_blocks_s": many_times["compiled"],
                 "eager_blocks_s": many_times["eager"]} if "compiled" in delta else {}),
             "backend": os.environ.get(COMPILE_BACKEND_ENV) or "inductor"}
+    # checkpointing's price per call and per op, from the one block and the chain
+    rec["recompute"].update(checkpoint_costs(rec["recompute"], rec["compiled"],
+                                             rec["recompute"].get("chain_ops")))
     info = dict(getattr(graph, "profile_info", None) or {})
     info[kind] = {**info.get(kind, {}), **{k: v for k, v in rec.items()
                                            if v is not None and k in PARTS}}

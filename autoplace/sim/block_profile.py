@@ -44,13 +44,15 @@ from dataclasses import replace
 
 import numpy as np
 
+from autoplace.costs.block_costs import checkpoint_costs
 from autoplace.graph import OpGraph
+from autoplace.lowering import block_group_ids, block_groups
 from autoplace.plan import Plan
 from autoplace.sim.model import CostTables, GraphArrays
 
 __all__ = ["RECOMPUTE_HOST_S", "SELECTIVE_HOST_S", "block_tables", "block_values",
-           "default_recompute_host", "filled_host", "graphed_tables", "needs_scalar",
-           "profiled", "recompute_host_tables", "region_ends"]
+           "checkpoint_prices", "default_recompute_host", "filled_host", "graphed_tables",
+           "needs_scalar", "profiled", "recompute_host_tables", "region_ends"]
 
 #: host seconds one checkpointed region (a ``torch.utils.checkpoint`` call: a recomputed
 #: group, per microbatch) adds to an eager step on a GPU kind whose block was not
@@ -135,6 +137,51 @@ def graphed_tables(graph: OpGraph, tables: CostTables, plan: Plan) -> CostTables
                    graph_param_host=np.where(blocks > 1, 0.0, tables.graph_param_host))
 
 
+def _work_ops(graph: OpGraph, names: list[str]) -> np.ndarray:
+    """bool per op of ``names``: an op that does work (not an input, a parameter fetch or
+    the output), as the block profile counts a block's ops."""
+    cached = graph.__dict__.get("_sim_work_ops")
+    if cached is not None and cached[0] == names:
+        return cached[1]
+    mask = np.array([graph[n].kind not in ("input", "param", "output") if n in graph.index
+                     else True for n in names], dtype=bool)
+    graph.__dict__["_sim_work_ops"] = (list(names), mask)
+    return mask
+
+
+def _chain_ops(graph: OpGraph, blocks: int) -> int:
+    """The working ops of the graph's first ``blocks`` blocks (what a block profile chains)."""
+    cached = graph.__dict__.get("_sim_chain_ops") or {}
+    if (len(graph), blocks) not in cached:
+        groups = block_groups(graph)
+        ids = set(sorted(block_group_ids(graph, groups))[:blocks])
+        cached = {**cached, (len(graph), blocks): sum(
+            groups[op.name] in ids and op.kind not in ("input", "param", "output")
+            for op in graph.ops)}
+        graph.__dict__["_sim_chain_ops"] = cached
+    return cached[(len(graph), blocks)]
+
+
+def checkpoint_prices(graph: OpGraph, kinds: list[str], form: str
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Per device kind, checkpointing's profiled host seconds per op and per checkpoint
+    call in ``form`` (full, selective or compiled_full: see
+    :func:`autoplace.costs.block_costs.checkpoint_costs`); NaN per op where the kind has
+    no profiled block. Computed from the block's times where the profile holds them, else
+    the prices a graph file keeps."""
+    info = getattr(graph, "profile_info", None) or {}
+    per_op, per_call = [], []
+    for k in kinds:
+        rec = (info.get(k) or {}).get("recompute") or {}
+        if f"{form}_s" in rec and "block_ops" in rec:
+            blocks = int(rec.get("blocks") or 1)
+            chain = rec.get("chain_ops") or (_chain_ops(graph, blocks) if blocks > 1 else None)
+            rec = {**rec, **checkpoint_costs(rec, (info.get(k) or {}).get("compiled"), chain)}
+        per_op.append(float(rec.get(f"{form}_host_s", np.nan)))
+        per_call.append(float(rec.get(f"{form}_call_host_s", 0.0)))
+    return np.array(per_op), np.array(per_call)
+
+
 def region_ends(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """bool per op: the first op of its group (where a checkpoint call's forward starts)
     and the last (where its recompute is issued in backward), ``group`` an id per op."""
@@ -156,25 +203,30 @@ def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
     if not (_has(graph, "recompute") or gpu.any()):
         return tables
 
-    def priced(key: str, default: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per kind [k, 1]: the profiled per-op time, and the per-region default."""
-        v = block_values(graph, tables.kinds, "recompute", key, np.nan)
-        return (np.nan_to_num(v)[:, None],
-                np.where(np.isnan(v) & gpu, default, 0.0)[:, None])
+    def priced(form: str, default: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per kind [k, 1]: the profiled price per op, and per region (checkpoint call):
+        the profiled one, or ``default`` on a GPU kind without a profiled block."""
+        per_op, per_call = checkpoint_prices(graph, tables.kinds, form)
+        return (np.nan_to_num(per_op)[:, None],
+                np.where(np.isnan(per_op), np.where(gpu, default, 0.0),
+                         np.nan_to_num(per_call))[:, None])
 
     if plan.parallel.compile:  # the checkpoint traced into the compiled piece's graph
-        full, full_region = priced("compiled_full_host_s", 0.0)
+        full, full_region = priced("compiled_full", 0.0)
         sel = sel_region = np.zeros((len(tables.kinds), 1))
     else:
-        full, full_region = priced("full_host_s", RECOMPUTE_HOST_S)
-        sel, sel_region = priced("selective_host_s", SELECTIVE_HOST_S)
+        full, full_region = priced("full", RECOMPUTE_HOST_S)
+        sel, sel_region = priced("selective", SELECTIVE_HOST_S)
     group = np.array([plan.groups.get(name, -1) for name in ga.names])
     first, last = region_ends(group)
+    work = _work_ops(graph, ga.names)[None, :]  # inputs and parameter fetches issue nothing
     rec = np.isin(group, list(plan.recompute))[None, :]
     sel_ops = np.isin(group, list(plan.selective))[None, :]
-    add_f = np.where(sel_ops, sel / 2, 0.0) + np.where(sel_ops & first, sel_region / 2, 0.0)
-    add_b = (np.where(rec, full, 0.0) + np.where(rec & last, full_region, 0.0)
-             + np.where(sel_ops, sel / 2, 0.0) + np.where(sel_ops & last, sel_region / 2, 0.0))
+    add_f = np.where(sel_ops & work, sel / 2, 0.0) + np.where(sel_ops & first, sel_region / 2,
+                                                               0.0)
+    add_b = (np.where(rec & work, full, 0.0) + np.where(rec & last, full_region, 0.0)
+             + np.where(sel_ops & work, sel / 2, 0.0)
+             + np.where(sel_ops & last, sel_region / 2, 0.0))
     host_fwd, host_bwd = filled_host(tables)
     # a fixed part of NaN means the whole time is fixed; the added time is fixed too
     return replace(tables, host_fwd=host_fwd + add_f, host_bwd=host_bwd + add_b,

@@ -370,6 +370,20 @@ RECIPE_OF = {"hand:eager": "eager", "hand:compile": "compile-blocks",
              "hand:hf-gradient-checkpointing": "checkpoint-blocks"}
 
 
+def hand_block_groups(graph, model: nn.Module) -> frozenset[int]:
+    """The groups of :func:`autoplace.lowering.block_groups` that hold the blocks a
+    hand-written per-block recipe wraps (:func:`block_lists`: the members of the model's
+    outermost ModuleLists), by the captured ops' module paths."""
+    from autoplace.lowering import block_groups
+
+    names = {id(m): n for n, m in model.named_modules()}
+    prefixes = tuple(f"{names[id(blocks)]}.{i}" for blocks in block_lists(model)
+                     for i in range(len(blocks)))
+    groups = block_groups(graph)
+    return frozenset(groups[op.name] for op in graph.ops if op.module_path and any(
+        op.module_path == p or op.module_path.startswith(p + ".") for p in prefixes))
+
+
 def replay(folder: Path, profile_dir: str | None = None) -> str:
     """The simulator on every option of a stored run (``levers.json``): each option's
     plan (its recipe; eager: one device) simulated on the card's preset under the case's
@@ -413,6 +427,7 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
         costs += (f"; {extra} ops that this machine's capture has and the card's did not "
                   f"(torch.export's graph of torch {torch.__version__} against the card's "
                   f"{out['torch_version']}) at estimated costs")
+    hand_groups = hand_block_groups(graph, meta.model)
     rows, cases = [], []
     for c in out["cases"]:
         cluster = resolve(f"{card}x1", memory_cap=c["memory_cap_bytes"])
@@ -432,6 +447,12 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
                                             if key == "autoplace:auto" else key.split(":", 1)[1])
             if recipe not in plans:
                 continue
+            if key.startswith("hand:") and plans[recipe].recompute:
+                # by hand only the blocks of the model's ModuleLists are checkpointed
+                mine = frozenset(plans[recipe].recompute & hand_groups)
+                if mine != plans[recipe].recompute:
+                    recipe = f"{recipe} (its ModuleLists' blocks)"
+                    plans[recipe] = replace(plans[RECIPE_OF[key]], recompute=mine)
             sim = simulate(graph, plans[recipe], cluster)
             row = {"case": c["name"], "option": key, "recipe": recipe,
                    "family": family(plans[recipe]),
