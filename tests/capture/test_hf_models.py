@@ -137,7 +137,8 @@ def test_sharded_pipeline_with_tied_weights_is_a_clear_error():
 
 def test_cli_finds_the_module_in_the_working_directory(tmp_path):
     """``autoplace`` is a console script: a user's ``mymodels:factory`` in the directory it
-    runs in is found there; plan and run (two processes) work and note the dropout."""
+    runs in is found there; plan and run (two processes) work and note the dropout. A
+    one-device plan: where the module is found is the console script's, not the plan's."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     (tmp_path / "mymodels.py").write_text((ROOT / "tests" / "helpers" / "hf_models.py").read_text())
     exe = Path(sys.executable).with_name("autoplace")
@@ -148,9 +149,9 @@ def test_cli_finds_the_module_in_the_working_directory(tmp_path):
                               text=True, timeout=600)
 
     r = cli("plan", "--model", "mymodels:gpt2", "--option", "dropout=0.1", "--cluster",
-            "cpu-x2", "--planner", "pipeline", "-o", str(plan))
+            "cpu-x1", "--planner", "single", "-o", str(plan))
     assert r.returncode == 0, r.stderr
-    assert json.loads(plan.read_text())["parallel"]["pipeline"] == 2
+    assert json.loads(plan.read_text())["model"]["spec"] == "mymodels:gpt2"
     r = cli("run", str(plan), "--steps", "3")  # a plan file names no code of its own
     assert r.returncode == 2 and "--trust-model" in r.stderr
     r = cli("run", str(plan), "--model", "mymodels:gpt2", "--steps", "3")
