@@ -5,7 +5,9 @@ Each command a test runs is its own process, started in the folder and with the 
 the test gives, its output captured and its exit status returned as ``subprocess.run``
 returns them; only the imports every command starts with (torch, autoplace's command line)
 are done once, in a parent kept for the whole test run, instead of once a command: seconds a
-command on the 2-core CI machine. A forked process runs ``autoplace.cli`` as ``python -m``
+command on the 2-core CI machine. The placement policies (torch_geometric and torch's compiler
+among their imports) are imported there too: the command line loads them only when a command
+uses them, but so many commands of the tests do that each would pay their seconds. A forked process runs ``autoplace.cli`` as ``python -m``
 does (``runpy``, the working folder first on ``sys.path``) and a script as ``python SCRIPT``
 does (its folder first on ``sys.path``): an exception it raises prints its traceback and
 exits 1, ``sys.exit`` exits with its code, and exit handlers run.
@@ -27,6 +29,7 @@ from pathlib import Path
 _PARENT = r"""
 import json, os, runpy, sys
 import autoplace.cli  # what every command imports first
+import autoplace.policies  # what train, the policy planners and their checks import (seconds)
 
 for line in sys.stdin:
     req = json.loads(line)
