@@ -12,8 +12,8 @@ from tests.helpers.cli_process import run_script
 
 def test_bench_plans_cpu_smoke(tmp_path):
     proc = run_script(BENCH / "bench_plans.py", "--cpu", "--scenarios", "tiny", "--steps", "3",
-                      "--warmup", "1", "--reps", "2", "--auto-budget", "8s", "--policy-budget",
-                      "2s", "--links", "--memory", "--out", str(tmp_path), timeout=600)
+                      "--warmup", "1", "--reps", "2", "--auto-budget", "4s", "--policy-budget",
+                      "1up", "--links", "--memory", "--out", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = json.loads((tmp_path / "suite.json").read_text())
     assert {"card", "driver", "torch_version", "date", "scenarios"} <= out.keys()
