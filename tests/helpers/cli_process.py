@@ -3,14 +3,16 @@ one that has imported the command line (and torch) already.
 
 Each command a test runs is its own process, started in the folder and with the environment
 the test gives, its output captured and its exit status returned as ``subprocess.run``
-returns them; only the imports every command starts with (torch, autoplace's command line)
-are done once, in a parent kept for the whole test run, instead of once a command: seconds a
-command on the 2-core CI machine. The placement policies (torch_geometric and torch's compiler
-among their imports) are imported there too: the command line loads them only when a command
-uses them, but so many commands of the tests do that each would pay their seconds. A forked process runs ``autoplace.cli`` as ``python -m``
-does (``runpy``, the working folder first on ``sys.path``) and a script as ``python SCRIPT``
-does (its folder first on ``sys.path``): an exception it raises prints its traceback and
-exits 1, ``sys.exit`` exits with its code, and exit handlers run.
+returns them; only imports are done once, in a parent kept for the whole test run, instead
+of once a command: seconds a command on the 2-core CI machine. The parent imports what every
+command starts with (torch, autoplace's command line) and what the command line loads only
+when a command uses it but so many of the tests' commands use that each would pay its
+seconds: the placement policies (torch_geometric and torch's compiler among their imports)
+and the pictures (matplotlib, on its Agg backend as ``autoplace.viz`` sets it). A forked
+process runs ``autoplace.cli`` as ``python -m`` does (``runpy``, the working folder first on
+``sys.path``) and a script as ``python SCRIPT`` does (its folder first on ``sys.path``): an
+exception it raises prints its traceback and exits 1, ``sys.exit`` exits with its code, and
+exit handlers run.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _PARENT = r"""
 import json, os, runpy, sys
 import autoplace.cli  # what every command imports first
 import autoplace.policies  # what train, the policy planners and their checks import (seconds)
+import autoplace.viz  # what every picture a command draws imports (matplotlib, Agg)
 
 for line in sys.stdin:
     req = json.loads(line)
