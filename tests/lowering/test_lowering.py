@@ -76,11 +76,13 @@ SCHEDULES = [("gpipe", 2, 3), ("1f1b", 2, 4), ("1f1b", 3, 5)]
 @pytest.fixture(scope="module")
 def recorded_schedules(tmp_path_factory) -> str:
     """What each stage of every pipeline of SCHEDULES ran, recorded by hooks in real gloo
-    processes: the pipelines of one stage count share their processes."""
+    processes: the pipelines of one stage count share their processes, forked from this one
+    (torch and this module imported already: seconds a process on the 2-core CI machine)."""
     out = str(tmp_path_factory.mktemp("order") / "order")
     for stages in sorted({s for _, s, _ in SCHEDULES}):
         runs = [(schedule, m) for schedule, s, m in SCHEDULES if s == stages]
-        mp.spawn(_record_schedules, args=(stages, runs, _free_port(), out), nprocs=stages)
+        mp.start_processes(_record_schedules, args=(stages, runs, _free_port(), out),
+                           nprocs=stages, start_method="fork")
     return out
 
 
