@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import BENCH, ROOT
+from tests.helpers.cli_process import run_script
 
 
 @pytest.mark.slow
@@ -19,11 +19,10 @@ def test_bench_sim_times_a_baseline_revision(tmp_path):
                           text=True)
     if head.returncode != 0:
         pytest.skip("not a git checkout")
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "bench_sim.py"), "--ops", "40", "--plans", "8",
-         "--devices", "2", "--families", "round-robin", "random", "--scalar-plans", "2",
-         "--repeats", "2", "--baseline", "HEAD", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    out = run_script(
+        BENCH / "bench_sim.py", "--ops", "40", "--plans", "8", "--devices", "2",
+        "--families", "round-robin", "random", "--scalar-plans", "2", "--repeats", "2",
+        "--baseline", "HEAD", "--out", str(tmp_path), cwd=ROOT, timeout=300,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("baseline") == 2
