@@ -1,9 +1,11 @@
 """The auto planner and the saved calibration, with measurements replaced by a model.
 
-The fake ``measure`` makes reality disagree with the simulator per plan family (FSDP
-3x slower than simulated, pipelines out of memory), so the tests can check that auto
-returns the fastest *measured* plan, learns the factors, saves them beside the
-profile, and starts the next search from them.
+Only the first search also weighs the shipped pre-trained policy's plans (its fine-tune takes
+seconds a search; tests/policies/test_pretrained.py checks them): the others are about the
+search's rules, not its candidates. The fake ``measure`` makes reality disagree with the
+simulator per plan family (FSDP 3x slower than simulated, pipelines out of memory), so the
+tests can check that auto returns the fastest *measured* plan, learns the factors, saves
+them beside the profile, and starts the next search from them.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def test_out_of_memory_run_is_remembered_and_skipped_next_time(setup, tmp_path):
     first: list = []
     plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=planners,
                      measure=fake_measure(graph, cluster, first), progress=False,
-                     cache_dir=tmp_path, top_k=3)
+                     cache_dir=tmp_path, top_k=3, pretrained=False)
     # (the pipeline compiled or eager: the twins share what is known of their memory)
     assert "pipeline" in [family(p).removesuffix("+compile") for p in first]
     assert family(plan).removesuffix("+compile") != "pipeline"
@@ -112,7 +114,7 @@ def test_out_of_memory_run_is_remembered_and_skipped_next_time(setup, tmp_path):
     second: list = []
     auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=planners,
               measure=fake_measure(graph, cluster, second), progress=False,
-              cache_dir=tmp_path, top_k=3)
+              cache_dir=tmp_path, top_k=3, pretrained=False)
     # known to run out of memory: not measured again once another plan ran
     assert second and "pipeline" not in [family(p).removesuffix("+compile") for p in second]
 
@@ -121,11 +123,12 @@ def test_second_search_starts_from_saved_calibration(setup, tmp_path):
     graph, cluster = setup
     first: list = []
     auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=PLANNERS,
-              measure=fake_measure(graph, cluster, first), progress=False, cache_dir=tmp_path)
+              measure=fake_measure(graph, cluster, first), progress=False, cache_dir=tmp_path,
+              pretrained=False)
     second: list = []
     plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=PLANNERS,
                      measure=fake_measure(graph, cluster, second), progress=False,
-                     cache_dir=tmp_path, top_k=1)
+                     cache_dir=tmp_path, top_k=1, pretrained=False)
     # uncalibrated, the simulator's favourite went first (data parallel: DDP and ZeRO-2 are
     # within 1% here); calibrated, the winner (data parallel measured 2x slower than
     # simulated: a one-process placement)
@@ -230,7 +233,7 @@ def test_auto_measures_for_real_on_cpu_ranks(tmp_path):
     graph = capture_workload(workloads.get("gpt-tiny", device="meta"))
     plan = auto_plan("gpt-tiny", cluster, budget="5m", graph=graph,
                      planners=["single", "ddp", "pipeline"], top_k=3, steps=4,
-                     progress=False, cache_dir=tmp_path)
+                     progress=False, cache_dir=tmp_path, pretrained=False)
     cands = plan.planner["candidates"]
     fams = {c["family"] for c in cands}
     assert {"single", "dp-none"} <= fams, fams  # one-process and pooled runs both measured
@@ -255,7 +258,7 @@ def test_the_fastest_plan_is_chosen_near_the_cap_when_it_fits_twice(setup, tmp_p
                          peak_memory_bytes=[int(0.5 * usable)] * 2)
 
     plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=PLANNERS,
-                     measure=measure, progress=False, cache_dir=tmp_path)
+                     measure=measure, progress=False, cache_dir=tmp_path, pretrained=False)
     assert family(plan) == "dp-none"
     assert calls.count("dp-none") == 2  # the near-tie's second run confirmed it fits
     assert plan.measured["step_time_s"] == pytest.approx(0.100)
@@ -278,7 +281,7 @@ def test_the_one_device_plan_and_the_hand_written_options_are_measured_past_the_
     # a zero budget: only what is always measured runs
     plan = auto_plan("gpt-small", cluster, budget=0, graph=graph, planners=PLANNERS,
                      measure=fake_measure(graph, cluster, log), progress=False,
-                     cache_dir=tmp_path)
+                     cache_dir=tmp_path, pretrained=False)
     manual = hand_written(graph, cluster, levers=False)  # the per-block recipes compete
     assert family(log[0]) != "single" and family(log[1]) == "single"
     assert signature(log[2]) == signature(manual["two-halves"])
@@ -313,7 +316,7 @@ def test_a_winner_near_the_cap_runs_again_before_it_is_chosen(setup, tmp_path, s
                        peak_memory_bytes=[int(0.97 * usable)] * 2)
 
     plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=PLANNERS,
-                     measure=measure, progress=False, cache_dir=tmp_path)
+                     measure=measure, progress=False, cache_dir=tmp_path, pretrained=False)
     assert calls.count("dp-none") == 2  # measured, then run again as the near-cap winner
     assert (family(plan) == "dp-none") == second_fits
 
@@ -335,7 +338,7 @@ def test_a_near_tie_is_decided_on_two_runs_each(setup, tmp_path):
                          peak_memory_bytes=[1, 1])
 
     plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=["single", "ddp"],
-                     measure=measure, progress=False, cache_dir=tmp_path)
+                     measure=measure, progress=False, cache_dir=tmp_path, pretrained=False)
     assert calls["dp-none"] == 2 and calls["single"] == 2
     assert family(plan) == "single" and plan.measured["step_time_s"] == pytest.approx(0.102)
     cand = {c["family"]: c["measured_step_time_s"] for c in plan.planner["candidates"]}
@@ -363,7 +366,7 @@ def test_the_fastest_plan_is_measured_with_twice_and_half_its_microbatches(setup
 
     plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph,
                      planners=["single", "expert", "ddp"], measure=measure, progress=False,
-                     cache_dir=tmp_path)
+                     cache_dir=tmp_path, pretrained=False)
     assert plan.devices_per_replica > 1 and plan.parallel.microbatches == 4
     assert plan.parallel.pipeline == 1 and plan.planner["chosen"].endswith(" mb=4")
     # the one-process placement with 2 microbatches measured fastest so far; then it
@@ -457,7 +460,8 @@ def test_a_plan_simulated_a_little_over_the_cap_is_measured_in_its_turn(setup, t
     assert simulate(graph, ddp, capped).oom
     log: list = []
     auto_plan("gpt-tiny", capped, budget="10m", graph=graph, planners=["single", "ddp", "expert"],
-              measure=fake_measure(graph, capped, log), progress=False, cache_dir=tmp_path)
+              measure=fake_measure(graph, capped, log), progress=False, cache_dir=tmp_path,
+              pretrained=False)
     # layouts measured, compiled or eager (the twins share what is known of their memory)
     fams = [family(p).removesuffix("+compile") for p in log]
     plain_ddp = [p for p in log if family(p).removesuffix("+compile") == "dp-none"
@@ -493,7 +497,7 @@ def test_a_compiled_plan_a_little_over_the_cap_is_tried_eager_first(setup, tmp_p
 
         auto_plan("gpt-tiny", capped, budget="10m", graph=graph,
                   planners=["single", "ddp", "expert"], measure=measure, progress=False,
-                  cache_dir=tmp_path / str(ooms))
+                  cache_dir=tmp_path / str(ooms), pretrained=False)
         # plain DDP's runs (not those recomputing groups to fit, which may follow)
         ddps = [family(p) for p in log if family(p).removesuffix("+compile") == "dp-none"
                 and not p.recompute and not p.selective]
@@ -574,7 +578,8 @@ def test_a_sharded_plan_near_the_cap_is_measured_with_a_unit_per_module(setup, t
 
         plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph,
                          planners=["single", "expert", "fsdp"], measure=measure,
-                         progress=False, cache_dir=tmp_path / f"{peak_share}-{retries}")
+                         progress=False, cache_dir=tmp_path / f"{peak_share}-{retries}",
+                         pretrained=False)
         return plan, log
 
     plan, log = run(0.97)
@@ -737,7 +742,7 @@ def test_the_fastest_plan_is_measured_compiled_next(setup, tmp_path, monkeypatch
             calibration_path(tmp_path, graph, cluster).read_bytes())
         plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph,
                          planners=["single", "expert", "ddp", "fsdp"], measure=measure,
-                         progress=False, cache_dir=cache, top_k=1)
+                         progress=False, cache_dir=cache, top_k=1, pretrained=False)
         return log, plan
 
     log, plan = search(rule=True)
