@@ -82,7 +82,7 @@ def test_auto_measures_a_hybrid_family_no_named_planner_proposes(gpt, tmp_path):
                          peak_memory_bytes=[1] * cluster.num_devices)
 
     plan = auto_plan("gpt-small", cluster, budget="10m", graph=gpt, planners=["single", "ddp"],
-                     measure=measure, progress=False, cache_dir=tmp_path)
+                     measure=measure, progress=False, cache_dir=tmp_path, pretrained=False)
     assert family(plan) == "placement+mb"
     assert plan.planner["chosen"].startswith("hybrid-dp[")
 
