@@ -45,7 +45,9 @@ RECIPE_FAMILY = {"eager": "single", "compile-blocks": "compiled",
 
 
 def recipe_family(recipe: str) -> str:
-    """The report's family of a levers recipe (offloaded recipes are ``offload``)."""
+    """The report's family of a levers recipe (offloaded recipes are ``offload``; a
+    hand-written recipe on the blocks it wraps, ``"<recipe> (...)"``, is its recipe's)."""
+    recipe = recipe.split(" (")[0]
     return "offload" if "offload" in recipe else RECIPE_FAMILY.get(recipe, recipe)
 WITHIN = 0.10  # the memory target: simulated peak within 10% of the measured one
 

@@ -45,3 +45,25 @@ def test_bench_levers_smoke(tmp_path):
     assert run["headline"][0]["auto_plan"] == auto["split"]
     assert json.loads((tmp_path / "env.json").read_text())["gpus"] == 1
 
+
+
+def test_a_hand_written_checkpoint_is_simulated_on_the_blocks_it_wraps(monkeypatch):
+    """By hand a user wraps the members of the model's ModuleLists; the replay simulates
+    that, not autoplace's blocks: a U-Net's `bottom` stage (an nn.Sequential of six layers
+    outside any list, six one-op blocks of the graph) is not among them."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_levers
+    import user_models
+
+    from autoplace.capture import capture_workload
+    from autoplace.lowering import block_group_ids, block_groups
+
+    wl = user_models.unet()
+    graph = capture_workload(wl)
+    groups = block_groups(graph)
+    hand = bench_levers.hand_block_groups(graph, wl.model)
+    paths = {groups[op.name]: op.module_path for op in graph.ops if op.module_path}
+    assert hand < block_group_ids(graph, groups)
+    assert {paths[g].split(".")[0] for g in hand} == {"down", "lift", "up"}
+    assert not any(p.startswith("bottom") for g, p in paths.items() if g in hand)
+    assert any(p.startswith("bottom") for p in paths.values())
