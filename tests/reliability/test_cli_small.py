@@ -4,15 +4,15 @@ the trace summary as a subcommand, and the package's two entry points."""
 from __future__ import annotations
 
 import json
+import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from autoplace.cli import COMMANDS, build_parser
 from autoplace.policies.reinforce import parse_budget
-from tests.reliability._run import cli
+from tests.helpers.cli_process import run_script
+from tests.reliability._run import ROOT, cli
 
 
 def _help(command: str) -> str:
@@ -58,8 +58,11 @@ def test_trace_summary_subcommand(tmp_path):
 
 
 def test_both_entry_points(tmp_path):
-    p = subprocess.run([sys.executable, "-c", "from autoplace.cli import main; import sys; "
-                        "sys.exit(main(['models', '--json']))"], capture_output=True, text=True)
+    script = tmp_path / "entry.py"  # a user's script calling the library's entry point
+    script.write_text("import sys\n\nfrom autoplace.cli import main\n\n"
+                      "sys.exit(main(['models', '--json']))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = run_script(script, env=env, timeout=120)  # the environment cli() gives its commands
     assert p.returncode == 0 and "gpt-tiny" in p.stdout
     p = cli("--help")
     assert p.returncode == 0 and "trace-summary" in p.stdout
