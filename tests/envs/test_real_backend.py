@@ -64,7 +64,7 @@ def test_worker_survives_oom_kill_and_hang():
         info = _valid_step(env, action)  # the dead worker is restarted, the plan retried
         assert backend.worker_pid not in (None, pid) and backend.worker.restarts == 1
 
-        backend.timeout_s, pid = 5.0, backend.worker_pid
+        backend.timeout_s, pid = 2.0, backend.worker_pid
         backend.inject = "hang"
         _, reward, _, _, info = env.step(action)
         assert reward == env.unwrapped.config.fail_reward and "did not answer" in info["error"]
