@@ -165,3 +165,47 @@ def test_lower_refuses_tied_weights_under_a_sharded_pipeline():
     plan = split(graph, pipeline=2, microbatches=2, data=2, shard="fsdp")
     with pytest.raises(PlanError, match="tied weights"):
         lower(graph, plan, preset("cpu-x4"))
+
+
+class _Stages(torch.nn.Module):
+    """Blocks of three kinds: a ModuleList of blocks (each an nn.Sequential of layers), an
+    nn.Sequential of single layers outside any list, and a ModuleList of single layers the
+    forward calls one by one with an op of its own between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        seq = lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())  # noqa: E731
+        self.blocks = torch.nn.ModuleList([seq(), seq()])
+        self.middle = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                          torch.nn.Linear(8, 8))
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        x = self.middle(x)
+        for layer in self.layers:
+            x = torch.sigmoid(layer(x))
+        return x
+
+
+def test_a_container_of_single_layers_is_one_block():
+    """Blocks are what a user wraps: each member of a list of blocks, an nn.Sequential of
+    layers as a whole, and layers called one by one each on its own."""
+    from autoplace.lowering import block_group_ids, block_groups, block_regions
+    from autoplace.workloads import Workload
+
+    wl = Workload(name="stages", model=_Stages(), batch_size=4,
+                  make_batch=lambda bs, dev: ((torch.randn(bs, 8, device=dev),),
+                                              torch.randn(bs, 8, device=dev)),
+                  loss_fn=torch.nn.functional.mse_loss)
+    graph = capture_graph(wl)
+    regions = dict(zip(graph.order, block_regions(graph)))
+    groups = block_groups(graph)
+    by_region: dict[str, set[int]] = {}
+    for op in graph.ops:
+        if op.kind not in ("input", "param", "output") and regions[op.name]:
+            by_region.setdefault(regions[op.name], set()).add(groups[op.name])
+    assert {r: len(g) for r, g in by_region.items()} == {
+        "blocks.0": 1, "blocks.1": 1, "middle": 1, "layers": 2}
+    assert len(block_group_ids(graph, groups)) == 5
