@@ -46,7 +46,6 @@ import numpy as np
 
 from autoplace.costs.block_costs import checkpoint_costs
 from autoplace.graph import OpGraph
-from autoplace.lowering import block_group_ids, block_groups
 from autoplace.plan import Plan
 from autoplace.sim.model import CostTables, GraphArrays
 
@@ -149,19 +148,6 @@ def _work_ops(graph: OpGraph, names: list[str]) -> np.ndarray:
     return mask
 
 
-def _chain_ops(graph: OpGraph, blocks: int) -> int:
-    """The working ops of the graph's first ``blocks`` blocks (what a block profile chains)."""
-    cached = graph.__dict__.get("_sim_chain_ops") or {}
-    if (len(graph), blocks) not in cached:
-        groups = block_groups(graph)
-        ids = set(sorted(block_group_ids(graph, groups))[:blocks])
-        cached = {**cached, (len(graph), blocks): sum(
-            groups[op.name] in ids and op.kind not in ("input", "param", "output")
-            for op in graph.ops)}
-        graph.__dict__["_sim_chain_ops"] = cached
-    return cached[(len(graph), blocks)]
-
-
 def checkpoint_prices(graph: OpGraph, kinds: list[str], form: str
                       ) -> tuple[np.ndarray, np.ndarray]:
     """Per device kind, checkpointing's profiled host seconds per op and per checkpoint
@@ -173,10 +159,12 @@ def checkpoint_prices(graph: OpGraph, kinds: list[str], form: str
     per_op, per_call = [], []
     for k in kinds:
         rec = (info.get(k) or {}).get("recompute") or {}
-        if f"{form}_s" in rec and "block_ops" in rec:
-            blocks = int(rec.get("blocks") or 1)
-            chain = rec.get("chain_ops") or (_chain_ops(graph, blocks) if blocks > 1 else None)
-            rec = {**rec, **checkpoint_costs(rec, (info.get(k) or {}).get("compiled"), chain)}
+        blocks = int(rec.get("blocks") or 1)
+        # a profile that chained blocks without recording their ops (before chain_ops)
+        # keeps the per-op prices it stored: its chain was cut by the block rule of then
+        if f"{form}_s" in rec and "block_ops" in rec and (blocks < 2 or "chain_ops" in rec):
+            rec = {**rec, **checkpoint_costs(rec, (info.get(k) or {}).get("compiled"),
+                                             rec.get("chain_ops"))}
         per_op.append(float(rec.get(f"{form}_host_s", np.nan)))
         per_call.append(float(rec.get(f"{form}_call_host_s", 0.0)))
     return np.array(per_op), np.array(per_call)

@@ -370,16 +370,17 @@ RECIPE_OF = {"hand:eager": "eager", "hand:compile": "compile-blocks",
              "hand:hf-gradient-checkpointing": "checkpoint-blocks"}
 
 
-def hand_block_groups(graph, model: nn.Module) -> frozenset[int]:
-    """The groups of :func:`autoplace.lowering.block_groups` that hold the blocks a
-    hand-written per-block recipe wraps (:func:`block_lists`: the members of the model's
-    outermost ModuleLists), by the captured ops' module paths."""
+def hand_block_groups(graph, model: nn.Module, groups: dict[str, int] | None = None
+                      ) -> frozenset[int]:
+    """The groups (``groups``, default :func:`autoplace.lowering.block_groups`) that hold
+    the blocks a hand-written per-block recipe wraps (:func:`block_lists`: the members of
+    the model's outermost ModuleLists), by the captured ops' module paths."""
     from autoplace.lowering import block_groups
 
     names = {id(m): n for n, m in model.named_modules()}
     prefixes = tuple(f"{names[id(blocks)]}.{i}" for blocks in block_lists(model)
                      for i in range(len(blocks)))
-    groups = block_groups(graph)
+    groups = groups or block_groups(graph)
     return frozenset(groups[op.name] for op in graph.ops if op.module_path and any(
         op.module_path == p or op.module_path.startswith(p + ".") for p in prefixes))
 
@@ -427,12 +428,17 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
         costs += (f"; {extra} ops that this machine's capture has and the card's did not "
                   f"(torch.export's graph of torch {torch.__version__} against the card's "
                   f"{out['torch_version']}) at estimated costs")
-    hand_groups = hand_block_groups(graph, meta.model)
     rows, cases = [], []
     for c in out["cases"]:
         cluster = resolve(f"{card}x1", memory_cap=c["memory_cap_bytes"])
         plans = {"eager": Plan.single(graph), **lever_plans(graph, cluster)}
         slug = slug_of(c["name"])
+        for k in list(plans):  # the recipe's plan as it ran, where the run kept it
+            kept = folder / "plans" / f"{slug}-{k.replace('+', '-')}.json"
+            if k != "eager" and kept.exists():
+                ran = Plan.load(kept)
+                if ran.model.get("fingerprint") == graph.fingerprint:
+                    plans[k] = ran
         auto_file = folder / "plans" / f"{slug}-auto.json"
         if auto_file.exists():  # auto's own plan (not one of the recipes)
             plans["auto"] = Plan.load(auto_file)
@@ -449,7 +455,8 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
                 continue
             if key.startswith("hand:") and plans[recipe].recompute:
                 # by hand only the blocks of the model's ModuleLists are checkpointed
-                mine = frozenset(plans[recipe].recompute & hand_groups)
+                mine = frozenset(plans[recipe].recompute & hand_block_groups(
+                    graph, meta.model, plans[recipe].groups))
                 if mine != plans[recipe].recompute:
                     recipe = f"{recipe} (its ModuleLists' blocks)"
                     plans[recipe] = replace(plans[RECIPE_OF[key]], recompute=mine)
