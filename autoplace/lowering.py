@@ -449,25 +449,12 @@ def gather_dtype(graph: OpGraph, device_type: str = "cuda") -> str | None:
 def block_regions(graph: OpGraph) -> list[str]:
     """The block each op belongs to (graph order): its module path up to the first integer
     index (``"blocks.3.attn.qkv"`` -> ``"blocks.3"``: a transformer block, an LSTM layer of
-    a ``ModuleList``, an Inception module of an ``nn.Sequential``), or ``""`` outside any.
-    Where every indexed child of a container is a single layer (no op lies deeper than
-    ``"<container>.<i>"``: an ``nn.Sequential`` of convolution, norm and activation), the
-    container is the block, as a user wraps it, not each of its layers; layers a model
-    calls one by one with other ops between them (an LSTM stack's) stay apart, since a
-    block is a run of consecutive ops (:func:`block_groups`)."""
-    paths = [op.module_path.split(".") if op.module_path else [] for op in graph.ops]
-    cuts = [next((i for i, p in enumerate(parts) if p.isdigit()), None) for parts in paths]
-    # containers some of whose indexed children hold modules of their own
-    nested = {".".join(parts[:cut]) for parts, cut in zip(paths, cuts)
-              if cut is not None and cut + 1 < len(parts)}
+    a ``ModuleList``, an Inception module of an ``nn.Sequential``), or ``""`` outside any."""
     out = []
-    for parts, cut in zip(paths, cuts):
-        if cut is None:
-            out.append("")
-        elif cut > 0 and cut + 1 == len(parts) and ".".join(parts[:cut]) not in nested:
-            out.append(".".join(parts[:cut]))  # a layer of a container of layers
-        else:
-            out.append(".".join(parts[:cut + 1]))
+    for op in graph.ops:
+        parts = op.module_path.split(".") if op.module_path else []
+        cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+        out.append(".".join(parts[:cut + 1]) if cut is not None else "")
     return out
 
 
