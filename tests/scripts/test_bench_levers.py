@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 from tests.helpers import BENCH
 from tests.helpers.cli_process import run_script
@@ -47,23 +49,29 @@ def test_bench_levers_smoke(tmp_path):
 
 
 
-def test_a_hand_written_checkpoint_is_simulated_on_the_blocks_it_wraps(monkeypatch):
+def test_a_hand_written_checkpoint_is_simulated_on_the_blocks_it_wraps():
     """By hand a user wraps the members of the model's ModuleLists; the replay simulates
     that, not autoplace's blocks: a U-Net's `bottom` stage (an nn.Sequential of six layers
     outside any list, six one-op blocks of the graph) is not among them."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_levers
-    import user_models
-
-    from autoplace.capture import capture_workload
-    from autoplace.lowering import block_group_ids, block_groups
-
-    wl = user_models.unet()
-    graph = capture_workload(wl)
-    groups = block_groups(graph)
-    hand = bench_levers.hand_block_groups(graph, wl.model)
-    paths = {groups[op.name]: op.module_path for op in graph.ops if op.module_path}
-    assert hand < block_group_ids(graph, groups)
+    code = """
+import json
+import bench_levers, user_models
+from autoplace.capture import capture_workload
+from autoplace.lowering import block_group_ids, block_groups
+wl = user_models.unet()
+graph = capture_workload(wl)
+groups = block_groups(graph)
+hand = bench_levers.hand_block_groups(graph, wl.model)
+paths = {groups[op.name]: op.module_path for op in graph.ops if op.module_path}
+print(json.dumps({"hand": sorted(hand), "blocks": sorted(block_group_ids(graph, groups)),
+                  "paths": {str(g): p for g, p in paths.items()}}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=BENCH, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    hand, paths = set(out["hand"]), {int(g): p for g, p in out["paths"].items()}
+    assert hand < set(out["blocks"])
     assert {paths[g].split(".")[0] for g in hand} == {"down", "lift", "up"}
     assert not any(p.startswith("bottom") for g, p in paths.items() if g in hand)
     assert any(p.startswith("bottom") for p in paths.values())
