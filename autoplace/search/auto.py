@@ -15,7 +15,8 @@
    exceeds a device's usable memory is measured last (not at all once another plan
    ran) -- unless it is over by at most ``TIGHT_MEMORY`` and its family's memory was
    never measured: the memory model errs by that much, so it is measured in its turn
-   (a compiled one as its eager twin first, which holds as much and needs no compile).
+   (a compiled one as its eager twin first where the twin is simulated to hold as much:
+   it needs no compile).
    A family not measured yet is measured even when predicted slow.
    Each time a plan whose microbatches flow through several devices measures fastest
    so far, the same plan with twice and half its microbatches is measured next (budget

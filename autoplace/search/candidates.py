@@ -50,6 +50,10 @@ __all__ = [
 #: seconds and is remembered. On 2x H200 under gpt-1b's 16 GiB cap ZeRO-2 simulated
 #: 16.2 GiB and measured 14.5 GiB (FSDP2: 14.7 and 13.1 GiB).
 TIGHT_MEMORY = 1.10
+#: a compiled plan's eager twin stands for its memory (``eager_first``) while simulated to
+#: hold at most this much more: the simulator's peak is deterministic, so twins of one
+#: layout simulate equal unless compiling changes what is kept (1%: rounding)
+TWIN_PEAK_SLACK = 1.01
 
 
 def sim_row(graph: Any, cluster: Any, name: str, plan: Plan) -> dict[str, Any]:
@@ -249,12 +253,19 @@ def eager_first(c: dict[str, Any], by_sig: dict[tuple, dict[str, Any]], cal: Any
                 usable: float) -> dict[str, Any]:
     """The candidate to measure for ``c``: its eager twin first where ``c`` is compiled and
     simulated over the usable memory (a TIGHT_MEMORY candidate) with its layout's memory
-    never measured. The twins share their memory (``Calibration.memory_factor``) and the
-    eager one answers without a compile: on 2x H200 under gpt-1b's 16 GiB cap tensor
-    parallel compiled spent 22 s of a 30 s budget compiling before it ran out of memory."""
+    never measured, and the twin is simulated to hold what ``c`` holds. Such twins share
+    their memory (``Calibration.memory_factor``) and the eager one answers without a
+    compile: on 2x H200 under gpt-1b's 16 GiB cap tensor parallel compiled spent 22 s of a
+    30 s budget compiling before it ran out of memory. A twin simulated to hold more (a
+    selective region eagerly keeps its weights' bf16 copies, compiled it casts them again:
+    gpt-1b's every block selective, 23.8 GiB eagerly and 21.8 compiled on one H200) would
+    run out of memory where ``c`` fits, so ``c`` is measured itself."""
     plan = c["plan"]
     if not plan.parallel.compile or cal.memory_measured(family(plan)) \
             or cal.peak_bytes(plan, c["sim_peak"] or 0.0) <= usable:
         return c
     eager = by_sig.get(signature(plan.with_parallel(compile=False)))
-    return eager if eager is not None and not eager.get("tried") else c
+    if eager is None or eager.get("tried") \
+            or (eager.get("sim_peak") or 0.0) > TWIN_PEAK_SLACK * (c["sim_peak"] or 0.0):
+        return c
+    return eager

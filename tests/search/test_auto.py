@@ -505,6 +505,27 @@ def test_a_compiled_plan_a_little_over_the_cap_is_tried_eager_first(setup, tmp_p
         assert ("dp-none+compile" in ddps) != ooms
 
 
+def test_an_eager_twin_simulated_to_hold_more_does_not_stand_for_the_compiled_plan(
+        setup, tmp_path):
+    """A compiled candidate a little over the cap is measured eager first only where its
+    eager twin is simulated to hold what it holds; a twin simulated to hold more (eagerly a
+    selective region keeps its weights' bf16 copies, compiled it casts them again) would
+    run out of memory where the compiled plan fits, so the compiled one runs itself."""
+    from autoplace.search.candidates import TWIN_PEAK_SLACK, eager_first
+
+    graph, cluster = setup
+    compiled = planners.get("ddp")(graph, cluster).with_parallel(compile=True)
+    eager = compiled.with_parallel(compile=False)
+    cal = Calibration.load(tmp_path, graph, cluster)
+    usable = 1e9
+    c = {"plan": compiled, "sim_peak": 1.05 * usable}
+    for twin_peak, first in ((1.05 * usable, "eager"),
+                             (1.05 * usable * TWIN_PEAK_SLACK * 1.02, "compiled")):
+        by_sig = {signature(eager): {"plan": eager, "sim_peak": twin_peak}}
+        got = eager_first(c, by_sig, cal, usable)
+        assert (got is c) == (first == "compiled")
+
+
 def test_a_memory_cap_has_a_calibration_of_its_own(setup, tmp_path):
     """Near a cap the same plan runs slower (allocator): factors learned under a cap stay
     with that cap, and the uncapped cluster's calibration does not see them."""
