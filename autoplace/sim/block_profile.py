@@ -44,7 +44,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoplace.costs.block_costs import checkpoint_costs
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
 from autoplace.sim.model import CostTables, GraphArrays
@@ -136,38 +135,25 @@ def graphed_tables(graph: OpGraph, tables: CostTables, plan: Plan) -> CostTables
                    graph_param_host=np.where(blocks > 1, 0.0, tables.graph_param_host))
 
 
-def _work_ops(graph: OpGraph, names: list[str]) -> np.ndarray:
-    """bool per op of ``names``: an op that does work (not an input, a parameter fetch or
-    the output), as the block profile counts a block's ops."""
-    cached = graph.__dict__.get("_sim_work_ops")
-    if cached is not None and cached[0] == names:
-        return cached[1]
-    mask = np.array([graph[n].kind not in ("input", "param", "output") if n in graph.index
-                     else True for n in names], dtype=bool)
-    graph.__dict__["_sim_work_ops"] = (list(names), mask)
+def _work_ops(graph: OpGraph, n: int) -> np.ndarray:
+    """bool per op (graph order): an op that does work (not an input, a parameter fetch or
+    the output), as the block profile counts a block's ops (cached on the graph)."""
+    mask = graph.__dict__.get("_sim_work_ops")
+    if mask is None or len(mask) != n:
+        mask = graph.__dict__["_sim_work_ops"] = np.array(
+            [op.kind not in ("input", "param", "output") for op in graph.ops], dtype=bool)
     return mask
 
 
 def checkpoint_prices(graph: OpGraph, kinds: list[str], form: str
                       ) -> tuple[np.ndarray, np.ndarray]:
     """Per device kind, checkpointing's profiled host seconds per op and per checkpoint
-    call in ``form`` (full, selective or compiled_full: see
-    :func:`autoplace.costs.block_costs.checkpoint_costs`); NaN per op where the kind has
-    no profiled block. Computed from the block's times where the profile holds them, else
-    the prices a graph file keeps."""
-    info = getattr(graph, "profile_info", None) or {}
-    per_op, per_call = [], []
-    for k in kinds:
-        rec = (info.get(k) or {}).get("recompute") or {}
-        blocks = int(rec.get("blocks") or 1)
-        # a profile that chained blocks without recording their ops (before chain_ops)
-        # keeps the per-op prices it stored: its chain was cut by the block rule of then
-        if f"{form}_s" in rec and "block_ops" in rec and (blocks < 2 or "chain_ops" in rec):
-            rec = {**rec, **checkpoint_costs(rec, (info.get(k) or {}).get("compiled"),
-                                             rec.get("chain_ops"))}
-        per_op.append(float(rec.get(f"{form}_host_s", np.nan)))
-        per_call.append(float(rec.get(f"{form}_call_host_s", 0.0)))
-    return np.array(per_op), np.array(per_call)
+    call in ``form`` (full, selective or compiled_full), as the block profile recorded
+    them (:func:`autoplace.costs.block_costs.checkpoint_costs`; a profile from before the
+    per-call price holds the per-op one alone); NaN per op where the kind has no profiled
+    block."""
+    return (block_values(graph, kinds, "recompute", f"{form}_host_s", np.nan),
+            block_values(graph, kinds, "recompute", f"{form}_call_host_s", 0.0))
 
 
 def region_ends(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -207,7 +193,7 @@ def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
         sel, sel_region = priced("selective", SELECTIVE_HOST_S)
     group = np.array([plan.groups.get(name, -1) for name in ga.names])
     first, last = region_ends(group)
-    work = _work_ops(graph, ga.names)[None, :]  # inputs and parameter fetches issue nothing
+    work = _work_ops(graph, ga.n)[None, :]  # inputs and parameter fetches issue nothing
     rec = np.isin(group, list(plan.recompute))[None, :]
     sel_ops = np.isin(group, list(plan.selective))[None, :]
     add_f = np.where(sel_ops & work, sel / 2, 0.0) + np.where(sel_ops & first, sel_region / 2,
