@@ -12,10 +12,12 @@ the whole cost: a 1,005-op residual MLP on one H200 measured 116 ms a step eager
 policy, where device time alone adds a few ms.
 
 :func:`autoplace.executor.profile_block.profile_block` measures it on the model's first
-block (``profile_info[kind]["recompute"]``: ``full_host_s`` and ``selective_host_s`` per
-op of the block); :func:`recompute_host_tables` adds ``full_host_s`` to the backward host
-time of every op of a recomputed group and ``selective_host_s`` to every op of a selective
-group, half to its forward and half to its backward. In a compiled plan torch.compile
+block and the first blocks in turn (``profile_info[kind]["recompute"]``: ``full_host_s``
+and ``selective_host_s`` per working op, ``full_call_host_s`` and ``selective_call_host_s``
+per checkpoint call: :func:`autoplace.costs.block_costs.checkpoint_costs`);
+:func:`recompute_host_tables` adds the full prices to the backward host time of a
+recomputed group (per working op, and per call on its last op) and the selective ones to
+a selective group, half to its forward and half to its backward. In a compiled plan torch.compile
 traces the checkpoint into the piece's graph, whose recompute runs no Python hooks (the same
 MLP: 184 ms with every block checkpointed and compiled): there a recomputed group's ops get
 ``compiled_full_host_s``, the block checkpointed and compiled against compiled alone
