@@ -11,13 +11,18 @@ from tests.helpers.cli_process import run_cli
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment :func:`cli` gives a command: this one with the repository on the
+    path (tests.* importable), and ``env`` over it."""
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                **(env or {}))
+
+
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m autoplace.cli ARGS`` with the repository on the path (tests.* importable),
     a process of its own (:func:`tests.helpers.cli_process.run_cli`)."""
-    full = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                **(env or {}))
-    return run_cli(*args, env=full, cwd=cwd, timeout=timeout)
+    return run_cli(*args, env=cli_env(env), cwd=cwd, timeout=timeout)
 
 
 def clean_error(p: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:

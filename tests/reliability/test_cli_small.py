@@ -4,7 +4,6 @@ the trace summary as a subcommand, and the package's two entry points."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from autoplace.cli import COMMANDS, build_parser
 from autoplace.policies.reinforce import parse_budget
 from tests.helpers.cli_process import run_script
-from tests.reliability._run import ROOT, cli
+from tests.reliability._run import cli, cli_env
 
 
 def _help(command: str) -> str:
@@ -61,8 +60,7 @@ def test_both_entry_points(tmp_path):
     script = tmp_path / "entry.py"  # a user's script calling the library's entry point
     script.write_text("import sys\n\nfrom autoplace.cli import main\n\n"
                       "sys.exit(main(['models', '--json']))\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = run_script(script, env=env, timeout=120)  # the environment cli() gives its commands
+    p = run_script(script, env=cli_env(), timeout=120)  # the environment cli() gives commands
     assert p.returncode == 0 and "gpt-tiny" in p.stdout
     p = cli("--help")
     assert p.returncode == 0 and "trace-summary" in p.stdout
