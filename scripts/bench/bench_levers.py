@@ -222,7 +222,8 @@ def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
 
     a = ctx["args"]
     cluster = ctx["cluster"].with_memory_cap(cap) if cap else ctx["cluster"]
-    case: dict[str, Any] = {"name": name, "memory_cap_bytes": cap, "runs": {}}
+    case: dict[str, Any] = {"name": name, "memory_cap_bytes": cap, "runs": {},
+                            "scenario": scenario_name(ctx["name"], cap)}
     ctx["out"]["cases"].append(case)
     plans = lever_plans(ctx["graph"], cluster)
     if a.smoke and plans and "compile-blocks" not in plans:  # on CPU: none compiled
@@ -313,12 +314,20 @@ def summarise(case: dict[str, Any], ref: list[float]) -> None:
     case["options"] = rows
 
 
+def scenario_name(name: str, cap: int | None) -> str:
+    """A case's scenario in the results index: ``levers:gpt-1b``, ``levers:gpt-1b@22GiB``."""
+    return f"levers:{name}" + (f"@{cap / 2**30:g}GiB" if cap else "")
+
+
 def headline(case: dict[str, Any]) -> dict[str, Any]:
-    """A case's row of ``run.json``: ms of the best by hand and of auto's plan, and the
-    throughput of autoplace's execution of each recipe over the same by hand."""
+    """A case's row of ``run.json``: ms of the best by hand and of auto's plan (the recipe
+    it equals, else its split), and the throughput of autoplace's execution of each recipe
+    over the same by hand."""
     au, ms = case["auto"], (lambda x: x and round(x * 1e3, 1))
-    return {"case": case["name"], "best_hand_written": case["best_hand"],
-            "best_hand_written_ms": ms(case["best_hand_s"]), "auto_plan": au.get("split"),
+    best = case["best_hand"] and case["best_hand"].split(":", 1)[1]
+    return {"scenario": case["scenario"], "case": case["name"], "best_hand_written": best,
+            "best_hand_written_ms": ms(case["best_hand_s"]),
+            "auto_plan": au.get("same_as") or au.get("split"),
             "auto_ms": ms(au.get("step_time_s")),
             "auto_vs_best": au.get("vs_best_hand") and round(au["vs_best_hand"], 3),
             **{f"{k.split(':')[1]}_vs_by_hand": round(v["throughput_vs_same_by_hand"], 3)
@@ -442,7 +451,7 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
         auto_file = folder / "plans" / f"{slug}-auto.json"
         if auto_file.exists():  # auto's own plan (not one of the recipes)
             plans["auto"] = Plan.load(auto_file)
-            if extra and plans["auto"].model.get("fingerprint") != graph.fingerprint:
+            if plans["auto"].model.get("fingerprint") != graph.fingerprint:  # other torch
                 if len(set(plans["auto"].groups.values())) != 1:
                     del plans["auto"]  # a grouping of the card's graph: not rebuilt here
                 else:  # one group: the same plan on this machine's graph
@@ -533,6 +542,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-dir", default=None, help="profile the ops (and on a GPU the "
                    "first block compiled) into this folder first and plan with them (auto's "
                    "calibration is kept there too); with --replay: the run's profile folder")
+    p.add_argument("--name", default=None, help="the scenario's name in the results index "
+                   "(default: the model's; levers:NAME, levers:NAME@CAP under a cap)")
     p.add_argument("--seed", type=int, default=0, help="weights and data seed")
     p.add_argument("--out", default=None, help="output folder (default: a new run folder)")
     p.add_argument("--smoke", action="store_true", help="gpt-tiny, 3 steps, 1 round, budget 0, "
@@ -590,13 +601,14 @@ def main() -> int:
     # a stopped driver (timeout's SIGTERM) stops its running worker too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     card = torch.cuda.get_device_name(0) if cuda else "cpu"
-    tag = "levers-" + slug_of(meta.name)
+    tag = "levers-" + slug_of(a.name or meta.name)
     folder = output_folder(a.out, tag, card=card, gpus=1)
     (folder / "plans").mkdir(exist_ok=True)
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     weights = shm / f"levers-weights-{os.getpid()}.pt"
     ctx: dict[str, Any] = {
-        "args": a, "spec": spec, "cluster": cluster, "folder": folder, "graph": graph,
+        "args": a, "spec": spec, "name": a.name or meta.name, "cluster": cluster,
+        "folder": folder, "graph": graph,
         "worker": {"spec": spec, "weights": str(weights), "seed": a.seed, "warmup": a.warmup,
                    "steps": a.warmup + a.steps},
         "hand": [o for o in HAND if o == "eager" or (
@@ -632,7 +644,7 @@ def main() -> int:
         save(final=True)
     finally:
         weights.unlink(missing_ok=True)
-    write_run(folder, tag=tag, scenarios=[c["name"] for c in out["cases"]], kind="experiment",
+    write_run(folder, tag=tag, scenarios=[c["scenario"] for c in out["cases"]], kind="experiment",
               script="scripts/bench/bench_levers.py",
               headline=[headline(c) for c in out["cases"]],
               summary=f"{a.model} on one {card}: eager, torch.compile and checkpointing per block "

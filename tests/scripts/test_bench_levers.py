@@ -43,8 +43,12 @@ def test_bench_levers_smoke(tmp_path):
     assert "hand:checkpoint+compile" in md and "autoplace chose" in md
     assert (tmp_path / "plans" / "gpt-tiny-no-cap-checkpoint-blocks.json").is_file()
     run = json.loads((tmp_path / "run.json").read_text())
-    assert run["tag"] == "levers-gpt-tiny" and run["scenarios"] == [case["name"]]
-    assert run["headline"][0]["auto_plan"] == auto["split"]
+    # the results index's form: a scenario per case, the option's name without its kind
+    assert run["tag"] == "levers-gpt-tiny" and run["scenarios"] == ["levers:gpt-tiny"]
+    (head,) = run["headline"]
+    assert head["scenario"] == "levers:gpt-tiny" and head["case"] == case["name"]
+    assert head["auto_plan"] == (auto["same_as"] or auto["split"])
+    assert "hand:" + head["best_hand_written"] == case["best_hand"]
     assert json.loads((tmp_path / "env.json").read_text())["gpus"] == 1
 
 
