@@ -287,6 +287,38 @@ def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], 
     return own(out), 0
 
 
+#: :func:`save_time`: the op keeps nothing for backward; only tensors it reads (autograd
+#: packs them as the op is called, before its kernel runs); tensors it computes (packed
+#: after it ran: its output, a norm's statistics, a dropout mask, attention's log-sum-exp)
+SAVES_NOTHING, SAVES_INPUTS, SAVES_RESULTS = 0, 1, 2
+#: view-like kinds whose backward reads an index tensor they are given
+_INDEX_KINDS = frozenset({"index", "index_select", "gather", "scatter"})
+#: kinds of :data:`SAVE_INPUT_KINDS` that keep something they compute as well
+_SAVE_COMPUTED_TOO = frozenset({
+    "LayerNorm", "layer_norm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "batch_norm",
+    "GroupNorm", "group_norm", "RMSNorm", "rms_norm", "InstanceNorm2d", "instance_norm",
+    "var", "norm", "sqrt", "rsqrt", "pow", "cross_entropy", "nll_loss", "CrossEntropyLoss",
+})
+
+
+def save_time(kind: str) -> int:
+    """When autograd packs what an op of ``kind`` keeps for backward (:data:`SAVES_NOTHING`,
+    :data:`SAVES_INPUTS`, :data:`SAVES_RESULTS`). A non-reentrant checkpoint's recompute
+    stops once the region's last saved tensor is packed (``torch.utils.checkpoint``'s early
+    stop): the region's trailing ops that keep nothing, and a last keeper that keeps only
+    tensors it reads (a transformer block's last matmul), never run again. Kinds of no
+    known rule keep what they compute (they run)."""
+    base = _base(kind)
+    if base in _INDEX_KINDS:
+        return SAVES_INPUTS
+    if base in VIEW_KINDS or base in NO_SAVE_KINDS:
+        return SAVES_NOTHING
+    if (base in MATMUL_KINDS or base in CONV_KINDS or base in ADAPTIVE_AVG_KINDS
+            or base in ("Embedding", "embedding", "EmbeddingBag")
+            or (base in SAVE_INPUT_KINDS and base not in _SAVE_COMPUTED_TOO)):
+        return SAVES_INPUTS
+    return SAVES_RESULTS
+
 def _pool_dims(kind: str) -> int:
     """Dimensions an adaptive pooling kind pools over (the digit in its name)."""
     return next((int(c) for c in kind if c.isdigit()), 2)

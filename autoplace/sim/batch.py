@@ -42,6 +42,7 @@ from autoplace.sim.model import (
     graphed_host,
     host_times,
     replicas_identical,
+    rerun_ops,
     scaled,
 )
 from autoplace.sim.pipeline import simulate_pipeline
@@ -147,12 +148,14 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
     kind = tables.kind_of_device[ids].astype(np.float64)
     tf, tb = _device_op_tables(dev_t, share, np.stack([kind, tables.overhead[ids]], 1),
                                lambda devs, sh: _op_times(tables, devs, sh))
-    rc_op = np.zeros((num, n), bool)
+    rc_op = np.zeros((num, n), bool)  # what the forward does not keep
+    rerun = np.zeros((num, n), bool)  # what runs again (sim.model.rerun_ops)
     for p, plan in enumerate(plans):
         if plan.recompute:
             rc_op[p] = np.isin(gid[p], list(plan.recompute))
-    if rc_op.any():
-        tb = tb + np.where(rc_op.T, tf, 0.0)
+            rerun[p] = rerun_ops(ga, gid[p], plan.recompute, frozenset())
+    if rerun.any():
+        tb = tb + np.where(rerun.T, tf, 0.0)
 
     # ---- each op's slots: its device, then the others its consumers use
     sends = plan_sends(ga, dev_t)

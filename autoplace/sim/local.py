@@ -45,9 +45,9 @@ from autoplace.sim.model import (
     graphed_host,
     host_times,
     optimizer_shares,
-    recomputed_ops,
     replica_group,
     replicas_identical,
+    rerun_ops,
     scaled,
     shard_degree,
     update_time,
@@ -116,7 +116,7 @@ def op_times(ga, lp: LocalPlan, tables: CostTables, base: int) -> tuple[list[flo
     if lp.recompute or lp.selective:
         # a recomputed op runs its forward again in backward; under a selective
         # recompute only the ops whose outputs are not kept do
-        rerun = recomputed_ops(ga, lp.group, lp.recompute, lp.selective)
+        rerun = rerun_ops(ga, lp.group, lp.recompute, lp.selective)
         tb = tb + np.where(rerun, tf, 0.0)
     return tf.tolist(), tb.tolist()
 

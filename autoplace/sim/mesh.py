@@ -65,6 +65,7 @@ from autoplace.sim.model import (
     graph_arrays,
     recompute_boundary_bytes,
     recomputed_ops,
+    rerun_ops,
     state_memory,
     update_time,
 )
@@ -194,7 +195,8 @@ def block_table(graph: OpGraph, cluster: Cluster) -> BlockTable:
     for mode in AC_MODES:
         rc = frozenset() if mode != "full" else blocks
         sel = frozenset() if mode != "selective" else blocks
-        again = recomputed_ops(ga, group, rc, sel)
+        again = recomputed_ops(ga, group, rc, sel)  # what the forward does not keep
+        ran = rerun_ops(ga, group, rc, sel)  # what runs again
         bounds = recompute_boundary_bytes(ga, group, rc | sel)
         gunit = {group[i]: unit[i] for i in range(ga.n)}
         k = per_unit(ga.act_bytes * ~again)
@@ -202,9 +204,9 @@ def block_table(graph: OpGraph, cluster: Cluster) -> BlockTable:
             k[gunit[g]] += b
         kept[mode] = k
         for cat, mask in (("lin", lin), ("mm", mm), ("other", ~(lin | mm))):
-            recompute_var[f"{mode}_{cat}"] = per_unit((fwd - f_fix) * again * mask)
-        recompute_fixed[mode] = per_unit(f_fix * again)
-        stream_var[mode] = per_unit((fwd - f_fix) * again * stream)
+            recompute_var[f"{mode}_{cat}"] = per_unit((fwd - f_fix) * ran * mask)
+        recompute_fixed[mode] = per_unit(f_fix * ran)
+        stream_var[mode] = per_unit((fwd - f_fix) * ran * stream)
         stream_var[f"kept_{mode}"] = per_unit(ga.act_bytes * ~again * stream)
     inputs = np.zeros(u)
     free = np.array([op.kind in ("param", "input") for op in ops])

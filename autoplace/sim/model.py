@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplace.capture.op_rules import SAVES_INPUTS, save_time
 from autoplace.cluster import Cluster
 from autoplace.costs import estimate_costs
 from autoplace.costs.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
@@ -70,6 +71,7 @@ class GraphArrays:
     act_bytes: np.ndarray
     out_bytes: np.ndarray
     saved: np.ndarray  # bool [n]: a selective recompute keeps this op's output (lowering)
+    save_time: np.ndarray  # int [n]: what the op keeps for backward (op_rules.save_time)
     # saved tensors counted at another op (``OpNode.shared_saves``), one row per (op, tensor):
     share_op: np.ndarray  # int64 [S] the op that saves it too
     share_owner: np.ndarray  # int64 [S] the op whose activation bytes count it
@@ -127,6 +129,7 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
         out_bytes=np.array([op.transient_bytes for op in ops], dtype=np.float64),
         saved=np.array([op.kind in SELECTIVE_SAVED_KINDS for op in ops], dtype=bool),
+        save_time=np.array([save_time(op.kind) for op in ops], dtype=np.int8),
         share_op=rows[:, 0], share_owner=rows[:, 1], share_key=rows[:, 2],
         key_bytes=np.array([b for _, b in keys], dtype=np.float64),
         loss_keep=np.array([loss_keep_bytes(graph, op) for op in ops], dtype=np.float64),
@@ -458,12 +461,35 @@ def fsdp_units(ga: GraphArrays, dev: list[int], k: int, units: str = "blocks",
 
 def recomputed_ops(ga: GraphArrays, group: list[int], recompute: frozenset[int],
                    selective: frozenset[int]) -> np.ndarray:
-    """bool ``[n]``: the ops whose forward runs again in backward (every op of a
-    ``recompute`` group; the ops of a ``selective`` group whose outputs are not kept)."""
+    """bool ``[n]``: the ops whose saved tensors the forward drops and backward builds
+    again (every op of a ``recompute`` group; the ops of a ``selective`` group whose
+    outputs are not kept). Which of them run again: :func:`rerun_ops`."""
     gid = np.asarray(group)
     out = np.isin(gid, list(recompute)) if recompute else np.zeros(ga.n, bool)
     if selective:
         out |= np.isin(gid, list(selective)) & ~ga.saved
+    return out
+
+
+def rerun_ops(ga: GraphArrays, group: list[int], recompute: frozenset[int],
+              selective: frozenset[int]) -> np.ndarray:
+    """bool ``[n]``: the :func:`recomputed_ops` whose forward runs again in backward. A
+    non-reentrant checkpoint's recompute stops once it has packed the region's last saved
+    tensor, so it runs the group's ops up to its last op that keeps a tensor for backward,
+    and that one only where it keeps one it computes (``op_rules.save_time``): a
+    transformer block's last matmul, which keeps its input, and the residual add after it
+    do not run again."""
+    out = recomputed_ops(ga, group, recompute, selective)
+    gid = np.asarray(group)
+    regions = np.flatnonzero(np.isin(gid, list(recompute | selective)))
+    if not len(regions):
+        return out
+    keepers = regions[ga.save_time[regions] > 0]
+    last = np.full(int(gid[regions].max()) + 1, -1, dtype=np.int64)
+    np.maximum.at(last, gid[keepers], keepers)
+    stop = last[gid[regions]]
+    ran = (regions < stop) | ((regions == stop) & (ga.save_time[regions] != SAVES_INPUTS))
+    out[regions[~ran]] = False
     return out
 
 

@@ -266,6 +266,44 @@ def test_recompute_lowers_memory_and_raises_time():
     assert b.step_time_s > a.step_time_s
 
 
+def blocks_of(kinds: list[str], n: int = 2, fwd: float = 1e-3) -> OpGraph:
+    """``n`` blocks in a chain, each of ops of ``kinds``, every op ``fwd`` seconds."""
+    nodes = [OpNode(name=f"b{b}_{i}", kind=k, module_path=f"blocks.{b}", output_bytes=2**20,
+                    activation_bytes=2**20, fwd_time_s={"cpu": fwd},
+                    bwd_time_s={"cpu": 2 * fwd})
+             for b in range(n) for i, k in enumerate(kinds)]
+    edges = [(u.name, v.name, 2**20) for u, v in zip(nodes, nodes[1:])]
+    return OpGraph("blocks", nodes, edges)
+
+
+@pytest.mark.parametrize("kinds, reruns", [
+    # a transformer block's MLP: the last matmul keeps only its input and the residual add
+    # keeps nothing, so the recompute stops before them
+    (["LayerNorm", "Linear", "gelu", "Linear", "add"], 3),
+    # a ReLU keeps its output: it runs again, the view after it does not
+    (["Linear", "relu", "view"], 2),
+    # dropout keeps the mask it draws
+    (["Linear", "dropout"], 2),
+    (["add", "view"], 0),  # nothing kept: nothing recomputed
+])
+def test_recompute_stops_at_the_last_saved_tensor(kinds, reruns):
+    """torch.utils.checkpoint (non-reentrant) stops recomputing once the region's last
+    saved tensor is packed; an op packs its inputs before it runs, its results after."""
+    from autoplace.sim.model import graph_arrays, recomputed_ops, rerun_ops
+
+    graph = blocks_of(kinds)
+    cluster = cpu_cluster(1, overhead=0.0)
+    groups = {op.name: int(op.module_path.split(".")[1]) for op in graph}
+    plain = Plan.from_groups(graph, groups, [0, 0])
+    rc = Plan.from_groups(graph, groups, [0, 0], recompute={0, 1})
+    ga, group = graph_arrays(graph), [groups[op.name] for op in graph]
+    assert recomputed_ops(ga, group, frozenset({0, 1}), frozenset()).all()  # none kept
+    ran = rerun_ops(ga, group, frozenset({0, 1}), frozenset())
+    assert ran.tolist() == ([True] * reruns + [False] * (len(kinds) - reruns)) * 2
+    extra = simulate(graph, rc, cluster).step_time_s - simulate(graph, plain, cluster).step_time_s
+    assert extra == pytest.approx(2 * reruns * 1e-3, rel=1e-9, abs=1e-12)
+
+
 @pytest.mark.parametrize("cluster_name", ["cpu", "cpu-host", "h200x4"])
 def test_batch_equals_scalar(cluster_name):
     rng = random.Random(7)
