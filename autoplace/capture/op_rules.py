@@ -238,6 +238,29 @@ def _by_a_number(ctx: OpContext) -> bool:
     return tensors.count(True) == 1 and (_base(ctx.kind) in ("mul", "imul") or tensors[0])
 
 
+_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                    nn.FeatureAlphaDropout)
+_DROPOUT_FUNCTIONS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                      "feature_alpha_dropout", "native_dropout", "feature_dropout"}
+
+
+def draws_dropout(node: Any, submod: nn.Module | None) -> bool:
+    """Whether an fx node is a dropout that draws random numbers in training (a module,
+    ``F.dropout`` or ``aten.dropout`` / ``native_dropout``, with a nonzero probability, or
+    one the graph does not give as a number): one with ``p == 0`` or ``training=False``
+    returns its input and keeps no mask."""
+    if submod is not None:
+        return isinstance(submod, _DROPOUT_MODULES) and submod.p > 0
+    if getattr(node, "op", None) != "call_function":
+        return False
+    name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+    if name not in _DROPOUT_FUNCTIONS:
+        return False
+    p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+    train = node.kwargs.get("training", node.kwargs.get(
+        "train", node.args[2] if len(node.args) > 2 else True))
+    return (not isinstance(p, (int, float)) or p > 0) and train is not False
+
 def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], int]:
     """What autograd keeps for this op's backward (see module docstring): ``(tensors,
     fresh bytes)``. ``tensors`` are ``(tensor, itemsize)`` pairs, the tensor itself when
@@ -281,7 +304,8 @@ def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], 
     if base in ("Embedding", "embedding", "EmbeddingBag"):
         return own([t for t in ins if not t.is_floating_point()]), 0
     if base in ("Dropout", "dropout", "native_dropout", "Dropout1d", "Dropout2d"):
-        return [], _numel(out[:1])
+        # a mask of one byte an element, where it draws one (p = 0 returns the input)
+        return [], _numel(out[:1]) if draws_dropout(ctx.node, ctx.submod) else 0
     if ctx.submod is not None:
         return own(ins), 0
     return own(out), 0

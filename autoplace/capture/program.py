@@ -13,6 +13,8 @@ from torch import fx, nn
 from torch.fx.graph import _PyTreeCodeGen
 from torch.utils import _pytree as pytree
 
+from autoplace.capture.op_rules import draws_dropout
+
 __all__ = ["body_on_device", "devices_as", "fetch_attr", "is_exported", "model_output",
            "node_on_device", "program_inputs", "random_ops"]
 
@@ -91,12 +93,6 @@ def fetch_attr(root: nn.Module, target: str) -> Any:
     return operator.attrgetter(target)(root)
 
 
-_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-                    nn.FeatureAlphaDropout)
-
-_DROPOUT_FUNCTIONS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-                      "feature_alpha_dropout", "native_dropout", "feature_dropout"}
-
 def random_ops(gm: fx.GraphModule) -> list[str]:
     """Names of the ops of ``gm`` that draw random numbers in training: dropout with a
     nonzero probability (a module, ``F.dropout`` or ``aten.dropout`` / ``native_dropout``
@@ -105,16 +101,7 @@ def random_ops(gm: fx.GraphModule) -> list[str]:
     only statistically."""
     out = []
     for n in gm.graph.nodes:
-        if n.op == "call_module":
-            mod = gm.get_submodule(n.target)
-            if isinstance(mod, _DROPOUT_MODULES) and mod.p > 0:
-                out.append(n.name)
-        elif n.op == "call_function":
-            name = getattr(n.target, "__name__", str(n.target)).split(".")[0]
-            if name in _DROPOUT_FUNCTIONS:
-                p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
-                train = n.kwargs.get("training", n.kwargs.get(
-                    "train", n.args[2] if len(n.args) > 2 else True))
-                if (not isinstance(p, (int, float)) or p > 0) and train is not False:
-                    out.append(n.name)
+        submod = gm.get_submodule(n.target) if n.op == "call_module" else None
+        if n.op in ("call_module", "call_function") and draws_dropout(n, submod):
+            out.append(n.name)
     return out

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplace.capture.op_rules import SAVES_INPUTS, save_time
+from autoplace.capture.op_rules import SAVES_INPUTS, SAVES_NOTHING, save_time
 from autoplace.cluster import Cluster
 from autoplace.costs import estimate_costs
 from autoplace.costs.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
@@ -129,7 +129,10 @@ def graph_arrays(graph: OpGraph) -> GraphArrays:
         act_bytes=np.array([op.activation_bytes for op in ops], dtype=np.float64),
         out_bytes=np.array([op.transient_bytes for op in ops], dtype=np.float64),
         saved=np.array([op.kind in SELECTIVE_SAVED_KINDS for op in ops], dtype=bool),
-        save_time=np.array([save_time(op.kind) for op in ops], dtype=np.int8),
+        # what an op keeps, by its kind's rule; nothing where the capture found it keeps
+        # nothing (a product by a number, a dropout with p = 0)
+        save_time=np.array([save_time(op.kind) if op.activation_bytes or op.shared_saves
+                            else SAVES_NOTHING for op in ops], dtype=np.int8),
         share_op=rows[:, 0], share_owner=rows[:, 1], share_key=rows[:, 2],
         key_bytes=np.array([b for _, b in keys], dtype=np.float64),
         loss_keep=np.array([loss_keep_bytes(graph, op) for op in ops], dtype=np.float64),

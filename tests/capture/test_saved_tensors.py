@@ -105,3 +105,31 @@ def test_pooling_keeps_what_autograd_keeps():
     assert g["avg2"].shared_saves == (("exp", 2 * 8 * 4 * 2 * 4),)  # exp's output
     assert g["avg1"].activation_bytes == 0 and not g["avg1"].shared_saves
     assert g.activation_bytes == autograd_saved_bytes(model, x) + 2 * 3 * 8 * 8 * 4  # + x
+
+
+class Block(nn.Module):
+    """A transformer MLP's shape: matmul, GELU, matmul, dropout, residual add."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.up, self.down, self.drop = nn.Linear(16, 32), nn.Linear(32, 16), nn.Dropout(p)
+
+    def forward(self, x):
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+def test_a_dropout_keeps_a_mask_only_where_it_draws_one():
+    """Dropout with p = 0 returns its input: no mask kept, and a checkpoint's recompute
+    of the block stops before the last matmul (which keeps only its input); with p > 0 the
+    mask is drawn in the recompute too, so the matmul before it runs again."""
+    from autoplace.sim.model import rerun_ops
+
+    for p, mask in ((0.0, 0), (0.1, 4 * 16)):
+        g = capture(Block(p).train(), (torch.randn(4, 16),), name="block")
+        assert g["drop"].activation_bytes == mask
+        ga = graph_arrays(g)
+        group = [0 if op.kind not in ("input", "output") else 1 for op in g]
+        ran = {op.name for op, r in zip(g, rerun_ops(ga, group, frozenset({0}), frozenset()))
+               if r}
+        assert {"up", "gelu"} <= ran and "add" not in ran
+        assert ("down" in ran) == (p > 0) and ("drop" in ran) == (p > 0)
