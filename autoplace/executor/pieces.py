@@ -75,9 +75,13 @@ class Piece(nn.Module):
     def forward(self, *args: Any) -> Any:
         if self.recompute is None:
             return self.inner(*args)
+        # a GraphModule's generated forward, not its __call__: the recompute stops early by
+        # raising inside it once the region's last saved tensor is made, and fx's __call__
+        # formats the traceback of every exception it sees (0.1 ms and more a region)
+        fn = self.inner.forward if isinstance(self.inner, fx.GraphModule) else self.inner
         if self.recompute == "full":
-            return checkpoint(self.inner, *args, use_reentrant=False)
-        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=_selective_context)
+            return checkpoint(fn, *args, use_reentrant=False)
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=_selective_context)
 
     def __repr__(self) -> str:
         return f"Piece(recompute={self.recompute})"

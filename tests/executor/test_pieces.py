@@ -144,6 +144,40 @@ def test_a_piece_whose_compile_fails_runs_eager_and_says_so():
     torch.testing.assert_close(cp(x), inner(x))  # and stays eager
 
 
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_a_recomputed_graph_piece_stops_early_without_fx_error_formatting(monkeypatch, mode):
+    """torch.utils.checkpoint stops a recompute by raising inside the region once its last
+    saved tensor is made (the block's last matmul keeps only its input: it never runs
+    again). Called through its ``__call__``, a GraphModule formats the traceback of every
+    exception it sees (0.1 ms and more a region, per step); the piece calls its generated
+    forward, so the stop costs nothing, and the gradients are eager's."""
+    import traceback
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    torch.manual_seed(0)
+    inner = torch.fx.symbolic_trace(Mlp())
+    x = torch.randn(4, 8, requires_grad=True)
+    inner(x).sum().backward()
+    want = [t.grad.clone() for t in (x, *inner.parameters())]
+    for t in (x, *inner.parameters()):
+        t.grad = None
+    extracted = []
+    real = traceback.StackSummary.extract
+    monkeypatch.setattr(traceback.StackSummary, "extract",
+                        classmethod(lambda cls, *a, **k: extracted.append(1) or real(*a, **k)))
+    Piece(inner, mode)(x).sum().backward()
+    assert not extracted
+    for got, ref in zip([t.grad for t in (x, *inner.parameters())], want):
+        torch.testing.assert_close(got, ref)
+
+
 def test_the_simulator_prices_selective_between_none_and_full(tiny, monkeypatch):
     from autoplace.sim import block_profile
 
