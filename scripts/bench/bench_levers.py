@@ -214,6 +214,10 @@ def run_worker(kind: str, cfg: dict[str, Any], timeout_s: float = 900) -> dict[s
 
 
 # --------------------------------------------------------------------- driving
+class _Skipped(Exception):
+    """auto_plan not run, as asked."""
+
+
 def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
     """auto_plan, then every option of one case in interleaved rounds."""
     from autoplace.planners.manual import lever_plans
@@ -231,9 +235,11 @@ def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
         plans["compile-blocks"] = plain.with_parallel(compile=True)
     if a.recipes:
         plans = {k: v for k, v in plans.items() if k in a.recipes.split(",")}
-    say(f"{name}: auto_plan, budget {a.budget}")
     t = time.perf_counter()
     try:
+        if a.no_auto:
+            raise _Skipped("--no-auto")
+        say(f"{name}: auto_plan, budget {a.budget}")
         auto = auto_plan(ctx["spec"], cluster, budget=a.budget, graph=ctx["graph"],
                          cache_dir=a.profile_dir, planners=["single"] if a.smoke else None)
         same = next((k for k, p in plans.items() if signature(p) == signature(auto)), None)
@@ -241,6 +247,8 @@ def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
                         "search_s": round(time.perf_counter() - t, 1)}
         plans.update({} if same else {"auto": auto})
         say(f"  auto chose {auto.split()}" + (f" (= {same})" if same else ""))
+    except _Skipped as e:
+        case["auto"] = {"skipped": str(e)}
     except Exception as e:  # noqa: BLE001 - a search that fails is a result
         case["auto"] = {"error": f"{type(e).__name__}: {e}"}
         say(f"  auto failed: {e}")
@@ -366,7 +374,7 @@ def markdown(out: dict[str, Any]) -> str:
         chose = (f"{au['split']} ({au['plan']}{', = ' + au['same_as'] if au['same_as'] else ''})"
                  f": {fmt(au['step_time_s'], '.1f', 1e3)} ms, {fmt(au['vs_best_hand'])}x the "
                  f"best by hand (search {au['search_s']} s)") if "plan" in au \
-            else f"nothing: {au['error']}"
+            else f"nothing: {au.get('error') or 'auto_plan not run (' + au['skipped'] + ')'}"
         lines += ["", f"**{c['name']}**: best by hand {c.get('best_hand')} "
                   f"({fmt(c.get('best_hand_s'), '.1f', 1e3)} ms); autoplace chose {chose}.", ""]
     return "\n".join(lines)
@@ -539,6 +547,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget", default="5m", help="auto_plan's time budget (90s, 5m)")
     p.add_argument("--recipes", default=None, help="autoplace's per-block recipes to run, "
                    "comma-separated (default: every one lever_plans makes)")
+    p.add_argument("--hand", default=None, help="hand-written options to run, comma-separated "
+                   f"(default: every one of {', '.join(HAND)} the model has)")
+    p.add_argument("--no-auto", action="store_true", help="run no auto_plan: only the recipes "
+                   "and the hand-written options (an execution check)")
     p.add_argument("--profile-dir", default=None, help="profile the ops (and on a GPU the "
                    "first block compiled) into this folder first and plan with them (auto's "
                    "calibration is kept there too); with --replay: the run's profile folder")
@@ -595,6 +607,14 @@ def main() -> int:
         if unknown:
             raise ValueError(f"--recipes: unknown {', '.join(sorted(unknown))}; valid for "
                              f"{a.model}: {', '.join(sorted(valid))}")
+        hand = [o for o in HAND if o == "eager" or (
+            hasattr(meta.model, "gradient_checkpointing_enable") if o.startswith("hf-")
+            else bool(block_lists(meta.model)))]
+        unknown = set(a.hand.split(",")) - set(hand) if a.hand else set()
+        if unknown:
+            raise ValueError(f"--hand: unknown {', '.join(sorted(unknown))}; valid for "
+                             f"{a.model}: {', '.join(hand)}")
+        hand = [o for o in hand if not a.hand or o in a.hand.split(",")]
     except Exception as e:  # noqa: BLE001 - a message the user can act on, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -611,9 +631,7 @@ def main() -> int:
         "folder": folder, "graph": graph,
         "worker": {"spec": spec, "weights": str(weights), "seed": a.seed, "warmup": a.warmup,
                    "steps": a.warmup + a.steps},
-        "hand": [o for o in HAND if o == "eager" or (
-            hasattr(meta.model, "gradient_checkpointing_enable") if o.startswith("hf-")
-            else bool(block_lists(meta.model)))]}
+        "hand": hand}
     out = ctx["out"] = {
         "benchmark": "levers", "model": a.model, "options": spec["options"], "card": card,
         "torch_version": torch.__version__, "date": time.strftime("%Y-%m-%d"),
@@ -644,9 +662,14 @@ def main() -> int:
         save(final=True)
     finally:
         weights.unlink(missing_ok=True)
-    write_run(folder, tag=tag, scenarios=[c["scenario"] for c in out["cases"]], kind="experiment",
-              script="scripts/bench/bench_levers.py",
-              headline=[headline(c) for c in out["cases"]],
+    # without auto's plan a run checks execution only: it heads no scenario of the index
+    heads = [headline(c) for c in out["cases"]]
+    if a.no_auto:
+        for h in heads:
+            h["scenario"] = "levers-execution" + h["scenario"].removeprefix("levers")
+    write_run(folder, tag=tag, kind="experiment", script="scripts/bench/bench_levers.py",
+              scenarios=[h["scenario"] for h in heads], headline=[] if a.no_auto else heads,
+              **({"execution": heads} if a.no_auto else {}),
               summary=f"{a.model} on one {card}: eager, torch.compile and checkpointing per block "
                       "by hand vs autoplace's execution of the same recipes and its auto plan.")
     say(f"wrote {folder / 'levers.json'} and {folder / 'levers.md'}")

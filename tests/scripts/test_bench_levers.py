@@ -52,6 +52,28 @@ def test_bench_levers_smoke(tmp_path):
     assert json.loads((tmp_path / "env.json").read_text())["gpus"] == 1
 
 
+def test_an_execution_check_runs_only_the_options_named_and_heads_no_scenario(tmp_path):
+    r = run_script(BENCH / "bench_levers.py", "--smoke", "--no-auto", "--hand",
+                   "eager,checkpoint", "--recipes", "checkpoint-blocks", "--out",
+                   str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (case,) = json.loads((tmp_path / "levers.json").read_text())["cases"]
+    assert set(case["options"]) == {"hand:eager", "hand:checkpoint",
+                                    "autoplace:checkpoint-blocks"}
+    assert "skipped" in case["auto"] and "auto_plan not run" in (tmp_path / "levers.md").read_text()
+    run = json.loads((tmp_path / "run.json").read_text())
+    # an execution check is no result of auto's: the index's headline keeps the last one
+    assert run["headline"] == [] and run["scenarios"] == ["levers-execution:gpt-tiny"]
+    (check,) = run["execution"]
+    assert check["checkpoint-blocks_vs_by_hand"] > 0 and check["auto_ms"] is None
+
+
+def test_a_hand_written_option_it_does_not_know_is_refused_before_any_work(tmp_path):
+    r = run_script(BENCH / "bench_levers.py", "--smoke", "--hand", "eager,fsdp", "--out",
+                   str(tmp_path / "run"), timeout=120)
+    assert r.returncode == 2 and "--hand: unknown fsdp; valid for gpt-tiny: eager" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+
 
 def test_a_hand_written_checkpoint_is_simulated_on_the_blocks_it_wraps():
     """By hand a user wraps the members of the model's ModuleLists; the replay simulates
