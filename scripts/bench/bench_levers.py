@@ -423,6 +423,7 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
 
     out = json.loads((folder / "levers.json").read_text())
     card = out["card"].lower().replace("nvidia", "").strip().split()[0]
+    card = "cpu-" if card == "cpu" else card  # the preset's name: cpu-x1, h200x1
     meta = workloads.get(out["model"], device="meta", **out["options"])
     graph = capture_workload(meta)
     extra = 0
@@ -502,8 +503,9 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
             "case": c["name"], "plans": len(pts),
             "median_abs_time_err": statistics.median(abs(r["time_err"]) for r in pts)
             if pts else None,
+            # a CPU run measures no peak
             "median_abs_peak_err": statistics.median(abs(r["peak_err"]) for r in pts)
-            if pts else None,
+            if pts and all(r["peak_err"] is not None for r in pts) else None,
             "kendall_tau": tau, "oom_agree": f"{oom_right}/"
             f"{sum(r['case'] == c['name'] for r in rows)}"})
     result = {"source": str(folder), "cluster": f"{card}x1 preset, {costs}",

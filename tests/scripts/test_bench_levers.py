@@ -66,6 +66,14 @@ def test_an_execution_check_runs_only_the_options_named_and_heads_no_scenario(tm
     assert run["headline"] == [] and run["scenarios"] == ["levers-execution:gpt-tiny"]
     (check,) = run["execution"]
     assert check["checkpoint-blocks_vs_by_hand"] > 0 and check["auto_ms"] is None
+    # a run on a CPU replays on the CPU's preset, with no peak memory measured to compare
+    r = run_script(BENCH / "bench_levers.py", "--replay", str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    sim = json.loads((tmp_path / "sim-check.json").read_text())
+    assert sim["cluster"].startswith("cpu-x1 preset")
+    (case,) = sim["cases"]
+    assert case["plans"] == 2 and case["median_abs_peak_err"] is None
+    assert all(r["sim_ms"] > 0 for r in sim["rows"])
 
 
 def test_a_hand_written_option_it_does_not_know_is_refused_before_any_work(tmp_path):
