@@ -261,6 +261,7 @@ def draws_dropout(node: Any, submod: nn.Module | None) -> bool:
         "train", node.args[2] if len(node.args) > 2 else True))
     return (not isinstance(p, (int, float)) or p > 0) and train is not False
 
+
 def saved_parts(ctx: OpContext) -> tuple[list[tuple[torch.Tensor, int | None]], int]:
     """What autograd keeps for this op's backward (see module docstring): ``(tensors,
     fresh bytes)``. ``tensors`` are ``(tensor, itemsize)`` pairs, the tensor itself when
@@ -342,6 +343,7 @@ def save_time(kind: str) -> int:
             or (base in SAVE_INPUT_KINDS and base not in _SAVE_COMPUTED_TOO)):
         return SAVES_INPUTS
     return SAVES_RESULTS
+
 
 def _pool_dims(kind: str) -> int:
     """Dimensions an adaptive pooling kind pools over (the digit in its name)."""

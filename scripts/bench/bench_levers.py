@@ -214,10 +214,6 @@ def run_worker(kind: str, cfg: dict[str, Any], timeout_s: float = 900) -> dict[s
 
 
 # --------------------------------------------------------------------- driving
-class _Skipped(Exception):
-    """auto_plan not run, as asked."""
-
-
 def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
     """auto_plan, then every option of one case in interleaved rounds."""
     from autoplace.planners.manual import lever_plans
@@ -227,7 +223,7 @@ def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
     a = ctx["args"]
     cluster = ctx["cluster"].with_memory_cap(cap) if cap else ctx["cluster"]
     case: dict[str, Any] = {"name": name, "memory_cap_bytes": cap, "runs": {},
-                            "scenario": scenario_name(ctx["name"], cap)}
+                            "scenario": scenario_name(ctx["name"], cap, a.no_auto)}
     ctx["out"]["cases"].append(case)
     plans = lever_plans(ctx["graph"], cluster)
     if a.smoke and plans and "compile-blocks" not in plans:  # on CPU: none compiled
@@ -235,23 +231,22 @@ def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
         plans["compile-blocks"] = plain.with_parallel(compile=True)
     if a.recipes:
         plans = {k: v for k, v in plans.items() if k in a.recipes.split(",")}
-    t = time.perf_counter()
-    try:
-        if a.no_auto:
-            raise _Skipped("--no-auto")
+    if a.no_auto:
+        case["auto"] = {"skipped": "--no-auto"}
+    else:
         say(f"{name}: auto_plan, budget {a.budget}")
-        auto = auto_plan(ctx["spec"], cluster, budget=a.budget, graph=ctx["graph"],
-                         cache_dir=a.profile_dir, planners=["single"] if a.smoke else None)
-        same = next((k for k, p in plans.items() if signature(p) == signature(auto)), None)
-        case["auto"] = {"plan": auto.describe(), "split": auto.split(), "same_as": same,
-                        "search_s": round(time.perf_counter() - t, 1)}
-        plans.update({} if same else {"auto": auto})
-        say(f"  auto chose {auto.split()}" + (f" (= {same})" if same else ""))
-    except _Skipped as e:
-        case["auto"] = {"skipped": str(e)}
-    except Exception as e:  # noqa: BLE001 - a search that fails is a result
-        case["auto"] = {"error": f"{type(e).__name__}: {e}"}
-        say(f"  auto failed: {e}")
+        t = time.perf_counter()
+        try:
+            auto = auto_plan(ctx["spec"], cluster, budget=a.budget, graph=ctx["graph"],
+                             cache_dir=a.profile_dir, planners=["single"] if a.smoke else None)
+            same = next((k for k, p in plans.items() if signature(p) == signature(auto)), None)
+            case["auto"] = {"plan": auto.describe(), "split": auto.split(), "same_as": same,
+                            "search_s": round(time.perf_counter() - t, 1)}
+            plans.update({} if same else {"auto": auto})
+            say(f"  auto chose {auto.split()}" + (f" (= {same})" if same else ""))
+        except Exception as e:  # noqa: BLE001 - a search that fails is a result
+            case["auto"] = {"error": f"{type(e).__name__}: {e}"}
+            say(f"  auto failed: {e}")
     slug = slug_of(name)
     paths = {k: ctx["folder"] / "plans" / f"{slug}-{k.replace('+', '-')}.json" for k in plans}
     for k, plan in plans.items():
@@ -322,9 +317,11 @@ def summarise(case: dict[str, Any], ref: list[float]) -> None:
     case["options"] = rows
 
 
-def scenario_name(name: str, cap: int | None) -> str:
-    """A case's scenario in the results index: ``levers:gpt-1b``, ``levers:gpt-1b@22GiB``."""
-    return f"levers:{name}" + (f"@{cap / 2**30:g}GiB" if cap else "")
+def scenario_name(name: str, cap: int | None, execution: bool = False) -> str:
+    """A case's scenario in the results index: ``levers:gpt-1b``, ``levers:gpt-1b@22GiB``;
+    ``levers-execution:...`` for a run without auto's plan (an execution check)."""
+    kind = "levers-execution" if execution else "levers"
+    return f"{kind}:{name}" + (f"@{cap / 2**30:g}GiB" if cap else "")
 
 
 def headline(case: dict[str, Any]) -> dict[str, Any]:
@@ -612,11 +609,11 @@ def main() -> int:
         hand = [o for o in HAND if o == "eager" or (
             hasattr(meta.model, "gradient_checkpointing_enable") if o.startswith("hf-")
             else bool(block_lists(meta.model)))]
-        unknown = set(a.hand.split(",")) - set(hand) if a.hand else set()
-        if unknown:
+        asked = a.hand.split(",") if a.hand else hand
+        if unknown := set(asked) - set(hand):
             raise ValueError(f"--hand: unknown {', '.join(sorted(unknown))}; valid for "
                              f"{a.model}: {', '.join(hand)}")
-        hand = [o for o in hand if not a.hand or o in a.hand.split(",")]
+        hand = [o for o in hand if o in asked]
     except Exception as e:  # noqa: BLE001 - a message the user can act on, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -666,9 +663,6 @@ def main() -> int:
         weights.unlink(missing_ok=True)
     # without auto's plan a run checks execution only: it heads no scenario of the index
     heads = [headline(c) for c in out["cases"]]
-    if a.no_auto:
-        for h in heads:
-            h["scenario"] = "levers-execution" + h["scenario"].removeprefix("levers")
     write_run(folder, tag=tag, kind="experiment", script="scripts/bench/bench_levers.py",
               scenarios=[h["scenario"] for h in heads], headline=[] if a.no_auto else heads,
               **({"execution": heads} if a.no_auto else {}),
