@@ -24,7 +24,7 @@ from autoplace.errors import PlanError
 from autoplace.executor.data import allreduce_grads, sum_grads, wrap_data_parallel
 from autoplace.executor.local import build_local, split_value
 from autoplace.executor.offload import one_rank_mesh
-from autoplace.executor.pieces import piece
+from autoplace.executor.pieces import direct_children, piece
 from autoplace.executor.pipeline import build_stage, example_values, make_schedule
 from autoplace.executor.tensor_parallel import (
     data_mesh,
@@ -183,6 +183,8 @@ def build_rank(workload: Workload, graph, plan: Plan, cluster: Cluster, rank: in
     mode = low.stage_recompute[stage]
     if mode or par.compile:  # the stage whole: under a checkpoint, and/or compiled
         stage_mod = piece(stage_mod, mode, par.compile, f"pipeline stage {stage}")
+    if not par.compile:  # a compiled stage is torch.compile's to trace as it is
+        direct_children(stage_mod)
     group = dp_group = None
     model = stage_mod
     if mesh is not None:

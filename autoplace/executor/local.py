@@ -50,7 +50,7 @@ from autoplace.executor.moves import (
 )
 from autoplace.executor.moves import _CopyTo as _CopyTo
 from autoplace.executor.moves import reflatten_rnns as reflatten_rnns
-from autoplace.executor.pieces import canonical_piece, piece
+from autoplace.executor.pieces import canonical_piece, direct_children, piece
 from autoplace.plan import Plan
 
 __all__ = ["CUDA_GRAPHS_ENV", "LocalProgram", "build_local", "graphs_from_env",
@@ -359,6 +359,7 @@ def build_local(
         total = g.call_function(operator.add, (total, g.call_function(operator.truediv, (loss, m))))
     g.output(total)
     program = fx.GraphModule(dict(b.attrs), g)
+    direct_children(program)
     input_devices = [devices[dev_of[p.name]] for p in placeholders]
     used = sorted(set(plan_dev.values()))
     return LocalProgram(program, m, input_devices, devices[out_dev], [devices[i] for i in used],

@@ -50,8 +50,8 @@ from torch.utils.checkpoint import checkpoint
 COMPILE_BACKEND_ENV = "AUTOPLACE_COMPILE_BACKEND"  # autoplace.executor.pieces reads it too
 HAND = ("eager", "compile", "checkpoint", "checkpoint+compile", "hf-gradient-checkpointing")
 #: autoplace's recipe -> the same written by hand
-TWINS = {"compile-blocks": "compile", "checkpoint-blocks": "checkpoint",
-         "checkpoint-blocks+compile": "checkpoint+compile"}
+TWINS = {"eager-blocks": "eager", "compile-blocks": "compile",
+         "checkpoint-blocks": "checkpoint", "checkpoint-blocks+compile": "checkpoint+compile"}
 TARGET = 0.97  # autoplace's throughput over the same recipe's by hand
 
 
@@ -214,9 +214,26 @@ def run_worker(kind: str, cfg: dict[str, Any], timeout_s: float = 900) -> dict[s
 
 
 # --------------------------------------------------------------------- driving
+def recipe_plans(graph, cluster, smoke: bool = False) -> dict[str, Any]:
+    """autoplace's per-block recipes (:func:`autoplace.planners.manual.lever_plans`) and
+    ``eager-blocks``, the same block groups run eager: autoplace's execution of what eager
+    by hand runs (an execution check's, run only when ``--recipes`` names it); with
+    ``smoke`` on a CPU also ``compile-blocks``, which lever_plans makes on GPUs only."""
+    from autoplace.planners.manual import lever_plans
+
+    plans = lever_plans(graph, cluster)
+    if not plans:
+        return plans
+    plain = replace(plans["checkpoint-blocks"], recompute=frozenset(),
+                    planner={**plans["checkpoint-blocks"].planner, "name": "eager-blocks"})
+    plans["eager-blocks"] = plain
+    if smoke and "compile-blocks" not in plans:  # on CPU: none compiled
+        plans["compile-blocks"] = plain.with_parallel(compile=True)
+    return plans
+
+
 def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
     """auto_plan, then every option of one case in interleaved rounds."""
-    from autoplace.planners.manual import lever_plans
     from autoplace.search.auto import auto_plan
     from autoplace.search.families import signature
 
@@ -225,12 +242,9 @@ def run_case(name: str, cap: int | None, ctx: dict[str, Any], save) -> None:
     case: dict[str, Any] = {"name": name, "memory_cap_bytes": cap, "runs": {},
                             "scenario": scenario_name(ctx["name"], cap, a.no_auto)}
     ctx["out"]["cases"].append(case)
-    plans = lever_plans(ctx["graph"], cluster)
-    if a.smoke and plans and "compile-blocks" not in plans:  # on CPU: none compiled
-        plain = replace(plans["checkpoint-blocks"], recompute=frozenset())
-        plans["compile-blocks"] = plain.with_parallel(compile=True)
-    if a.recipes:
-        plans = {k: v for k, v in plans.items() if k in a.recipes.split(",")}
+    plans = recipe_plans(ctx["graph"], cluster, smoke=a.smoke)
+    asked = a.recipes.split(",") if a.recipes else [k for k in plans if k != "eager-blocks"]
+    plans = {k: v for k, v in plans.items() if k in asked}
     if a.no_auto:
         case["auto"] = {"skipped": "--no-auto"}
     else:
@@ -414,7 +428,6 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
     from autoplace.costs.profile import apply_cached
     from autoplace.costs.profile_cache import apply_by_name
     from autoplace.plan import Plan
-    from autoplace.planners.manual import lever_plans
     from autoplace.search.families import family
     from autoplace.sim import simulate
 
@@ -446,7 +459,7 @@ def replay(folder: Path, profile_dir: str | None = None) -> str:
     rows, cases = [], []
     for c in out["cases"]:
         cluster = resolve(f"{card}x1", memory_cap=c["memory_cap_bytes"])
-        plans = {"eager": Plan.single(graph), **lever_plans(graph, cluster)}
+        plans = {"eager": Plan.single(graph), **recipe_plans(graph, cluster)}
         slug = slug_of(c["name"])
         for k in list(plans):  # the recipe's plan as it ran, where the run kept it
             kept = folder / "plans" / f"{slug}-{k.replace('+', '-')}.json"
@@ -545,7 +558,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="interleaved repetitions")
     p.add_argument("--budget", default="5m", help="auto_plan's time budget (90s, 5m)")
     p.add_argument("--recipes", default=None, help="autoplace's per-block recipes to run, "
-                   "comma-separated (default: every one lever_plans makes)")
+                   "comma-separated (default: every one lever_plans makes; eager-blocks, "
+                   "the blocks run eager, only when named)")
     p.add_argument("--hand", default=None, help="hand-written options to run, comma-separated "
                    f"(default: every one of {', '.join(HAND)} the model has)")
     p.add_argument("--no-auto", action="store_true", help="run no auto_plan: only the recipes "
@@ -591,7 +605,6 @@ def main() -> int:
     from autoplace.cli.args import parse_options
     from autoplace.cluster import Cluster, parse_bytes, resolve
     from autoplace.costs.profile import apply_cached
-    from autoplace.planners.manual import lever_plans
 
     cuda = torch.cuda.is_available()
     cluster = Cluster.detect().subset([0]) if cuda else resolve("cpu-x1")
@@ -601,7 +614,7 @@ def main() -> int:
         spec = {"spec": a.model, "options": parse_options(a), "seed": a.seed}
         meta = workloads.get(a.model, device="meta", seed=a.seed, **spec["options"])
         graph = capture_workload(meta)
-        valid = {*lever_plans(graph, cluster), *(["compile-blocks"] if a.smoke else [])}
+        valid = set(recipe_plans(graph, cluster, smoke=a.smoke))
         unknown = set(a.recipes.split(",")) - valid if a.recipes else set()
         if unknown:
             raise ValueError(f"--recipes: unknown {', '.join(sorted(unknown))}; valid for "

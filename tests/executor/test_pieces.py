@@ -13,7 +13,7 @@ from autoplace import workloads
 from autoplace.cluster import preset
 from autoplace.errors import PlanError
 from autoplace.executor.local import build_local
-from autoplace.executor.pieces import COMPILE_BACKEND_ENV, CompiledPiece, Piece
+from autoplace.executor.pieces import COMPILE_BACKEND_ENV, CompiledPiece, Piece, direct_children
 from autoplace.executor.runner import capture_graph
 from autoplace.lowering import block_group_ids, block_groups, block_regions, issue_order
 from autoplace.plan import ParallelConfig, Plan
@@ -85,6 +85,69 @@ def test_pieces_train_like_the_eager_program(tiny, monkeypatch, levers):
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     for name, g in ref_grads.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("levers", ["eager", "full"])
+def test_the_program_finds_its_modules_without_module_getattr(tiny, monkeypatch, levers):
+    """fx's code calls a module by its path (``getattr(self.blocks, "0").ln1(x)``), each
+    step through ``nn.Module.__getattr__``; the built program finds its modules directly: a
+    forward looks none of them up through ``__getattr__``, the model's layers and the state
+    dict are as they were, the loss and gradients are the unbuilt program's, and a child
+    replaced later is the one called."""
+    wl, graph = tiny
+    blocks = _block_ids(graph, block_groups(graph))
+    plan = _blocks_plan(graph, **({"recompute": blocks} if levers == "full" else {}))
+    torch.manual_seed(0)  # as _loss_and_grads: the same weights and batch
+    g = capture_graph(workloads.get("gpt-tiny"))
+    prog = build_local(g.module, plan, [torch.device("cpu")], wl.loss_fn,
+                       order=issue_order(g, plan))
+    x, y = wl.make_batch(wl.batch_size, "cpu")
+    if levers == "eager":
+        assert 'getattr(self.blocks, "0")' in prog.program.code
+    ours = [m for m in prog.program.modules() if m is prog.program or type(m) is torch.nn.Module
+            or isinstance(m, Piece) or isinstance(m, torch.fx.GraphModule)]
+    assert len(ours) > 2
+    keys = list(prog.state_dict())
+    layers = [m for m in prog.program.modules() if all(m is not o for o in ours)]
+    assert layers and all(not any(isinstance(v, torch.nn.Module) for v in vars(m).values())
+                          for m in layers)  # the model's layers keep their children as were
+    looked_up = []
+    real = torch.nn.Module.__getattr__
+
+    def counting(self, name):
+        looked_up.append((self, name))
+        return real(self, name)
+
+    monkeypatch.setattr(torch.nn.Module, "__getattr__", counting)
+    loss = prog(x, y)
+    monkeypatch.undo()
+    loss.backward()
+    # (tensors stay where nn.Module keeps them: ``to()`` replaces a buffer in ``_buffers``)
+    assert not [name for m, name in looked_up
+                if name in m._modules and any(m is o for o in ours)]
+    assert list(prog.state_dict()) == keys
+    grads = {n: p.grad.clone() for n, p in g.module.named_parameters()}
+    _, ref_loss, ref_grads = _loss_and_grads(wl, graph, _blocks_plan(graph))
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-5, atol=1e-6)
+    for name, ref in ref_grads.items():
+        torch.testing.assert_close(grads[name], ref, rtol=1e-4, atol=1e-6)
+    # a module replaced through nn.Module.__setattr__ is the one the program then calls
+    head = prog.program.head
+    calls = []
+    prog.program.head = _Calls(head, calls)
+    prog(x, y)
+    assert calls
+    assert direct_children(torch.nn.Module()) == 0
+
+
+class _Calls(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module, calls: list) -> None:
+        super().__init__()
+        self.inner, self.calls = inner, calls
+
+    def forward(self, *args):
+        self.calls.append(1)
+        return self.inner(*args)
 
 
 _COUNTING: dict = {}  # the counting backend's current function

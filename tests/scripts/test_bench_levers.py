@@ -54,12 +54,15 @@ def test_bench_levers_smoke(tmp_path):
 
 def test_an_execution_check_runs_only_the_options_named_and_heads_no_scenario(tmp_path):
     r = run_script(BENCH / "bench_levers.py", "--smoke", "--no-auto", "--hand",
-                   "eager,checkpoint", "--recipes", "checkpoint-blocks", "--out",
+                   "eager,checkpoint", "--recipes", "eager-blocks,checkpoint-blocks", "--out",
                    str(tmp_path), timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (case,) = json.loads((tmp_path / "levers.json").read_text())["cases"]
     assert set(case["options"]) == {"hand:eager", "hand:checkpoint",
-                                    "autoplace:checkpoint-blocks"}
+                                    "autoplace:eager-blocks", "autoplace:checkpoint-blocks"}
+    # autoplace's eager execution of the blocks stands beside eager by hand
+    assert case["options"]["autoplace:eager-blocks"]["same_by_hand"] == "eager"
+    assert case["options"]["autoplace:eager-blocks"]["throughput_vs_same_by_hand"] > 0
     assert "skipped" in case["auto"] and "auto_plan not run" in (tmp_path / "levers.md").read_text()
     run = json.loads((tmp_path / "run.json").read_text())
     # an execution check is no result of auto's: the index's headline keeps the last one
@@ -72,7 +75,7 @@ def test_an_execution_check_runs_only_the_options_named_and_heads_no_scenario(tm
     sim = json.loads((tmp_path / "sim-check.json").read_text())
     assert sim["cluster"].startswith("cpu-x1 preset")
     (case,) = sim["cases"]
-    assert case["plans"] == 2 and case["median_abs_peak_err"] is None
+    assert case["plans"] == 3 and case["median_abs_peak_err"] is None
     assert all(r["sim_ms"] > 0 for r in sim["rows"])
 
 
