@@ -163,9 +163,14 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
     order_t = _issue_orders(ga, plans, gid, dev, dev_t, m, kk)  # [mn, P] item per step
     rc_host = default_recompute_host(tables.kinds)  # checkpointing's host time (block_profile)
     rc_priced = bool(rc_op.any() and rc_host.any())  # (0 by default: nothing to add)
+    # an eager plan's recompute issued again on a GPU kind (block_profile.reissued_forward;
+    # a graph with a profiled block has its recompute plans simulated one by one)
+    gpu_kind = np.array([k != "cpu" for k in tables.kinds])
+    reissue = rerun.T & gpu_kind[tables.kind_of_device[dev_t]] & ~np.array(
+        [p.parallel.compile for p in plans])[None, :]  # [n, P]
     host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
                    or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any()
-                   or rc_priced)
+                   or rc_priced or reissue.any())
     hf_t = hb_t = None
     copy_h = tables.copy_host[:kk]  # replica 0's devices (replicas are alike here)
     if host_on:  # [n, P] host seconds per op, forward and backward
@@ -177,6 +182,8 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
                 hf_t[:, p] = hb_t[:, p] = graphed_host(
                     dev_t[:, p], ga.param_count,
                     tables.graph_param_host[tables.kind_of_device[dev_t[:, p]]])
+        if reissue.any():  # the recomputed forward, issued again in the backward
+            hb_t = hb_t + np.where(reissue, hf_t, 0.0)
         if rc_priced:  # a checkpointed region's host time, on its last op's backward
             ends = np.stack([region_ends(g)[1] for g in gid]).T & rc_op.T  # [n, P]
             hb_t = hb_t + np.where(ends, rc_host[tables.kind_of_device[dev_t]], 0.0)

@@ -48,11 +48,12 @@ import numpy as np
 
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim.model import CostTables, GraphArrays
+from autoplace.sim.model import CostTables, GraphArrays, rerun_ops
 
 __all__ = ["RECOMPUTE_HOST_S", "SELECTIVE_HOST_S", "block_tables", "block_values",
            "checkpoint_prices", "default_recompute_host", "filled_host", "graphed_tables",
-           "needs_scalar", "profiled", "recompute_host_tables", "region_ends"]
+           "needs_scalar", "profiled", "recompute_host_tables", "region_ends",
+           "reissued_forward"]
 
 #: host seconds one checkpointed region (a ``torch.utils.checkpoint`` call: a recomputed
 #: group, per microbatch) adds to an eager step on a GPU kind whose block was not
@@ -204,7 +205,30 @@ def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
              + np.where(sel_ops & work, sel / 2, 0.0)
              + np.where(sel_ops & last, sel_region / 2, 0.0))
     host_fwd, host_bwd = filled_host(tables)
+    add_b_fixed = add_b
+    if not plan.parallel.compile:  # a compiled piece recomputes inside its graph
+        reissue = reissued_forward(graph, tables, ga, group, plan.recompute)
+        add_b = add_b + np.where(reissue, host_fwd, 0.0)
+        add_b_fixed = add_b_fixed + np.where(reissue, np.where(
+            np.isnan(tables.host_fwd_fixed), host_fwd, tables.host_fwd_fixed), 0.0)
     # a fixed part of NaN means the whole time is fixed; the added time is fixed too
     return replace(tables, host_fwd=host_fwd + add_f, host_bwd=host_bwd + add_b,
                    host_fwd_fixed=tables.host_fwd_fixed + add_f,
-                   host_bwd_fixed=tables.host_bwd_fixed + add_b)
+                   host_bwd_fixed=tables.host_bwd_fixed + add_b_fixed)
+
+
+def reissued_forward(graph: OpGraph, tables: CostTables, ga: GraphArrays, group: np.ndarray,
+                     recompute: frozenset[int]) -> np.ndarray:
+    """bool ``[kinds, n]``: the ops whose forward the host issues again in an eager plan's
+    backward, where nothing else prices that: the ops a full recompute runs again
+    (:func:`autoplace.sim.model.rerun_ops`) on a GPU kind with no profiled block (a
+    profiled block's price holds its recompute's issue; on a CPU an op's time is its host
+    time, already added to the backward with the rerun). Their forward's own host time is
+    added to the backward's: the same ops, issued once more."""
+    gpu = np.array([k != "cpu" for k in tables.kinds])
+    unpriced = gpu & np.isnan(block_values(graph, tables.kinds, "recompute", "full_host_s",
+                                           np.nan))
+    if not (recompute and unpriced.any()):
+        return np.zeros((len(tables.kinds), ga.n), bool)
+    rerun = rerun_ops(ga, group.tolist(), frozenset(recompute), frozenset())
+    return unpriced[:, None] & rerun[None, :]

@@ -39,7 +39,7 @@ from run_folder import output_folder
 FAMILIES = ("single", "placement", "placement+mb", "CUDA graphs", "DDP", "ZeRO-2", "FSDP2",
             "pipeline", "recompute", "compiled", "offload")
 #: levers recipe -> report family
-RECIPE_FAMILY = {"eager": "single", "compile-blocks": "compiled",
+RECIPE_FAMILY = {"eager": "single", "eager-blocks": "single", "compile-blocks": "compiled",
                  "checkpoint-blocks": "recompute", "selective-blocks": "recompute",
                  "checkpoint-blocks+compile": "recompute", "selective-blocks+compile": "recompute"}
 
@@ -49,6 +49,8 @@ def recipe_family(recipe: str) -> str:
     hand-written recipe on the blocks it wraps, ``"<recipe> (...)"``, is its recipe's)."""
     recipe = recipe.split(" (")[0]
     return "offload" if "offload" in recipe else RECIPE_FAMILY.get(recipe, recipe)
+
+
 WITHIN = 0.10  # the memory target: simulated peak within 10% of the measured one
 
 
