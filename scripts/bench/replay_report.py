@@ -66,6 +66,11 @@ def is_pipeline(family: str) -> bool:
     return "pipeline" in family
 
 
+def is_graphed(family: str) -> bool:
+    """A plan replayed as CUDA graphs (``replay_suite``'s family string)."""
+    return family.endswith("+graphs")
+
+
 def sharded_pieces(family: str) -> bool:
     """An FSDP2 or ZeRO-2 plan with recomputed or compiled pieces."""
     return family.startswith(("dp-fsdp", "dp-zero2")) and (
@@ -83,6 +88,8 @@ EXECUTOR_CHANGES = (
      "gradients twice", is_ddp, False),
     ("80d14e7", "a pipeline's last stage kept every microbatch's output to the step's end and "
      "concatenated them", is_pipeline, False),
+    ("f103a5d", "a graphed piece's capture kept make_graphed_callables' warm-up gradients "
+     "alive, the run's peak a parameter gradient above its steps'", is_graphed, False),
 )
 
 
