@@ -56,13 +56,14 @@ from pathlib import Path
 import replay_report
 
 root = Path(sys.argv[1])
-fsdp_fix, ddp_fix, pipe_fix = (c[0] for c in replay_report.EXECUTOR_CHANGES)
-for name, commit in (("oldest", "a1b2c3d+dirty"), ("between", ddp_fix + "~1"),
-                     ("new", pipe_fix), ("unknown", "")):
+fsdp_fix, ddp_fix, pipe_fix, graphs_fix = (c[0] for c in replay_report.EXECUTOR_CHANGES)
+NAMES = (("oldest", "a1b2c3d+dirty"), ("between", ddp_fix + "~1"), ("graphed", pipe_fix),
+         ("new", graphs_fix), ("unknown", ""))
+for name, commit in NAMES:
     (root / name).mkdir()
     (root / name / "env.json").write_text(json.dumps({"commit": commit}))
 FAMS = ("dp-none", "dp-none+zero1+recompute", "dp-fsdp", "dp-fsdp+compile+recompute",
-        "dp-zero2+recompute", "dp-none+placement", "pipeline+recompute")
+        "dp-zero2+recompute", "dp-none+placement", "pipeline+recompute", "single+graphs")
 
 def plan(family):
     return {"planner": family, "family": family, "split": family, "measured_s": 1.0,
@@ -70,7 +71,7 @@ def plan(family):
             "sim_peak_now_bytes": 2**30, "sim_peak_before_bytes": None, "same_split": True}
 
 out = {}
-for name in ("oldest", "between", "new", "unknown"):
+for name, _ in NAMES:
     rows = [plan(f) for f in FAMS]
     replay_report.mark_stale(replay_report.changes_since(root / name), rows)
     pts = replay_report.memory_points([{"suite": name, "name": "x", "plans": rows}], [])
@@ -89,20 +90,24 @@ def test_plans_measured_before_an_executor_change_that_concerns_them_are_left_ou
     stepped without kept outputs measured their last stage holding every microbatch's
     output: their memory is left out, their step times kept. A placement's replicas (not
     DDP-wrapped) and plain FSDP2 stay, as does every plan of a suite run since; a suite
-    whose commit is unknown counts as run before all three."""
+    whose commit is unknown counts as run before all of them."""
     p = subprocess.run([sys.executable, "-c", STALE, str(tmp_path)], cwd=BENCH,
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": pythonpath_with_root()})
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    both = [True, True, False, True, True, False, True]
+    both = [True, True, False, True, True, False, True, True]
     assert out["oldest"]["memory"] == out["unknown"]["memory"] == both
     assert out["oldest"]["time"] == out["unknown"]["time"] == [
         "dp-none", "dp-none+zero1+recompute", "dp-fsdp", "dp-none+placement",
-        "pipeline+recompute"]
-    assert out["between"]["memory"] == [True, True, False, False, False, False, True]
-    assert len(out["between"]["time"]) == 7
-    assert out["new"]["memory"] == [False] * 7 and len(out["new"]["time"]) == 7
+        "pipeline+recompute", "single+graphs"]
+    assert out["between"]["memory"] == [True, True, False, False, False, False, True, True]
+    assert len(out["between"]["time"]) == 8
+    # a graphed plan's peak measured before the capture stopped holding torch's warm-up
+    # gradients is the capture's: left out, its step time kept
+    assert out["graphed"]["memory"] == [False] * 7 + [True]
+    assert len(out["graphed"]["time"]) == 8
+    assert out["new"]["memory"] == [False] * 8 and len(out["new"]["time"]) == 8
 
 
 LEVERS_FAMILIES = """
