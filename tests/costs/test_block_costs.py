@@ -65,7 +65,9 @@ def test_compiled_checkpoint_is_measured_against_the_compiled_block():
 def test_the_simulator_charges_each_checkpoint_call():
     """Recomputing k blocks adds k times the profiled price per checkpoint call (a
     launch-bound step: the issuing thread's time is the step's), and nothing to a plan
-    that recomputes none."""
+    that recomputes none. A profiled block's price holds its recompute's issue: with a
+    price of nothing, a recomputed plan is simulated below the unprofiled one, which issues
+    the rerun ops again at their own host time."""
     g = capture_workload(workloads.get("gpt-tiny", device="meta"))
     cluster = resolve("h200x1")
     groups = block_groups(g)
@@ -73,7 +75,10 @@ def test_the_simulator_charges_each_checkpoint_call():
     base = Plan.from_groups(g, groups, [0] * (max(groups.values()) + 1))
     one = replace(base, recompute=frozenset(blocks[:1]))
     two = replace(base, recompute=frozenset(blocks[:2]))
+    unprofiled = [simulate(g, p, cluster).step_time_s for p in (base, one, two)]
+    g.profile_info = {"h200": {"recompute": {"full_host_s": 0.0, "full_call_host_s": 0.0}}}
     before = [simulate(g, p, cluster).step_time_s for p in (base, one, two)]
+    assert before[0] == unprofiled[0] and before[1] < unprofiled[1] and before[2] < unprofiled[2]
     per_call, per_op = 5e-3, 0.0
     g.profile_info = {"h200": {"recompute": {"full_host_s": per_op,
                                              "full_call_host_s": per_call}}}
