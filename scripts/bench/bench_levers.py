@@ -323,8 +323,13 @@ def summarise(case: dict[str, Any], ref: list[float]) -> None:
         s = row["step_time_s"]
         row["vs_best_hand"] = s / case["best_hand_s"] if s and best else None
         row["same_by_hand"] = TWINS.get(name) if kind == "autoplace" else None
-        by_hand = rows.get(f"hand:{row['same_by_hand']}", {}).get("step_time_s")
+        twin = rows.get(f"hand:{row['same_by_hand']}", {})
+        by_hand = twin.get("step_time_s")
         row["throughput_vs_same_by_hand"] = by_hand / s if by_hand and s else None
+        # rounds in which autoplace's was the faster of the two (a round runs them in turn)
+        pairs = list(zip(row["round_medians_s"], twin.get("round_medians_s") or []))
+        row["rounds_ahead"] = [sum(a < b for a, b in pairs), len(pairs)] \
+            if row["throughput_vs_same_by_hand"] else None
     auto = case["auto"]
     chosen = rows.get(f"autoplace:{auto.get('same_as') or 'auto'}", {})
     auto.update(step_time_s=chosen.get("step_time_s"), vs_best_hand=chosen.get("vs_best_hand"))
@@ -365,7 +370,8 @@ def markdown(out: dict[str, Any]) -> str:
              f"{out['warmup']} warm-up) of {out['rounds']} interleaved rounds; min..max of the "
              "rounds' medians. Loss diff: the largest relative difference of a step's loss "
              f"from eager's. Target: autoplace's execution of a recipe at >= {TARGET}x the "
-             "throughput of the same by hand.", "",
+             "throughput of the same by hand (ahead: the rounds in which autoplace's was the "
+             "faster of the two).", "",
              "| case | option | ms | min..max | warm-up s | peak GiB (reserved) | loss diff "
              "| / best by hand | throughput vs same by hand |", "|" + "---|" * 9]
     for c in out["cases"]:
@@ -376,7 +382,10 @@ def markdown(out: dict[str, Any]) -> str:
             peak = fmt(r["peak_memory_bytes"], ".1f", 2**-30) \
                 + (f" ({fmt(res, '.1f', 2**-30)})" if res else "")
             ms = fmt(r["step_time_s"], ".1f", 1e3) or ("OOM" if r["oom"] else "error")
-            twin = f" ({r['same_by_hand']})" if r["throughput_vs_same_by_hand"] else ""
+            ahead = r.get("rounds_ahead")
+            twin = (f" ({r['same_by_hand']}; ahead in {ahead[0]} of {ahead[1]} rounds)"
+                    if ahead else f" ({r['same_by_hand']})") \
+                if r["throughput_vs_same_by_hand"] else ""
             lines.append(
                 f"| {c['name']} | {key} | {ms} | {sp} | {fmt(r['warmup_s'], '.1f')} | {peak} | "
                 f"{fmt(r['loss_rel_diff'], '.1e')} | {fmt(r['vs_best_hand'])} | "

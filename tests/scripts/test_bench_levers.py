@@ -63,6 +63,10 @@ def test_an_execution_check_runs_only_the_options_named_and_heads_no_scenario(tm
     # autoplace's eager execution of the blocks stands beside eager by hand
     assert case["options"]["autoplace:eager-blocks"]["same_by_hand"] == "eager"
     assert case["options"]["autoplace:eager-blocks"]["throughput_vs_same_by_hand"] > 0
+    ahead, rounds = case["options"]["autoplace:eager-blocks"]["rounds_ahead"]
+    assert rounds == 1 and ahead in (0, 1)  # the rounds autoplace's was the faster in
+    assert case["options"]["hand:eager"]["rounds_ahead"] is None
+    assert f"ahead in {ahead} of 1 rounds" in (tmp_path / "levers.md").read_text()
     assert "skipped" in case["auto"] and "auto_plan not run" in (tmp_path / "levers.md").read_text()
     run = json.loads((tmp_path / "run.json").read_text())
     # an execution check is no result of auto's: the index's headline keeps the last one
