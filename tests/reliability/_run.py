@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from tests.helpers import pythonpath_with_root
 from tests.helpers.cli_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,8 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment :func:`cli` gives a command: this one with the repository on the
     path (tests.* importable), and ``env`` over it."""
-    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                **(env or {}))
+    return dict(os.environ, PYTHONPATH=pythonpath_with_root(), **(env or {}))
 
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300,
