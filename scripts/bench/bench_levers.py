@@ -12,7 +12,10 @@ of the outermost parameter-holding ``nn.ModuleList`` s, as ``model.blocks``);
 models' ``gradient_checkpointing_enable()``; the cap set with
 ``torch.cuda.set_per_process_memory_fraction``. Beside them autoplace executes every
 per-block recipe (:func:`autoplace.planners.manual.lever_plans`) and the plan ``auto_plan``
-chooses under the cap (``--budget``; ``--profile-dir``: ops profiled first).
+chooses under the cap (``--budget``; ``--profile-dir``: ops profiled first). With
+``--no-auto`` and ``--recipes`` a run is an execution check: autoplace's recipes beside the
+same written by hand (``eager-blocks``, the blocks run eager, beside ``eager``), with the
+throughput of each over its twin and the rounds in which it was the faster.
 
 Every run is a ``--worker`` subprocess (compile caches, allocator state and out-of-memory
 errors stay in it) reading the initial weights from one file; rounds are interleaved (odd
