@@ -216,10 +216,10 @@ def direct_children(program: nn.Module) -> int:
     8.3. Done for ``program`` and the modules the executor made under it (fx's path
     containers, which are plain ``nn.Module`` instances, pieces and their GraphModules),
     not for the model's layers, and not inside a compiled piece, which torch.compile
-    traces. ``nn.Module.__setattr__`` drops a
-    name from ``__dict__`` before it stores a module, so replacing a child later stays
-    correct (its lookups go through ``__getattr__`` again); ``state_dict``, ``parameters``
-    and ``named_modules`` read ``_modules``, which is unchanged."""
+    traces. ``nn.Module.__setattr__`` drops a name from ``__dict__`` before it stores a
+    module, so replacing a child later stays correct (its lookups go through
+    ``__getattr__`` again); ``state_dict``, ``parameters`` and ``named_modules`` read
+    ``_modules``, which is unchanged."""
     def ours(m: nn.Module) -> bool:
         return type(m) is nn.Module or isinstance(m, (fx.GraphModule, Piece))
 

@@ -33,7 +33,12 @@ from autoplace.sim.batch_steps import (
     step_slots,
     step_tables,
 )
-from autoplace.sim.block_profile import block_tables, default_recompute_host, region_ends
+from autoplace.sim.block_profile import (
+    block_tables,
+    default_recompute_host,
+    gpu_kinds,
+    region_ends,
+)
 from autoplace.sim.local import simulate_local
 from autoplace.sim.model import (
     CostTables,
@@ -165,8 +170,7 @@ def _run_chunk(ga: GraphArrays, plans: list[Plan], gid: np.ndarray, dev: np.ndar
     rc_priced = bool(rc_op.any() and rc_host.any())  # (0 by default: nothing to add)
     # an eager plan's recompute issued again on a GPU kind (block_profile.reissued_forward;
     # a graph with a profiled block has its recompute plans simulated one by one)
-    gpu_kind = np.array([k != "cpu" for k in tables.kinds])
-    reissue = rerun.T & gpu_kind[tables.kind_of_device[dev_t]] & ~np.array(
+    reissue = rerun.T & gpu_kinds(tables.kinds)[tables.kind_of_device[dev_t]] & ~np.array(
         [p.parallel.compile for p in plans])[None, :]  # [n, P]
     host_on = bool(tables.host.any() or tables.ddp_host.any() or tables.copy_host.any()
                    or np.isfinite(tables.host_fwd).any() or np.isfinite(tables.host_bwd).any()

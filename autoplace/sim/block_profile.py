@@ -51,7 +51,8 @@ from autoplace.plan import Plan
 from autoplace.sim.model import CostTables, GraphArrays, rerun_ops
 
 __all__ = ["RECOMPUTE_HOST_S", "SELECTIVE_HOST_S", "block_tables", "block_values",
-           "checkpoint_prices", "default_recompute_host", "filled_host", "graphed_tables",
+           "checkpoint_prices", "default_recompute_host", "filled_host", "gpu_kinds",
+           "graphed_tables",
            "needs_scalar", "profiled", "recompute_host_tables", "region_ends",
            "reissued_forward"]
 
@@ -104,11 +105,17 @@ def _has(graph: OpGraph, part: str) -> bool:
     return any(isinstance(v, dict) and v.get(part) for v in info.values())
 
 
+def gpu_kinds(kinds: list[str]) -> np.ndarray:
+    """bool per device kind: a GPU's (where the host issues work the device then runs; on
+    a CPU an op's host time is its time)."""
+    return np.array([k != "cpu" for k in kinds])
+
+
 def default_recompute_host(kinds: list[str]) -> np.ndarray:
     """Per device kind, the host seconds a checkpointed region adds where no block was
     profiled: :data:`RECOMPUTE_HOST_S` on a GPU kind, 0 on a CPU (the batched simulator's
     price; a profiled graph's recompute plans are simulated one by one)."""
-    return np.array([0.0 if k == "cpu" else RECOMPUTE_HOST_S for k in kinds])
+    return np.where(gpu_kinds(kinds), RECOMPUTE_HOST_S, 0.0)
 
 
 def needs_scalar(graph: OpGraph, plan: Plan) -> bool:
@@ -176,7 +183,7 @@ def recompute_host_tables(graph: OpGraph, tables: CostTables, ga: GraphArrays,
     region (checkpoint call) on a GPU kind where none was."""
     if not (plan.recompute or plan.selective):
         return tables
-    gpu = np.array([k != "cpu" for k in tables.kinds])  # where the defaults apply
+    gpu = gpu_kinds(tables.kinds)  # where the defaults apply
     if not (_has(graph, "recompute") or gpu.any()):
         return tables
 
@@ -225,8 +232,7 @@ def reissued_forward(graph: OpGraph, tables: CostTables, ga: GraphArrays, group:
     profiled block's price holds its recompute's issue; on a CPU an op's time is its host
     time, already added to the backward with the rerun). Their forward's own host time is
     added to the backward's: the same ops, issued once more."""
-    gpu = np.array([k != "cpu" for k in tables.kinds])
-    unpriced = gpu & np.isnan(block_values(graph, tables.kinds, "recompute", "full_host_s",
+    unpriced = gpu_kinds(tables.kinds) & np.isnan(block_values(graph, tables.kinds, "recompute", "full_host_s",
                                            np.nan))
     if not (recompute and unpriced.any()):
         return np.zeros((len(tables.kinds), ga.n), bool)

@@ -51,7 +51,13 @@ import numpy as np
 
 from autoplace.graph import OpGraph
 from autoplace.plan import Plan
-from autoplace.sim.block_profile import block_values, filled_host, profiled, region_ends
+from autoplace.sim.block_profile import (
+    block_values,
+    filled_host,
+    gpu_kinds,
+    profiled,
+    region_ends,
+)
 from autoplace.sim.memory import cast_weight_bytes
 from autoplace.sim.model import CostTables, GraphArrays
 
@@ -200,7 +206,7 @@ def _with_calls(tables: CostTables, ga: GraphArrays, graph: OpGraph, plan: Plan
     profiled block, its ratio already holds one call per block, spread over the block's
     ops: a piece of ``n`` ops pays ``1 - n / block_ops`` of a call beyond it (a piece of
     a block or more, none)."""
-    gpu = np.array([k != "cpu" for k in tables.kinds])
+    gpu = gpu_kinds(tables.kinds)
     if not gpu.any() or COMPILED_CALL_HOST_S <= 0:
         return tables
     group = np.array([plan.groups.get(n, -1) for n in ga.names])
