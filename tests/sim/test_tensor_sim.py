@@ -11,16 +11,21 @@ from autoplace import workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.sim import simulate, simulate_batch
+from autoplace.sim.model import ensure_costs
 from autoplace.sim.tensor import tensor_collective_s, tensor_view
 from tests.helpers.plans import single
 
 
 @pytest.fixture(scope="module")
 def wide():
-    """A compute-bound GPT (d=4096, 32 heads, 2 blocks, seq 512), captured on meta."""
+    """A compute-bound GPT (d=4096, 32 heads, 2 blocks, seq 512), captured on meta, with
+    estimated H200 costs (the tests read its ops' times before any simulation fills them,
+    whichever of them runs first)."""
     wl = workloads.get("gpt-small", d_model=4096, n_heads=32, n_layers=2, seq_len=512,
                        vocab_size=1024, batch_size=8, device="meta")
-    return capture_workload(wl)
+    graph = capture_workload(wl)
+    ensure_costs(graph, preset("h200x1"))
+    return graph
 
 
 def test_step_time_and_memory_fall_with_tensor_parallel_on_fast_links(wide):
