@@ -18,6 +18,8 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from autoplace.capture.attention import causal_from_shapes
+
 #: frames of this package are left out of a tracer error's "where"
 _PACKAGE_DIR = os.path.dirname(__file__)
 
@@ -81,12 +83,18 @@ def _fake_cpu(model: nn.Module, args: tuple, mode: Any) -> tuple[nn.Module, tupl
 
 
 def _export(model: nn.Module, args: tuple, autocast_dtype: str | None = None) -> fx.GraphModule:
+    """``model`` exported, its causal masks built from shapes given back to attention as
+    ``is_causal`` (:func:`autoplace.capture.attention.causal_from_shapes`, outside any
+    fake mode: the masks are computed)."""
     if _on_meta(model, args):
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         model, args = _fake_cpu(model, args, mode)
         with mode:
-            return _export_here(model, args, autocast_dtype)
-    return _export_here(model, args, autocast_dtype)
+            gm = _export_here(model, args, autocast_dtype)
+    else:
+        gm = _export_here(model, args, autocast_dtype)
+    causal_from_shapes(gm)
+    return gm
 
 
 def _export_here(model: nn.Module, args: tuple, autocast_dtype: str | None = None

@@ -41,10 +41,13 @@ Steps 2 and 3, and the variants measured in step 4, are :mod:`autoplace.search.c
 
 Each run of step 4 is limited to the budget left, at least :data:`RUN_FLOOR_S` (where the
 ``measure`` given takes ``time_limit_s``; auto's own does): a compiled candidate whose
-compile takes longer is stopped, no other compiled candidate is measured after it (they
-compile the same pieces), and the search goes on, so one compile cannot spend the
-budget several times over (on 2x H200, Inception-v3's compiled placement took 129 s to
-compile and measure in a 30 s budget, and measured slower than eager: docs/results.md).
+compile takes longer is stopped, no compiled candidate compiling as many ops or more
+(:func:`~autoplace.search.candidates.compile_work`: its distinct pieces' ops) is measured
+after it, and the search goes on, so one compile cannot spend the budget several times
+over (on 2x H200, Inception-v3's compiled placement took 129 s to compile and measure in
+a 30 s budget, and measured slower than eager: docs/results.md). Among compiled
+candidates predicted within ``NEAR_BEST`` of the next one, the one compiling the fewest
+ops is measured first (:func:`~autoplace.search.candidates.least_compile`).
 """
 
 from __future__ import annotations
@@ -69,9 +72,11 @@ from autoplace.policies.pretrained import pretrained_candidates
 from autoplace.search.calibration import Calibration, calibration_path
 from autoplace.search.candidates import (
     TIGHT_MEMORY,
+    compile_work,
     compiled_twin,
     eager_first,
     feasible_candidates,
+    least_compile,
     microbatch_variants,
     simulated_rows,
     units_twin,
@@ -240,7 +245,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
     by_sig = {signature(c["plan"]): c for c in cands}
     tried = 0
     measured: list[dict[str, Any]] = []
-    slow_compile = False
+    slow_compile = float("inf")  # the fewest ops a compile stopped at its limit compiled
 
     def corrected(c: dict[str, Any]) -> float:
         t = cal.step_time(c["plan"], c["sim"])
@@ -292,7 +297,8 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             break
         queue.sort(key=corrected)
         best_so_far = min((m["measured"] for m in measured), default=None)
-        c = pinned[0] if pinned and tried else front[0] if front else queue[0]
+        c = pinned[0] if pinned and tried else front[0] if front else \
+            least_compile(queue, corrected, graph, NEAR_BEST)
         c = eager_first(c, by_sig, cal, usable)
         for waiting in (queue, front, pinned):
             if c in waiting:
@@ -301,8 +307,8 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         tried += 1
         if best_so_far is not None and corrected(c) >= 1e3:
             continue  # predicted out of memory (measured so), and something else ran
-        if slow_compile and c["plan"].parallel.compile:
-            continue  # another compiled candidate was stopped at its time limit
+        if c["plan"].parallel.compile and compile_work(c, graph) >= slow_compile:
+            continue  # a compile of as many ops or fewer was stopped at its time limit
         if best_so_far is not None and len(measured) >= top_k and not c.get("variant") \
                 and not c.get("pinned") and corrected(c) > 1.3 * best_so_far \
                 and any(m["family"] == c["family"] for m in measured):
@@ -323,9 +329,9 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             # stopped at its limit, raised (auto's pool) or reported (a measure that turns
             # errors into reports, as the benchmark's does)
             if c["plan"].parallel.compile and TIME_LIMIT_MESSAGE in failed:
-                slow_compile = True  # the model's pieces compile past the budget
-                say("  its compile did not finish within the budget left: no other "
-                    "compiled candidate is measured")
+                slow_compile = min(slow_compile, compile_work(c, graph))
+                say(f"  its compile ({slow_compile} ops) did not finish within the budget "
+                    "left: no compiled candidate of as many ops is measured")
             if getattr(rep, "oom", False):
                 remember(c, rep)
                 nxt = next_of_family(c)
@@ -345,7 +351,8 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
         if best_so_far is None or c["measured"] < NEAR_BEST * best_so_far:  # (near) fastest
             variants = [("microbatch variant", v) for v in microbatch_variants(c, graph, cluster)]
             compiled = compiled_twin(c, by_sig)
-            if compiled is not None and not slow_compile and corrected(compiled) < 1e3:
+            if compiled is not None and compile_work(compiled, graph) < slow_compile \
+                    and corrected(compiled) < 1e3:
                 variants.append(("compiled twin", compiled))
         twin = (units_twin(c, graph, cluster)
                 if measured_peak(c) > UNITS_NEAR_CAP * usable or retries else None)

@@ -219,10 +219,13 @@ def test_trains_like_the_unpartitioned_model_on_one_gpu(run):
     assert r.max_loss_rel_diff < 1e-3, (r.loss, r.reference_loss)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert", "t5"])
-def test_every_input_a_stage_receives_gets_a_gradient(name):
+@pytest.mark.parametrize("name,crosses_integers", [("gpt2", False), ("bert", True),
+                                                   ("t5", True)])
+def test_every_input_a_stage_receives_gets_a_gradient(name, crosses_integers):
     """torch 2.11's PipelineStage sends a gradient back for every tensor a stage received:
-    integer ones cross as float64 and, with masks, are tied to an output (zero gradient)."""
+    integer ones cross as float64 and, with masks, are tied to an output (zero gradient).
+    GPT-2's causal mask, built from shapes, is gone from its graph (capture.attention):
+    nothing integer crosses; BERT's padding mask, read from its input, still does."""
     from torch.utils import _pytree as pytree
 
     from autoplace.executor.pipeline import build_stage, example_values
@@ -239,7 +242,7 @@ def test_every_input_a_stage_receives_gets_a_gradient(name):
     received = [t.detach().requires_grad_(True) for t in (sent if isinstance(sent, tuple)
                                                           else (sent,))]
     assert all(t.is_floating_point() for t in received)
-    assert any(t.dtype == torch.float64 for t in received)  # an index or mask crossed
+    assert any(t.dtype == torch.float64 for t in received) is crosses_integers
     out = second(*received)
     sum(t.float().sum() for t in pytree.tree_leaves(out)
         if isinstance(t, torch.Tensor) and t.requires_grad).backward()

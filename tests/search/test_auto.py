@@ -19,6 +19,7 @@ from autoplace import planners, workloads
 from autoplace.capture import capture_workload
 from autoplace.cluster import preset
 from autoplace.executor.report import RunReport
+from autoplace.planners.manual import hand_written
 from autoplace.search.auto import auto_plan, family, signature
 from autoplace.search.calibration import Calibration, calibration_path
 from autoplace.sim import simulate
@@ -663,12 +664,15 @@ def test_each_run_is_limited_to_the_budget_left(setup, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("how", ["raised", "reported"])
-def test_a_compile_stopped_at_its_limit_ends_the_compiled_candidates(setup, tmp_path, how):
+def test_a_compile_stopped_at_its_limit_ends_the_compiled_candidates_compiling_as_much(
+        setup, tmp_path, how):
     """A compiled candidate stopped at its time limit (its pieces compile past the budget)
-    is not followed by other compiled candidates: they would compile the same pieces.
-    Whether ``measure`` raises the stop (auto's pool) or returns it as a report's error (the
-    benchmark's measure turns every failure into a report)."""
+    is followed only by compiled candidates that compile fewer ops (``compile_work``): the
+    others would compile as much or more. Whether ``measure`` raises the stop (auto's pool)
+    or returns it as a report's error (the benchmark's measure turns every failure into a
+    report)."""
     from autoplace.errors import TIME_LIMIT_MESSAGE, AutoplaceError
+    from autoplace.search.candidates import compile_work
 
     graph, cluster = setup
     tried, log = [], []
@@ -685,9 +689,36 @@ def test_a_compile_stopped_at_its_limit_ends_the_compiled_candidates(setup, tmp_
 
     plan = auto_plan("gpt-tiny", cluster, budget="10m", graph=graph, planners=PLANNERS,
                      measure=measure, progress=False, cache_dir=tmp_path, pretrained=False)
-    compiled = [p for p in tried if p.parallel.compile]
-    assert len(compiled) == 1  # the first compiled candidate, and no other after it
+    work = [compile_work({"plan": p}, graph) for p in tried if p.parallel.compile]
+    assert work  # a compiled candidate was tried
+    assert all(later < earlier for earlier, later in zip(work, work[1:]))
     assert not plan.parallel.compile and len(tried) > 2
+
+
+def test_repeated_blocks_compile_once_and_the_fewest_ops_are_compiled_first(setup):
+    """A model compiled a piece per block compiles one block's ops (identical pieces share
+    one compiled code object); compiled whole, every block's. Of compiled candidates
+    predicted within 5% of the next one, the one compiling the fewest ops is measured
+    first; one predicted further behind waits its turn, and an eager head stays first."""
+    from autoplace.planners.manual import lever_plans
+    from autoplace.search.candidates import compile_work, least_compile
+
+    graph, cluster = setup
+    gpu = preset("h100x1")
+    whole = {"plan": hand_written(graph, gpu, levers=False)["single"].with_parallel(
+        compile=True)}
+    blocks = {"plan": lever_plans(graph, gpu)["compile-blocks"]}
+    eager = {"plan": hand_written(graph, gpu, levers=False)["single"]}
+    assert compile_work(eager, graph) == 0
+    assert 0 < compile_work(blocks, graph) < compile_work(whole, graph)
+    ops = sum(1 for op in graph.ops if op.name in whole["plan"].groups)
+    assert compile_work(whole, graph) == ops
+    times = {id(whole): 1.00, id(blocks): 1.03, id(eager): 1.02}
+    assert least_compile([whole, eager, blocks], lambda c: times[id(c)], graph, 1.05) is blocks
+    times[id(blocks)] = 1.08
+    assert least_compile([whole, eager, blocks], lambda c: times[id(c)], graph, 1.05) is whole
+    times[id(eager)] = 0.99
+    assert least_compile([eager, whole, blocks], lambda c: times[id(c)], graph, 1.05) is eager
 
 
 def test_a_family_whose_best_runs_out_of_memory_hands_over_to_its_next(setup, tmp_path):
