@@ -1,5 +1,6 @@
-"""Attention masks an exported graph builds from shapes alone, given back to the kernel as
-``is_causal``.
+"""Attention as the model ran it eagerly: masks an exported graph builds from shapes alone
+given back to the kernel as ``is_causal``, and keys and values repeated per head given
+back as grouped-query attention.
 
 A model run eagerly often skips its causal mask: Hugging Face's mask helpers return no
 mask where the batch is unpadded and causal, and ``scaled_dot_product_attention`` runs
@@ -16,6 +17,17 @@ two batch sizes, and where it is the causal mask (query and key lengths equal) o
 nothing, replaces it with ``is_causal=True`` or no mask; the mask's ops that nothing else
 uses leave the graph. A mask that depends on data (a padding mask input) or is anything
 else is left as it is.
+
+The same helpers pick grouped-query attention by whether a mask is given: with no mask
+the kernel gets the key and value heads as they are and ``enable_gqa=True``; with one
+(the exported graph's) they are first repeated to the query's heads (``repeat_kv``:
+unsqueeze, expand, reshape), and attention saves for backward keys and values as many
+times larger (a 12-layer Llama with 16 query and 4 key/value heads: 0.5 GiB more at seq
+1024, batch 8). :func:`causal_from_shapes` also finds each attention whose key and value
+are such repeats of the same count, checks it by computing the views on random tensors of
+the source's shape at two batch sizes against ``repeat_interleave``, and passes the
+sources with ``enable_gqa=True``. A tiling (heads repeated as a block) is not grouped-query
+attention and stays.
 """
 
 from __future__ import annotations
@@ -81,16 +93,23 @@ def _size(node: fx.Node, batch: int) -> int:
     return int(s) if isinstance(s, int) else batch
 
 
-def _compute(nodes: list[fx.Node], batch: int) -> Any:
-    """The last of ``nodes`` computed on the CPU, dynamic sizes taken as ``batch``."""
-    env: dict[fx.Node, Any] = {}
+def _compute(nodes: list[fx.Node], batch: int, env: dict[fx.Node, Any] | None = None) -> Any:
+    """The last of ``nodes`` computed on the CPU, dynamic sizes taken as ``batch``, from
+    the values ``env`` gives (an input's size is read where an argument needs it)."""
+    env = dict(env or {})
     cpu = torch.device("cpu")
+
+    def value(n: fx.Node) -> Any:
+        if n not in env and n.target is torch.ops.aten.sym_size.int:
+            env[n] = _size(n, batch)
+        return env[n]
+
     for node in nodes:
         if node.target is torch.ops.aten.sym_size.int:
             env[node] = _size(node, batch)
             continue
-        args = fx.node.map_arg(node.args, env.__getitem__)
-        kwargs = dict(fx.node.map_arg(node.kwargs, env.__getitem__))
+        args = fx.node.map_arg(node.args, value)
+        kwargs = dict(fx.node.map_arg(node.kwargs, value))
         if "device" in kwargs:
             kwargs["device"] = cpu
         env[node] = node.target(*args, **kwargs)
@@ -151,6 +170,74 @@ def _rewrite(node: fx.Node, kind: str) -> None:
     node.args, node.kwargs = tuple(args), kwargs
 
 
+#: ops that move or view a tensor's elements without computing new ones: a head repeat
+#: (``repeat_kv``: unsqueeze, expand, reshape) is made of these
+_VIEWS = (torch.ops.aten.reshape.default, torch.ops.aten.view.default,
+          torch.ops.aten._unsafe_view.default, torch.ops.aten.expand.default,
+          torch.ops.aten.unsqueeze.default, torch.ops.aten.slice.Tensor,
+          torch.ops.aten.clone.default, torch.ops.aten.contiguous.default)
+
+
+def _example(val: Any, batch: int) -> torch.Tensor | None:
+    """A random CPU tensor of ``val`` 's shape and dtype, a dynamic size taken as ``batch``."""
+    shape = [int(s) if isinstance(s, int) else batch for s in val.shape]
+    if not val.is_floating_point():
+        return None
+    return torch.randn(shape, dtype=torch.float32).to(val.dtype)
+
+
+def _repeated_heads(node: Any) -> tuple[fx.Node, list[fx.Node], int] | None:
+    """``(source, chain, n)`` where ``node`` is ``source`` [B, H, S, D] with its heads
+    repeated ``n`` times each (``repeat_interleave(n, dim=1)``, what
+    ``scaled_dot_product_attention(enable_gqa=True)`` does itself) through the view-like
+    ops ``chain``; checked by computing the chain at two batch sizes. None otherwise."""
+    if not isinstance(node, fx.Node):
+        return None
+    out = node.meta.get("val")
+    if out is None or out.dim() != 4 or not isinstance(out.shape[1], int):
+        return None
+    chain: list[fx.Node] = []
+    x = node
+    while x.op == "call_function" and x.target in _VIEWS and isinstance(x.args[0], fx.Node):
+        chain.append(x)
+        x = x.args[0]
+        val = x.meta.get("val")
+        if val is None or val.dim() != 4 or not isinstance(val.shape[1], int) \
+                or val.shape[1] >= out.shape[1] or out.shape[1] % val.shape[1]:
+            continue
+        n = out.shape[1] // val.shape[1]
+        try:
+            same = True
+            for b in _BATCHES:
+                src = _example(val, b)
+                if src is None:
+                    return None
+                got = _compute(list(reversed(chain)), b, {x: src})
+                same &= tuple(got.shape) == (src.shape[0], out.shape[1], *src.shape[2:]) \
+                    and bool((got == src.repeat_interleave(n, dim=1)).all())
+        except Exception:  # a view this cannot run: not a repeat it can tell
+            return None
+        if same:
+            return x, chain, n
+    return None
+
+
+def _grouped_query(node: fx.Node) -> int:
+    """Give ``node`` (an attention call) its key and value before their heads were
+    repeated, with ``enable_gqa=True``, where both are repeats of the same count and the
+    call does not group already; returns 1 where it did, else 0."""
+    if node.kwargs.get("enable_gqa", False):
+        return 0
+    found = [_repeated_heads(a) for a in node.args[1:3]]
+    if None in found or found[0][2] != found[1][2]:
+        return 0
+    node.args = (node.args[0], found[0][0], found[1][0], *node.args[3:])
+    node.kwargs = {**node.kwargs, "enable_gqa": True}
+    for _, chain, _ in found:
+        _drop_unused(list(reversed(chain)))
+    return 1
+
+
 def _drop_unused(nodes: list[fx.Node]) -> None:
     graph = nodes[-1].graph
     for node in reversed(nodes):
@@ -160,7 +247,8 @@ def _drop_unused(nodes: list[fx.Node]) -> None:
 
 def causal_from_shapes(gm: fx.GraphModule) -> int:
     """Rewrite ``gm`` (and the graph modules inside it) as the module docstring says;
-    returns how many attention calls lost their mask."""
+    returns how many attention calls lost their mask (a call given grouped-query attention
+    is not counted)."""
     done = 0
     found: dict[tuple, set] = {}  # a mask's kinds, for the calls sharing it
     for mod in (m for m in gm.modules() if isinstance(m, fx.GraphModule)):
@@ -168,6 +256,8 @@ def causal_from_shapes(gm: fx.GraphModule) -> int:
         for node in list(mod.graph.nodes):
             if node.op != "call_function" or node.target is not _SDPA:
                 continue
+            if _grouped_query(node):
+                changed = True
             mask = _arg(node, 3, "attn_mask")
             if not isinstance(mask, fx.Node) or _arg(node, 5, "is_causal", False):
                 continue

@@ -12,8 +12,9 @@ FLOPs: a multiply-add is 2. Counted FLOPs (matmul, conv, attention) come from
   directions (gates of every step)
 * scaled-dot-product attention: ``2 * numel(q) * S + 2 * numel(out) * S``; a causal one
   (``is_causal=True``, no mask) half of it, counted or not: its kernels skip the masked
-  half of the scores, which the counter ignores (an explicit mask, as Hugging Face
-  models pass, is computed whole)
+  half of the scores, which the counter ignores (an explicit mask is computed whole; a
+  causal one an exported graph builds from shapes is given back as ``is_causal`` first,
+  :mod:`autoplace.capture.attention`)
 * Embedding and data movement (views, cat, copies, factories): 0
 * anything else: ``numel(out) * per-element factor`` (1, or :data:`ELEMENT_FLOPS`)
 

@@ -94,6 +94,47 @@ def test_a_mask_built_from_shapes_becomes_is_causal_or_goes_and_others_stay(make
                        for n in gm.graph.nodes if n.op == "call_function")
 
 
+class GroupedQuery(nn.Module):
+    """4 query heads over 2 key/value heads, the keys and values repeated to 4 heads first,
+    each head twice in turn (``interleave``, as transformers' and torchtitan's repeat_kv)
+    or the two heads tiled (not what grouped-query attention means)."""
+
+    def __init__(self, interleave: bool, dim: int = 16) -> None:
+        super().__init__()
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, dim)
+        self.interleave = interleave
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q = self.q(x).view(b, s, 4, d // 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, 2, d // 4).permute(2, 0, 3, 1, 4)
+        if self.interleave:
+            k, v = (t[:, :, None].expand(b, 2, 2, s, d // 4).reshape(b, 4, s, d // 4)
+                    for t in (k, v))
+        else:
+            k, v = (t[:, None].expand(b, 2, 2, s, d // 4).reshape(b, 4, s, d // 4)
+                    for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(b, s, d)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_keys_and_values_repeated_per_head_go_to_attention_as_grouped_query(interleave):
+    torch.manual_seed(0)
+    model = GroupedQuery(interleave)
+    gm = _export(model, (torch.randn(4, 8, 16),))
+    (node,) = sdpa_calls(gm)
+    heads = [a.meta["val"].shape[1] for a in node.args[1:3]]
+    if interleave:
+        assert node.kwargs.get("enable_gqa") is True and heads == [2, 2]
+        assert not any(n.target is torch.ops.aten.expand.default for n in gm.graph.nodes)
+    else:  # tiled: grouped-query attention would pair other heads; left as it is
+        assert not node.kwargs.get("enable_gqa") and heads == [4, 4]
+    x5 = torch.randn(5, 8, 16)
+    torch.testing.assert_close(gm(x5), model(x5), rtol=1e-5, atol=1e-5)
+
+
 def test_a_hugging_face_llama_is_captured_without_its_mask_and_trains_alike():
     pytest.importorskip("transformers")
     from tests.helpers.hf_models import llama
@@ -119,6 +160,9 @@ def test_a_hugging_face_llama_exported_computes_what_the_model_does():
     calls = sdpa_calls(gm)
     assert len(calls) == 2
     assert all(mask_and_causal(n) == (None, True) for n in calls)
+    # its keys and values go in with their 2 heads, not repeated to the queries' 4
+    assert all(n.kwargs.get("enable_gqa") and n.args[1].meta["val"].shape[1] == 2
+               for n in calls)
     ids3 = ids[:3]  # another batch size than exported
     out = gm(ids3)
     logits = out.logits if hasattr(out, "logits") else out[0]
