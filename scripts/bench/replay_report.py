@@ -22,6 +22,7 @@ Writes to ``--out`` (or a new ``<date>-cpux1-sim-replay`` folder):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import statistics
@@ -200,15 +201,65 @@ def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return res
 
 
-def replay_levers(root: Path) -> list[dict[str, Any]]:
+@functools.cache
+def _attention_calls(model: str, options: str) -> tuple[bool, tuple[dict[str, Any], ...]]:
+    """Whether ``model`` (with ``options``, JSON) is captured by ``torch.export``, and the
+    keyword arguments of its graph's attention calls."""
+    from autoplace import workloads
+    from autoplace.capture import capture_workload
+
+    g = capture_workload(workloads.get(model, device="meta", **json.loads(options)))
+    calls = tuple(dict(n.kwargs) for n in g.module.graph.nodes
+                  if n.op == "call_function" and "scaled_dot_product_attention" in str(n.target))
+    return g.capture_method == "export", calls
+
+
+def exported_attention(levers: dict[str, Any]) -> bool:
+    """Whether a levers run's model is captured by ``torch.export`` and attends
+    (``scaled_dot_product_attention``): the graphs ``capture.attention`` rewrites."""
+    exported, calls = _attention_calls(levers["model"], json.dumps(levers["options"]))
+    return exported and bool(calls)
+
+
+def exported_grouped_query(levers: dict[str, Any]) -> bool:
+    """Whether a levers run's model is exported and its capture now passes attention
+    grouped keys and values (``enable_gqa``) it repeated per head before 13c6dda."""
+    exported, calls = _attention_calls(levers["model"], json.dumps(levers["options"]))
+    return exported and any(kw.get("enable_gqa") for kw in calls)
+
+
+#: capture changes after which a levers run before them measured another graph than the
+#: capture gives now, in step time and memory alike: ``(commit, what changed, which runs
+#: (on their levers.json))``. Such runs are left out of the replay (their own sim-check
+#: stays in their folder).
+CAPTURE_CHANGES = (
+    ("a1989b9", "an exported graph's causal mask, built from shapes, ruled FlashAttention "
+     "out and repeated grouped keys and values per head (capture.attention)",
+     exported_attention),
+    ("13c6dda", "an exported graph repeated grouped keys and values per head for attention, "
+     "which kept them for backward repeated (capture.attention)", exported_grouped_query),
+)
+
+
+def replay_levers(root: Path, left_out: list[tuple[str, str]] | None = None
+                  ) -> list[dict[str, Any]]:
     """Every levers run's options simulated (``bench_levers.replay`` on a copy of its
-    ``levers.json``), one row per measured option that ran."""
+    ``levers.json``), one row per measured option that ran; a run measured on another
+    graph than today's capture (:data:`CAPTURE_CHANGES`) is added to ``left_out`` with
+    why."""
     import bench_levers
 
     rows = []
     for f in sorted(root.glob("*/levers.json")):
-        if json.loads(f.read_text())["card"] == "cpu":
+        levers = json.loads(f.read_text())
+        if levers["card"] == "cpu":
             continue  # an execution check on a CPU: the report is of the cards
+        change = next((c for c in CAPTURE_CHANGES
+                       if ran_before(f.parent, c[0]) and c[2](levers)), None)
+        if change is not None:
+            if left_out is not None:
+                left_out.append((f.parent.name, f"measured before {change[0]}: {change[1]}"))
+            continue
         tmp = Path(tempfile.mkdtemp(prefix="autoplace-levers-"))
         try:
             shutil.copy(f, tmp / "levers.json")
@@ -368,7 +419,7 @@ def markdown(scs, pts, skipped, levers, before: str | None, stale: int = 0) -> s
             lines.append(f"| {p['family']} | {p['name']} | {p['sim'] / 2**30:.2f} | "
                          f"{p['allocated'] / 2**30:.2f} | "
                          f"{pct(p['reserved'] and p['reserved'] / 2**30, '.2f')} | {e:+.1%} |")
-    lines += ["", "## Suites not replayed", ""]
+    lines += ["", "## Runs not replayed", ""]
     lines += [f"- [{d}](../{d}/): {why}" for d, why in skipped]
     return "\n".join(lines) + "\n"
 
@@ -434,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     before = Path(args.before) if args.before else None
     paths, skipped = suites(root)
     scs = replay_suites(paths, before)
-    levers = replay_levers(root)
+    levers = replay_levers(root, skipped)
     every = memory_points(scs, levers, levers_before(before))
     pts = [p for p in every if not p.get("stale")]
     env = json.loads((before / "env.json").read_text()) if before and \
