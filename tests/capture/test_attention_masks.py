@@ -167,3 +167,34 @@ def test_a_hugging_face_llama_exported_computes_what_the_model_does():
     out = gm(ids3)
     logits = out.logits if hasattr(out, "logits") else out[0]
     torch.testing.assert_close(logits, wl.model(ids3).logits, rtol=1e-5, atol=1e-5)
+
+
+def saved_for_backward(fn):
+    """Bytes of the distinct storages autograd keeps for backward while ``fn`` runs."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def test_an_exported_llama_keeps_for_backward_what_the_model_run_by_hand_keeps(monkeypatch):
+    """As traced, the graph's attention keeps the mask's and the per-head repeated keys'
+    and values' storages; rewritten, exactly what transformers' own forward keeps."""
+    pytest.importorskip("transformers")
+    import autoplace.capture.tracing as tracing
+    from tests.helpers.hf_models import llama
+
+    torch.manual_seed(0)
+    wl = llama(layers=2, hidden=128, heads=8, kv_heads=2, seq=64, batch_size=2)
+    (ids,), _ = wl.make_batch(2, "cpu")
+    rewritten = _export(wl.model, (ids,))
+    monkeypatch.setattr(tracing, "causal_from_shapes", lambda gm: 0)
+    traced = _export(wl.model, (ids,))
+    by_hand = saved_for_backward(lambda: wl.model(ids))
+    assert saved_for_backward(lambda: rewritten(ids)) == by_hand
+    assert saved_for_backward(lambda: traced(ids)) > by_hand
