@@ -12,8 +12,9 @@ it came from (a 12-layer Llama at sequence 1024 on one H200: 125.5 against 117.2
 step by hand, docs/executor.md).
 
 :func:`causal_from_shapes` finds each ``scaled_dot_product_attention`` whose mask depends
-on no tensor's values (only on ``arange`` s, constants and inputs' sizes), computes it at
-two batch sizes, and where it is the causal mask (query and key lengths equal) or masks
+on no tensor's values (only on ``arange`` s, constants and inputs' sizes), computes it on
+the CPU at two batch sizes (a sequence up to 16,384: a longer one's mask stays rather than
+be computed), and where it is the causal mask (query and key lengths equal) or masks
 nothing, replaces it with ``is_causal=True`` or no mask; the mask's ops that nothing else
 uses leave the graph. A mask that depends on data (a padding mask input) or is anything
 else is left as it is.
@@ -42,7 +43,10 @@ __all__ = ["causal_from_shapes"]
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 #: batch sizes the mask is computed at (a dynamic batch dimension takes each)
-_BATCHES = (2, 3)
+_BATCHES = (1, 2)
+#: the most elements a mask is computed with (at the larger batch): 2^29 booleans, a
+#: sequence of 16,384; a longer one's mask is left in the graph rather than computed
+_MAX_MASK = 2**29
 #: plain functions a shape computation may call besides aten ops
 _SCALAR_FUNCTIONS = (operator.add, operator.sub, operator.mul, operator.floordiv,
                      operator.getitem, operator.neg)
@@ -262,6 +266,8 @@ def causal_from_shapes(gm: fx.GraphModule) -> int:
             if not isinstance(mask, fx.Node) or _arg(node, 5, "is_causal", False):
                 continue
             lengths = _lengths(node)
+            if lengths and lengths[0] * lengths[1] * max(_BATCHES) > _MAX_MASK:
+                lengths = None
             nodes = _mask_nodes(mask) if lengths else None
             if nodes is None:
                 continue

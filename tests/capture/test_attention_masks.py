@@ -94,6 +94,20 @@ def test_a_mask_built_from_shapes_becomes_is_causal_or_goes_and_others_stay(make
                        for n in gm.graph.nodes if n.op == "call_function")
 
 
+def test_a_mask_too_long_to_compute_stays(monkeypatch):
+    """A mask of more elements than ``_MAX_MASK`` is not computed: it stays, and the graph
+    still computes what the model does."""
+    import autoplace.capture.attention as attention
+
+    monkeypatch.setattr(attention, "_MAX_MASK", 8 * 8)  # the test's sequence of 8, batch 2
+    model = Attention(causal_bool)
+    gm = _export(model, (torch.randn(4, 8, 16),))
+    (node,) = sdpa_calls(gm)
+    assert isinstance(mask_and_causal(node)[0], torch.fx.Node)
+    x = torch.randn(3, 8, 16)
+    torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 class GroupedQuery(nn.Module):
     """4 query heads over 2 key/value heads, the keys and values repeated to 4 heads first,
     each head twice in turn (``interleave``, as transformers' and torchtitan's repeat_kv)
