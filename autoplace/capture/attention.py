@@ -27,8 +27,9 @@ times larger (a 12-layer Llama with 16 query and 4 key/value heads: 0.5 GiB more
 1024, batch 8). :func:`causal_from_shapes` also finds each attention whose key and value
 are such repeats of the same count, checks it by computing the views on random tensors of
 the source's shape at two batch sizes against ``repeat_interleave``, and passes the
-sources with ``enable_gqa=True``. A tiling (heads repeated as a block) is not grouped-query
-attention and stays.
+sources with ``enable_gqa=True``, where the call is left without a mask (grouped with a
+mask, attention has no fused kernel and runs as the math one). A tiling (heads repeated
+as a block) is not grouped-query attention and stays.
 """
 
 from __future__ import annotations
@@ -249,42 +250,49 @@ def _drop_unused(nodes: list[fx.Node]) -> None:
             graph.erase_node(node)
 
 
+def _unmask(node: fx.Node, found: dict[tuple, set]) -> bool:
+    """Drop ``node`` 's mask where it is causal or masks nothing (see the module docstring);
+    ``found`` keeps each mask's verdict for the calls sharing it. Whether it did."""
+    mask = _arg(node, 3, "attn_mask")
+    if not isinstance(mask, fx.Node) or _arg(node, 5, "is_causal", False):
+        return False
+    lengths = _lengths(node)
+    if lengths is None or lengths[0] * lengths[1] * max(_BATCHES) > _MAX_MASK:
+        return False
+    nodes = _mask_nodes(mask)
+    if nodes is None:
+        return False
+    if (mask, lengths) not in found:
+        try:
+            with torch.no_grad():
+                found[mask, lengths] = {_kind(_compute(nodes, b), *lengths) for b in _BATCHES}
+        except Exception:  # an op this cannot run on the CPU: leave the mask
+            found[mask, lengths] = {None}
+    kinds = found[mask, lengths]
+    if len(kinds) != 1 or None in kinds:
+        return False
+    _rewrite(node, next(iter(kinds)))
+    _drop_unused(nodes)
+    return True
+
+
 def causal_from_shapes(gm: fx.GraphModule) -> int:
     """Rewrite ``gm`` (and the graph modules inside it) as the module docstring says;
     returns how many attention calls lost their mask (a call given grouped-query attention
-    is not counted)."""
+    is not counted). Keys and values are grouped only for a call left without a mask:
+    with one, grouped-query attention has no fused kernel and runs as the math one."""
     done = 0
-    found: dict[tuple, set] = {}  # a mask's kinds, for the calls sharing it
+    found: dict[tuple, set] = {}
     for mod in (m for m in gm.modules() if isinstance(m, fx.GraphModule)):
         changed = False
         for node in list(mod.graph.nodes):
             if node.op != "call_function" or node.target is not _SDPA:
                 continue
-            if _grouped_query(node):
+            if _unmask(node, found):
                 changed = True
-            mask = _arg(node, 3, "attn_mask")
-            if not isinstance(mask, fx.Node) or _arg(node, 5, "is_causal", False):
-                continue
-            lengths = _lengths(node)
-            if lengths and lengths[0] * lengths[1] * max(_BATCHES) > _MAX_MASK:
-                lengths = None
-            nodes = _mask_nodes(mask) if lengths else None
-            if nodes is None:
-                continue
-            if (mask, lengths) not in found:
-                try:
-                    with torch.no_grad():
-                        found[mask, lengths] = {_kind(_compute(nodes, b), *lengths)
-                                                for b in _BATCHES}
-                except Exception:  # an op this cannot run on the CPU: leave the mask
-                    found[mask, lengths] = {None}
-            kinds = found[mask, lengths]
-            if len(kinds) != 1 or None in kinds:
-                continue
-            _rewrite(node, next(iter(kinds)))
-            _drop_unused(nodes)
-            changed = True
-            done += 1
+                done += 1
+            if _arg(node, 3, "attn_mask") is None and _grouped_query(node):
+                changed = True
         if changed:
             mod.graph.lint()
             mod.recompile()

@@ -113,11 +113,12 @@ class GroupedQuery(nn.Module):
     each head twice in turn (``interleave``, as transformers' and torchtitan's repeat_kv)
     or the two heads tiled (not what grouped-query attention means)."""
 
-    def __init__(self, interleave: bool, dim: int = 16) -> None:
+    def __init__(self, interleave: bool, padded: bool = False, dim: int = 16) -> None:
         super().__init__()
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, dim)
         self.interleave = interleave
+        self.padded = padded
 
     def forward(self, x):
         b, s, d = x.shape
@@ -129,21 +130,27 @@ class GroupedQuery(nn.Module):
         else:
             k, v = (t[:, None].expand(b, 2, 2, s, d // 4).reshape(b, 4, s, d // 4)
                     for t in (k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.padded:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=from_data(x))
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return y.transpose(1, 2).reshape(b, s, d)
 
 
-@pytest.mark.parametrize("interleave", [True, False])
-def test_keys_and_values_repeated_per_head_go_to_attention_as_grouped_query(interleave):
+@pytest.mark.parametrize("interleave,padded", [(True, False), (False, False), (True, True)])
+def test_keys_and_values_repeated_per_head_go_to_attention_as_grouped_query(interleave, padded):
+    """Repeated per head, without a mask: grouped. Tiled: not grouped-query attention, left.
+    With a mask read from the data: left too (grouped with a mask, attention has no fused
+    kernel)."""
     torch.manual_seed(0)
-    model = GroupedQuery(interleave)
+    model = GroupedQuery(interleave, padded)
     gm = _export(model, (torch.randn(4, 8, 16),))
     (node,) = sdpa_calls(gm)
     heads = [a.meta["val"].shape[1] for a in node.args[1:3]]
-    if interleave:
+    if interleave and not padded:
         assert node.kwargs.get("enable_gqa") is True and heads == [2, 2]
         assert not any(n.target is torch.ops.aten.expand.default for n in gm.graph.nodes)
-    else:  # tiled: grouped-query attention would pair other heads; left as it is
+    else:
         assert not node.kwargs.get("enable_gqa") and heads == [4, 4]
     x5 = torch.randn(5, 8, 16)
     torch.testing.assert_close(gm(x5), model(x5), rtol=1e-5, atol=1e-5)
