@@ -97,7 +97,8 @@ MANUAL_WITHIN = 1.5
 #: a runner-up measured within this factor of the fastest: both run again before choosing
 NEAR_TIE = 1.05
 #: a plan measured within this factor of the fastest so far is measured with twice and
-#: half its microbatches next (on 2x H200 under a 16 GiB cap gpt-1b's one-process flow
+#: half its microbatches next; compiled candidates predicted within it of the next one are
+#: measured fewest compiled ops first (``least_compile``) (on 2x H200 under a 16 GiB cap gpt-1b's one-process flow
 #: with 2 microbatches measured 1.2% behind a pipeline, and with 4 it had measured 5%
 #: ahead of both on another machine)
 NEAR_BEST = 1.05
@@ -331,7 +332,7 @@ def _search(spec, cluster, graph, limit_s, top_k, planners, policy, measure, pro
             if c["plan"].parallel.compile and TIME_LIMIT_MESSAGE in failed:
                 slow_compile = min(slow_compile, compile_work(c, graph))
                 say(f"  its compile ({slow_compile} ops) did not finish within the budget "
-                    "left: no compiled candidate of as many ops is measured")
+                    "left: no compiled candidate of as many ops or more is measured")
             if getattr(rep, "oom", False):
                 remember(c, rep)
                 nxt = next_of_family(c)
