@@ -97,10 +97,10 @@ MANUAL_WITHIN = 1.5
 #: a runner-up measured within this factor of the fastest: both run again before choosing
 NEAR_TIE = 1.05
 #: a plan measured within this factor of the fastest so far is measured with twice and
-#: half its microbatches next; compiled candidates predicted within it of the next one are
-#: measured fewest compiled ops first (``least_compile``) (on 2x H200 under a 16 GiB cap gpt-1b's one-process flow
+#: half its microbatches next (on 2x H200 under a 16 GiB cap gpt-1b's one-process flow
 #: with 2 microbatches measured 1.2% behind a pipeline, and with 4 it had measured 5%
-#: ahead of both on another machine)
+#: ahead of both on another machine); compiled candidates predicted within it of the next
+#: one are measured fewest compiled ops first (``least_compile``)
 NEAR_BEST = 1.05
 #: a sharded plan with FSDP2 units by blocks whose measured peak is above this share of
 #: the usable memory is measured with a unit per module next (``parallel.shard_units``):
