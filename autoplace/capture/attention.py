@@ -45,8 +45,8 @@ __all__ = ["causal_from_shapes"]
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 #: batch sizes the mask is computed at (a dynamic batch dimension takes each)
 _BATCHES = (1, 2)
-#: the most elements a mask is computed with (at the larger batch): 2^29 booleans, a
-#: sequence of 16,384; a longer one's mask is left in the graph rather than computed
+#: the most elements a mask (or a repeated key) is computed with, at the larger batch:
+#: 2^29, a mask's sequence of 16,384; a larger one is left in the graph
 _MAX_MASK = 2**29
 #: plain functions a shape computation may call besides aten ops
 _SCALAR_FUNCTIONS = (operator.add, operator.sub, operator.mul, operator.floordiv,
@@ -199,8 +199,9 @@ def _repeated_heads(node: Any) -> tuple[fx.Node, list[fx.Node], int] | None:
     if not isinstance(node, fx.Node):
         return None
     out = node.meta.get("val")
-    if out is None or out.dim() != 4 or not isinstance(out.shape[1], int):
-        return None
+    if out is None or out.dim() != 4 or not all(isinstance(s, int) for s in out.shape[1:]) \
+            or max(_BATCHES) * out.shape[1] * out.shape[2] * out.shape[3] > _MAX_MASK:
+        return None  # too large to check on the CPU: the repeat stays
     chain: list[fx.Node] = []
     x = node
     while x.op == "call_function" and x.target in _VIEWS and isinstance(x.args[0], fx.Node):

@@ -96,7 +96,7 @@ def test_a_mask_built_from_shapes_becomes_is_causal_or_goes_and_others_stay(make
 
 def test_a_mask_too_long_to_compute_stays(monkeypatch):
     """A mask of more elements than ``_MAX_MASK`` is not computed: it stays, and the graph
-    still computes what the model does."""
+    still computes what the model does; likewise a key repeated per head."""
     import autoplace.capture.attention as attention
 
     monkeypatch.setattr(attention, "_MAX_MASK", 8 * 8)  # the test's sequence of 8, batch 2
@@ -106,6 +106,10 @@ def test_a_mask_too_long_to_compute_stays(monkeypatch):
     assert isinstance(mask_and_causal(node)[0], torch.fx.Node)
     x = torch.randn(3, 8, 16)
     torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
+    # nor is a repeated key of more elements: it stays repeated
+    grouped = GroupedQuery(interleave=True)
+    (node,) = sdpa_calls(_export(grouped, (torch.randn(4, 8, 16),)))
+    assert not node.kwargs.get("enable_gqa")
 
 
 class GroupedQuery(nn.Module):
